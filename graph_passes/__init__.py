@@ -1,0 +1,1 @@
+"""Graph passes that find MoE blocks in ONNX graphs and rewrite them into sharded expert ops."""

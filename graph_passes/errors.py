@@ -1,0 +1,9 @@
+"""Typed errors of the graph passes."""
+
+
+class GraphPassError(ValueError):
+    """Base class of the graph passes' input errors."""
+
+
+class UnsupportedModelError(GraphPassError):
+    """The model cannot be converted at all (for instance a strict conversion met a skipped block)."""

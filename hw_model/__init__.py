@@ -1,0 +1,29 @@
+"""Hardware model of an edge GPU + NDP-DIMM system for MoE inference.
+
+Pure Python/numpy: this package never imports onnx. It describes hardware (frozen dataclasses loaded from
+TOML presets), costs operations with a roofline plus fixed-overhead model, and simulates MoE layers on an
+event timeline under a scheduling policy.
+"""
+
+from hw_model.errors import HardwareConfigError, HwModelError
+from hw_model.hardware import (
+    GpuSpec,
+    HostLinkSpec,
+    NdpLinkSpec,
+    NdpUnitSpec,
+    SystemSpec,
+    list_presets,
+    load_system,
+)
+
+__all__ = [
+    "GpuSpec",
+    "HardwareConfigError",
+    "HostLinkSpec",
+    "HwModelError",
+    "NdpLinkSpec",
+    "NdpUnitSpec",
+    "SystemSpec",
+    "list_presets",
+    "load_system",
+]

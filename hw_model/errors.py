@@ -1,0 +1,13 @@
+"""Typed errors raised by hw_model (bad hardware files, bad workloads)."""
+
+
+class HwModelError(ValueError):
+    """Base class of every error hw_model raises on bad input."""
+
+
+class HardwareConfigError(HwModelError):
+    """A hardware preset name is unknown or a hardware TOML file is invalid (the message names the field)."""
+
+
+class WorkloadError(HwModelError):
+    """A workload (model shape, routing trace) is inconsistent."""

@@ -1,0 +1,274 @@
+"""Hardware description of a GPU + NDP-DIMM system, loaded from TOML presets or user files.
+
+    host CPU/DRAM ──PCIe (host_link)── GPU (HBM/GDDR, tensor cores)
+         │
+         ├── NDP unit 0 (DIMM: DRAM + small compute core, buffer)
+         ├── NDP unit 1        ... linked to each other by ndp_link
+         └── NDP unit N-1
+
+Every numeric field carries its unit in its name. Presets live in ``hw_model/presets/*.toml``; in a preset
+each number has a sibling ``<field>_source`` string that cites where it came from or says it is an
+assumption. User files may omit the sources.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from hw_model.errors import HardwareConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+PRESET_DIR = Path(__file__).parent / "presets"
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1})
+
+
+def _require_positive(where: str, value: float, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = "a non-negative" if allow_zero else "a positive"
+        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
+
+
+def _validate_flops(where: str, table: Mapping[str, float]) -> None:
+    if not table:
+        raise HardwareConfigError(f"{where} must list peak FLOP/s for at least one dtype")
+    for dtype, value in table.items():
+        if dtype not in DTYPE_BYTES:
+            raise HardwareConfigError(f"{where}.{dtype}: unknown dtype (known: {', '.join(DTYPE_BYTES)})")
+        _require_positive(f"{where}.{dtype}", value)
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """Anything that runs kernels: a roofline (peak FLOP/s per dtype, memory bandwidth) and a fixed cost."""
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    memory_bandwidth_bytes_per_s: float
+    memory_capacity_bytes: float
+    kernel_overhead_s: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
+        _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
+        _require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
+        _require_positive(f"{self._section}.memory_capacity_bytes", self.memory_capacity_bytes)
+        _require_positive(f"{self._section}.kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
+
+    _section = "device"
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; a dtype the preset does not list falls back to the slowest listed."""
+        if dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        return min(self.peak_flops_per_s.values())
+
+
+@dataclass(frozen=True)
+class GpuSpec(ComputeSpec):
+    """The GPU: tensor-core peak per dtype, device-memory bandwidth and capacity, per-kernel launch cost."""
+
+    _section = "gpu"
+
+
+@dataclass(frozen=True)
+class NdpUnitSpec(ComputeSpec):
+    """One NDP unit (an NDP-DIMM): near-data bandwidth, its compute core and its on-chip buffer."""
+
+    buffer_bytes: float = 256 * 1024
+
+    _section = "ndp_unit"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_positive("ndp_unit.buffer_bytes", self.buffer_bytes)
+
+
+@dataclass(frozen=True)
+class HostLinkSpec:
+    """The host↔GPU link (PCIe): bandwidth per direction and a fixed cost per transfer."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        _require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        _require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
+
+    def transfer_time_s(self, num_bytes: float) -> float:
+        return 0.0 if num_bytes <= 0 else self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class NdpLinkSpec:
+    """The link between NDP units (DIMM-link), used to reduce tensor-parallel partial sums."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        _require_positive("ndp_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        _require_positive("ndp_link.latency_s", self.latency_s, allow_zero=True)
+
+    def transfer_time_s(self, num_bytes: float) -> float:
+        return 0.0 if num_bytes <= 0 else self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A whole system: one GPU, its host link, ``num_ndp_units`` identical NDP units and their link."""
+
+    name: str
+    gpu: GpuSpec
+    host_link: HostLinkSpec
+    ndp_unit: NdpUnitSpec
+    num_ndp_units: int
+    ndp_link: NdpLinkSpec
+    description: str = ""
+    supported_ndp_units: tuple[int, ...] = ()
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_ndp_units, int) or isinstance(self.num_ndp_units, bool) or self.num_ndp_units < 0:
+            raise HardwareConfigError(f"num_ndp_units must be a non-negative integer, got {self.num_ndp_units!r}")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "supported_ndp_units", tuple(self.supported_ndp_units))
+
+    def with_ndp_units(self, count: int) -> SystemSpec:
+        """The same system with ``count`` NDP units."""
+        return replace(self, num_ndp_units=count)
+
+    def to_dict(self) -> dict[str, Any]:
+        def section(spec: Any) -> dict[str, Any]:
+            out = {}
+            for f in fields(spec):
+                if f.name.startswith("_"):
+                    continue
+                value = getattr(spec, f.name)
+                out[f.name] = dict(value) if isinstance(value, Mapping) else value
+            return out
+
+        return {
+            "name": self.name,
+            "description": self.description,
+            "num_ndp_units": self.num_ndp_units,
+            "gpu": section(self.gpu),
+            "host_link": section(self.host_link),
+            "ndp_unit": section(self.ndp_unit),
+            "ndp_link": section(self.ndp_link),
+        }
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled hardware presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+_SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "gpu": (
+        GpuSpec,
+        ("name", "peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_capacity_bytes", "kernel_overhead_s"),
+    ),
+    "ndp_unit": (
+        NdpUnitSpec,
+        (
+            "name",
+            "peak_flops_per_s",
+            "memory_bandwidth_bytes_per_s",
+            "memory_capacity_bytes",
+            "kernel_overhead_s",
+            "buffer_bytes",
+        ),
+    ),
+    "host_link": (HostLinkSpec, ("bandwidth_bytes_per_s", "latency_s")),
+    "ndp_link": (NdpLinkSpec, ("bandwidth_bytes_per_s", "latency_s")),
+}
+
+
+def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
+    cls, required = _SECTIONS[key]
+    if not isinstance(table, dict):
+        raise HardwareConfigError(f"[{key}] must be a table")
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        if name.endswith("_source"):
+            sources[f"{key}.{name[: -len('_source')]}"] = str(value)
+            continue
+        if name not in required:
+            raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {', '.join(required)})")
+        values[name] = value
+    missing = [name for name in required if name not in values and name != "buffer_bytes"]
+    if missing:
+        raise HardwareConfigError(f"{key}.{missing[0]}: missing field")
+    if "peak_flops_per_s" in values:
+        flops = values["peak_flops_per_s"]
+        if not isinstance(flops, dict):
+            raise HardwareConfigError(f"{key}.peak_flops_per_s must be a table of dtype = FLOP/s")
+        for dtype, v in list(flops.items()):
+            if dtype.endswith("_source"):
+                sources[f"{key}.peak_flops_per_s.{dtype[: -len('_source')]}"] = str(v)
+                del flops[dtype]
+    try:
+        return cls(**values)
+    except TypeError as exc:  # wrong value types that slipped past the checks above
+        raise HardwareConfigError(f"[{key}]: {exc}") from None
+
+
+def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemSpec:
+    """Build and validate a :class:`SystemSpec` from parsed TOML; errors name the bad field."""
+    data = dict(data)
+    sources: dict[str, str] = {}
+    for key in _SECTIONS:
+        if key not in data:
+            raise HardwareConfigError(f"{origin}: missing [{key}] table")
+    known = set(_SECTIONS) | {"name", "description", "num_ndp_units", "supported_ndp_units"}
+    for key in data:
+        if key not in known and not key.endswith("_source"):
+            raise HardwareConfigError(f"{origin}: unknown top-level field '{key}'")
+    sections = {key: _build_section(key, data[key], sources) for key in _SECTIONS}
+    num_units = data.get("num_ndp_units", 0)
+    supported = data.get("supported_ndp_units", [])
+    if not isinstance(supported, list) or not all(isinstance(n, int) and n >= 0 for n in supported):
+        raise HardwareConfigError("supported_ndp_units must be a list of non-negative integers")
+    return SystemSpec(
+        name=str(data.get("name", Path(origin).stem)),
+        description=str(data.get("description", "")),
+        num_ndp_units=num_units,
+        supported_ndp_units=tuple(supported),
+        sources=sources,
+        **sections,
+    )
+
+
+def load_system(name_or_path: str | Path, ndp_units: int | None = None) -> SystemSpec:
+    """Load a preset by name (``paper``, ``edge``, ``h200``) or a TOML file by path.
+
+    ``ndp_units`` overrides the preset's default NDP-unit count.
+    """
+    text_name = str(name_or_path)
+    path = Path(text_name)
+    if text_name in list_presets():
+        path = PRESET_DIR / f"{text_name}.toml"
+    elif not path.is_file():
+        raise HardwareConfigError(
+            f"unknown hardware '{text_name}': not a preset ({', '.join(list_presets())}) and no such file"
+        )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise HardwareConfigError(f"{path}: not valid TOML ({exc})") from None
+    system = system_from_dict(data, origin=str(path))
+    if ndp_units is not None:
+        system = system.with_ndp_units(ndp_units)
+    return system

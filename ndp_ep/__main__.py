@@ -1,0 +1,5 @@
+import sys
+
+from ndp_ep.cli import main
+
+sys.exit(main())

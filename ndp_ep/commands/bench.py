@@ -1,0 +1,15 @@
+"""`ndp-ep bench`: not yet implemented (placeholder for its issue)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "(bench: in progress)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise SystemExit("ndp-ep bench is not implemented yet")
