@@ -1,0 +1,123 @@
+"""A read-only index over an ONNX graph for pattern rules: producers, consumers, constants, shapes.
+
+Built from a ModelProto whose weights may live in external data that is *not* loaded: initializer shapes
+and dtypes come from the TensorProto headers, and only small constants (shape vectors, axes, split sizes)
+are ever materialised.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+SMALL_CONSTANT_ELEMENTS = 4096
+
+
+class GraphIndex:
+    """Producers, consumers, initializers and inferred shapes of one ``onnx.GraphProto``."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in self.graph.initializer}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        self.node_by_name: dict[str, onnx.NodeProto] = {}
+        for node in self.graph.node:
+            self.node_by_name[node.name] = node
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for inp in node.input:
+                if inp:
+                    self.consumers[inp].append(node)
+        self.graph_outputs = {v.name for v in self.graph.output}
+        self._shapes = self._infer_shapes(model)
+
+    @staticmethod
+    def _infer_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
+        shapes: dict[str, tuple[int | str | None, ...]] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:  # shape inference is best-effort: custom ops or odd graphs may defeat it
+            inferred = model
+        values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+        for value in values:
+            if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+                continue
+            dims: list[int | str | None] = []
+            for d in value.type.tensor_type.shape.dim:
+                if d.HasField("dim_value"):
+                    dims.append(d.dim_value)
+                elif d.HasField("dim_param"):
+                    dims.append(d.dim_param)
+                else:
+                    dims.append(None)
+            shapes[value.name] = tuple(dims)
+        for name, tensor in {t.name: t for t in model.graph.initializer}.items():
+            shapes[name] = tuple(tensor.dims)
+        return shapes
+
+    def shape(self, value: str) -> tuple[int | str | None, ...] | None:
+        """Inferred shape of ``value`` (ints for known dims, names for symbolic ones), or None."""
+        return self._shapes.get(value)
+
+    def initializer_shape(self, value: str) -> tuple[int, ...] | None:
+        tensor = self.initializers.get(value)
+        return None if tensor is None else tuple(tensor.dims)
+
+    def constant(self, value: str) -> np.ndarray | None:
+        """The value of a small constant (initializer or Constant node output), else None."""
+        tensor = self.initializers.get(value)
+        if tensor is None:
+            node = self.producer.get(value)
+            if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                return None
+            for attr in node.attribute:
+                if attr.name == "value":
+                    tensor = attr.t
+                elif attr.name in ("value_int", "value_ints"):
+                    return np.array(onnx.helper.get_attribute_value(attr), dtype=np.int64)
+                elif attr.name in ("value_float", "value_floats"):
+                    return np.array(onnx.helper.get_attribute_value(attr), dtype=np.float32)
+            if tensor is None:
+                return None
+        if int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT_ELEMENTS:
+            return None
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(tensor)
+
+    def attr(self, node: onnx.NodeProto, name: str, default=None):
+        for attribute in node.attribute:
+            if attribute.name == name:
+                return onnx.helper.get_attribute_value(attribute)
+        return default
+
+    def single_consumer(self, value: str) -> onnx.NodeProto | None:
+        users = self.consumers.get(value, [])
+        return users[0] if len(users) == 1 and value not in self.graph_outputs else None
+
+    def nodes_of_type(self, op_type: str, domain: str = "") -> Iterable[onnx.NodeProto]:
+        domains = ("", "ai.onnx") if domain in ("", "ai.onnx") else (domain,)
+        return (n for n in self.graph.node if n.op_type == op_type and n.domain in domains)
+
+    def upstream(self, value: str, stop: set[str] | None = None) -> set[str]:
+        """Names of the nodes that ``value`` depends on (stopping at values in ``stop``)."""
+        stop = stop or set()
+        seen: set[str] = set()
+        pending = [value]
+        while pending:
+            current = pending.pop()
+            if current in stop:
+                continue
+            node = self.producer.get(current)
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            pending.extend(i for i in node.input if i)
+        return seen

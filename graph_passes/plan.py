@@ -1,0 +1,116 @@
+"""The normalised description of one MoE block that a detection rule hands to the rewriter.
+
+A rule (graph_passes/rules/*.py) looks at an ONNX graph, proves that some nodes compute
+
+    y[t] = sum_k  routing_weights[t, k] * Expert_{expert_ids[t, k]}(hidden[t])      (+ nothing else)
+
+and describes it with an :class:`MoEBlockPlan`: which existing values carry ``hidden``, ``expert_ids`` and
+``routing_weights``, which value the block's output replaces, which nodes become dead, and where each
+expert's weights live (:class:`ExpertWeights`). The rewriter then emits sharded expert ops from the plan
+without knowing which exporter produced the graph. Every plan is built before any mutation.
+
+Expert FFN forms (``activation``):
+
+    silu_glu      act = silu(x @ Wg) * (x @ Wu)                 y = act @ Wd      (Mixtral, Qwen, DeepSeek)
+    swiglu_clamp  g = min(x@Wg+bg, limit); u = clip(x@Wu+bu, -limit, limit)
+                  act = (u + 1) * g * sigmoid(alpha * g)        y = act @ Wd + bd (GPT-OSS)
+    relu | gelu | silu | gelu_tanh
+                  act = f(x @ W1 + b1)                          y = act @ W2 + b2 (Switch, fused MoE op)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GATED_ACTIVATIONS = ("silu_glu", "swiglu_clamp", "gelu_glu")
+PLAIN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = GATED_ACTIVATIONS + PLAIN_ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class StackedMatrix:
+    """Where one kind of expert matrix lives: one initializer holding all experts, or one per expert.
+
+    ``layout`` says how to read expert ``e``'s matrix as ``W_e`` with ``x @ W_e`` semantics:
+    ``"in_out"``: ``W[e]`` is ``[in, out]``; ``"out_in"``: ``W[e]`` is ``[out, in]`` (PyTorch Linear, needs a
+    transpose). ``columns`` selects output columns of the gated pair: ``"all"``, ``"first_half"``,
+    ``"second_half"``, ``"even"`` or ``"odd"`` (interleaved gate/up rows as in ``swiglu_fusion=1``).
+    ``per_expert`` lists one initializer per expert instead of one stacked initializer (then
+    ``initializer`` is empty).
+    """
+
+    initializer: str
+    layout: str
+    columns: str = "all"
+    per_expert: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("in_out", "out_in"):
+            raise ValueError(f"StackedMatrix.layout must be 'in_out' or 'out_in', got {self.layout!r}")
+        if self.columns not in ("all", "first_half", "second_half", "even", "odd"):
+            raise ValueError(f"StackedMatrix.columns: unknown selection {self.columns!r}")
+        if bool(self.initializer) == bool(self.per_expert):
+            raise ValueError("StackedMatrix needs exactly one of initializer or per_expert")
+
+
+@dataclass(frozen=True)
+class StackedBias:
+    """An expert bias: initializer ``[E, out]`` (``columns`` as in :class:`StackedMatrix`)."""
+
+    initializer: str
+    columns: str = "all"
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """Every matrix of the experts of one block. ``gate`` is None for plain (non-GLU) experts."""
+
+    up: StackedMatrix  # the first projection of a plain FFN (fc1/w1); the "up" half of a GLU
+    down: StackedMatrix
+    gate: StackedMatrix | None = None
+    up_bias: StackedBias | None = None
+    gate_bias: StackedBias | None = None
+    down_bias: StackedBias | None = None
+
+
+@dataclass(frozen=True)
+class MoEBlockPlan:
+    """One provable MoE block, ready to be rewritten."""
+
+    name: str  # human name, e.g. "model.layers.0.mlp" (from metadata) or "moe0"
+    rule: str  # the rule that proved it
+    hidden_value: str  # [T, H] (or [..., H]: the rewriter flattens leading dims)
+    expert_ids_value: str  # [T, K] integer expert ids
+    routing_weights_value: str  # [T, K] weights applied to each selected expert's output
+    output_value: str  # the value the block's combined expert output currently has
+    num_experts: int
+    top_k: int
+    hidden: int
+    ffn: int
+    activation: str
+    weights: ExpertWeights
+    replaced_nodes: tuple[str, ...]  # nodes computing experts+combine that become dead
+    activation_alpha: float = 1.702  # swiglu_clamp only
+    activation_limit: float = 7.0  # swiglu_clamp only
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {self.activation!r}")
+        gated = self.activation in GATED_ACTIVATIONS
+        if gated != (self.weights.gate is not None):
+            raise ValueError(f"{self.name}: activation {self.activation} and gate weights disagree")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"{self.name}: top_k {self.top_k} not in 1..{self.num_experts}")
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A candidate block a rule found but could not prove equivalent: left untouched, reported."""
+
+    where: str
+    reason: str
