@@ -1,0 +1,200 @@
+"""The default, human-readable output of ``ndp-ep diff`` (ANSI colours when asked for).
+
+Sections: headline and counts, opset/io/function changes, MoE block rewrites ("these N nodes → these
+sharded expert ops"), changed / removed / added / renamed nodes (nodes inside a MoE block are shown with their
+block, not one by one), and initializer groups. Long lists are cut at ``max_items`` with a count of the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
+
+_COLOURS = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2", "cyan": "36"}
+STATUS_MARKS = {"changed": ("~", "yellow"), "removed": ("-", "red"), "added": ("+", "green"), "renamed": ("=", "blue")}
+INIT_COLOURS = {
+    "split": "cyan",
+    "merged": "cyan",
+    "removed": "red",
+    "added": "green",
+    "renamed": "blue",
+    "values_changed": "yellow",
+    "reshaped": "yellow",
+    "retyped": "yellow",
+}
+
+
+def human_bytes(count: int) -> str:
+    value = float(abs(count))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            return ("-" if count < 0 else "") + text
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def op_histogram(refs: Iterable[NodeRef]) -> str:
+    """'1 ndp_ep::ShardedMoEExperts, 2 Concat': custom-domain ops first, then by count."""
+    counts = Counter(r.qualified_op for r in refs)
+    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: ("::" not in kv[0], -kv[1], kv[0])))
+
+
+class _Writer:
+    def __init__(self, colour: bool, max_items: int) -> None:
+        self.colour = colour
+        self.max_items = max_items
+        self.lines: list[str] = []
+
+    def paint(self, text: str, *styles: str) -> str:
+        if not self.colour or not styles:
+            return text
+        codes = ";".join(_COLOURS[s] for s in styles)
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def line(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def limited(self, items: Sequence[str], indent: str) -> None:
+        shown = items if self.max_items <= 0 else items[: self.max_items]
+        for item in shown:
+            self.line(indent + item)
+        if len(shown) < len(items):
+            self.line(indent + self.paint(f"… and {len(items) - len(shown)} more (use --max-items 0)", "dim"))
+
+
+def _model_line(label: str, summary: ModelSummary) -> str:
+    return (
+        f"{label}: {summary.path}  ({summary.node_count} nodes, {summary.initializer_count} initializers, "
+        f"{human_bytes(summary.initializer_bytes)})"
+    )
+
+
+def _counts(counts: dict[str, int], order: Sequence[str]) -> str:
+    return " · ".join(f"{key.replace('_', ' ')} {counts[key]}" for key in order if counts.get(key))
+
+
+def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
+    arrow = "→" if block.direction == "rewrite" else "←"
+    before = f"{len(block.replaced_nodes)} nodes ({op_histogram(block.replaced_nodes)})"
+    after = op_histogram(block.new_nodes)
+    out.line(f"  {out.paint(block.block, 'bold')}: {before} {arrow} {after}")
+    facts = [
+        f"experts {block.num_experts if block.num_experts is not None else '?'}",
+        f"top-k {block.top_k if block.top_k is not None else '?'}",
+        f"shards {block.shards if block.shards is not None else '?'}",
+    ]
+    facts += [f"{name} {value}" for name, value in (("hidden", block.hidden), ("ffn", block.ffn)) if value is not None]
+    if block.activation:
+        facts.append(f"activation {block.activation}")
+    out.line("    " + " · ".join(facts))
+    placement = json.dumps(dict(block.placement), sort_keys=True) if block.placement is not None else "not annotated"
+    out.line(f"    placement: {placement}")
+    if block.replaced_source == "inferred":
+        out.line("    " + out.paint("replaced nodes inferred from names (no ndp_ep.replaced_nodes metadata)", "dim"))
+    if block.missing_replaced_nodes:
+        missing = ", ".join(block.missing_replaced_nodes[:5])
+        out.line("    " + out.paint(f"listed as replaced but absent from the other model: {missing}", "yellow"))
+    for item in block.initializers:
+        if item.status == "split":
+            summary = item.summary.removeprefix(block.block + " ")
+            out.line(f"    {summary}  ({human_bytes(item.a_bytes)} → {human_bytes(item.b_bytes)})")
+    others = [i for i in block.initializers if i.status != "split"]
+    if others:
+        texts = ", ".join(f"{i.status} {i.summary}" for i in others[:6]) + (" …" if len(others) > 6 else "")
+        out.line(f"    other initializers: {texts}")
+
+
+def _init_line(out: _Writer, item: InitializerDiff) -> str:
+    status = out.paint(f"{item.status.replace('_', ' '):<14}", INIT_COLOURS.get(item.status, "bold"))
+    sizes = ""
+    if item.status in ("split", "merged", "reshaped", "retyped"):
+        sizes = f"  ({human_bytes(item.a_bytes)} → {human_bytes(item.b_bytes)})"
+    elif item.status in ("removed", "added"):
+        sizes = f"  ({human_bytes(item.a_bytes or item.b_bytes)})"
+    return f"{status} {item.summary}{sizes}"
+
+
+def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50) -> str:
+    out = _Writer(colour, max_items)
+    verdict = out.paint("EQUIVALENT", "green", "bold") if diff.equivalent else out.paint("DIFFERENT", "red", "bold")
+    out.line(_model_line("A", diff.a))
+    out.line(_model_line("B", diff.b))
+    out.line(f"Result: {verdict}")
+    node_order = ("unchanged", "renamed", "changed", "removed", "added")
+    out.line(f"Nodes: {diff.a.node_count} → {diff.b.node_count}   {_counts(dict(diff.node_counts), node_order)}")
+    init_order = INITIALIZER_STATUSES
+    delta = diff.b.initializer_bytes - diff.a.initializer_bytes
+    out.line(
+        f"Initializers: {diff.a.initializer_count} → {diff.b.initializer_count}   "
+        f"{_counts(dict(diff.initializer_counts), init_order)}"
+    )
+    out.line(
+        f"Initializer bytes: {human_bytes(diff.a.initializer_bytes)} → {human_bytes(diff.b.initializer_bytes)} "
+        f"({'+' if delta >= 0 else ''}{human_bytes(delta)}); hashed {human_bytes(diff.hashed_bytes)} of external data"
+    )
+    if diff.opsets:
+        parts = []
+        for change in diff.opsets:
+            if change.status == "added":
+                parts.append(out.paint(f"+ {change.domain} {change.b}", "green"))
+            elif change.status == "removed":
+                parts.append(out.paint(f"- {change.domain} {change.a}", "red"))
+            else:
+                parts.append(out.paint(f"~ {change.domain} {change.a} → {change.b}", "yellow"))
+        out.line("Opsets: " + ", ".join(parts))
+    for value in diff.values:
+        out.line(f"Graph {value.kind} #{value.position} {value.status}: {value.a or '∅'} → {value.b or '∅'}")
+    for function in diff.functions:
+        out.line(f"Function {function.name} {function.status}")
+
+    if diff.moe_blocks:
+        out.line()
+        out.line(out.paint(f"MoE blocks rewritten by ndp-ep ({len(diff.moe_blocks)})", "bold"))
+        for block in diff.moe_blocks:
+            _block_lines(out, block)
+
+    in_block = [n for n in diff.nodes if n.block is not None]
+    for status, title in (("changed", "Changed"), ("removed", "Removed"), ("added", "Added"), ("renamed", "Renamed")):
+        items = [n for n in diff.nodes if n.status == status and n.block is None]
+        if not items:
+            continue
+        note = ""
+        hidden = sum(1 for n in in_block if n.status == status)
+        if hidden:
+            note = f", plus {hidden} shown with their MoE block"
+        out.line()
+        out.line(out.paint(f"{title} nodes ({len(items)}{note})", "bold"))
+        mark, colour = STATUS_MARKS[status]
+        lines = []
+        for item in items:
+            if status == "renamed":
+                assert item.a is not None and item.b is not None
+                text = f"{item.a.name or '#' + str(item.a.index)} → {item.b.name or '#' + str(item.b.index)} "
+                text += f"({item.b.qualified_op}, matched by {item.match})"
+                lines.append(out.paint(f"{mark} ", colour) + text)
+                continue
+            ref = item.a if item.a is not None else item.b
+            assert ref is not None
+            head = out.paint(f"{mark} ", colour) + ref.label()
+            if status == "changed":
+                assert item.b is not None
+                if item.a is not None and item.a.name != item.b.name:
+                    head += f" → {item.b.name or '#' + str(item.b.index)}"
+                head += f"  [matched by {item.match}]"
+            lines.append(head)
+            for change in item.changes:
+                lines.append(f"    {change.field} {change.key}: {change.a} → {change.b}")
+        out.limited(lines, "  ")
+
+    init_items = [i for i in diff.initializers if i.block is None]
+    if init_items:
+        out.line()
+        shown_with_blocks = len(diff.initializers) - len(init_items)
+        note = f", plus {shown_with_blocks} shown with their MoE block" if shown_with_blocks else ""
+        out.line(out.paint(f"Initializers ({len(init_items)} groups{note})", "bold"))
+        out.limited([_init_line(out, item) for item in init_items], "  ")
+    return "\n".join(out.lines) + "\n"
