@@ -1,0 +1,194 @@
+"""Which experts live in GPU memory: the dataset-free prefetcher (ours) and an LRU cache (offload baseline).
+
+Dataset-free prefetch keeps online counts of expert selections per (layer, expert); no offline profile::
+
+    prefill of layer l ──counts──▶ scores[l, :]
+    first decode step ──▶ plan: the highest-scoring (layer, expert) pairs that fit residency_cap_bytes
+                          ──▶ load queue (PCIe, in the background, layer order) ──▶ resident when copied
+    every update_interval_tokens decode steps ──▶ scores decay, decode counts added, re-plan with hysteresis
+    a selected expert that is not resident (yet) is a miss: the scheduler runs it on NDP or stages it
+
+Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drain`), so a prefetch is never
+free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw_model.errors import WorkloadError
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """Knobs of the prefetcher. ``decay`` multiplies old scores at each decode re-plan (1.0 = plain counts)."""
+
+    residency_cap_bytes: float
+    update_interval_tokens: int = 32
+    decay: float = 0.5
+    swap_margin: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not self.residency_cap_bytes >= 0:
+            raise WorkloadError("PrefetchConfig.residency_cap_bytes must be non-negative")
+        if self.update_interval_tokens < 1:
+            raise WorkloadError("PrefetchConfig.update_interval_tokens must be >= 1")
+        if not 0.0 <= self.decay <= 1.0:
+            raise WorkloadError("PrefetchConfig.decay must be in [0, 1]")
+        if self.swap_margin < 1.0:
+            raise WorkloadError("PrefetchConfig.swap_margin must be >= 1")
+
+
+class ExpertPrefetcher:
+    """Online-count prefetcher over ``num_layers`` x ``num_experts`` experts of ``expert_bytes[layer]`` each."""
+
+    def __init__(self, num_experts: list[int], expert_bytes: list[float], config: PrefetchConfig) -> None:
+        if len(num_experts) != len(expert_bytes):
+            raise WorkloadError("one expert count and one expert size per layer are needed")
+        self.config = config
+        self.expert_bytes = np.asarray(expert_bytes, dtype=np.float64)
+        width = max(num_experts) if num_experts else 0
+        self.scores = np.zeros((len(num_experts), width))
+        self.valid = np.zeros((len(num_experts), width), dtype=bool)
+        for layer, count in enumerate(num_experts):
+            self.valid[layer, :count] = True
+        self.resident = np.zeros_like(self.valid)
+        self.wanted = np.zeros_like(self.valid)
+        self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
+        self._decode_steps = 0
+        self._planned = False
+        self.hits = 0
+        self.misses = 0
+        self.bytes_moved = 0.0
+        self.loads_completed = 0
+        self.evictions = 0
+        self.replans = 0
+
+    # -- what the simulator asks ------------------------------------------------------------------------
+    def resident_mask(self, layer: int, num_experts: int) -> np.ndarray:
+        return self.resident[layer, :num_experts].copy()
+
+    def before_invocation(self, layer: int, phase: str) -> None:
+        """Re-plan at the first decode step (from prefill counts) and every ``update_interval_tokens`` after."""
+        if phase != "decode" or layer != 0:
+            return
+        if not self._planned:
+            self._plan()
+        elif self._decode_steps % self.config.update_interval_tokens == 0:
+            self.scores *= self.config.decay
+            self._plan()
+        self._decode_steps += 1
+
+    def observe(self, layer: int, counts: np.ndarray, phase: str) -> None:
+        """Count this invocation's selections (and, in decode, its hits and misses)."""
+        if phase == "decode":
+            active = counts > 0
+            hit = int((active & self.resident[layer, : counts.size]).sum())
+            self.hits += hit
+            self.misses += int(active.sum()) - hit
+        self.scores[layer, : counts.size] += counts
+
+    def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> list[tuple[int, int, float]]:
+        """Copy queued experts for ``seconds`` of idle PCIe time; returns (layer, expert, bytes) copied."""
+        budget = max(seconds, 0.0) * bandwidth_bytes_per_s
+        copied = []
+        while budget > 0 and self._queue:
+            layer, expert, left = self._queue[0]
+            step = min(left, budget)
+            budget -= step
+            self.bytes_moved += step
+            copied.append((layer, expert, step))
+            if step >= left:
+                self._queue.popleft()
+                if self.wanted[layer, expert]:
+                    self.resident[layer, expert] = True
+                    self.loads_completed += 1
+            else:
+                self._queue[0] = (layer, expert, left - step)
+        return copied
+
+    @property
+    def queued_bytes(self) -> float:
+        return float(sum(left for _, _, left in self._queue))
+
+    # -- planning ---------------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        """Choose the resident set: best scores per byte within the cap; keep residents unless clearly beaten."""
+        self._planned = True
+        self.replans += 1
+        cap = self.config.residency_cap_bytes
+        per_byte = np.where(self.valid, self.scores / self.expert_bytes[:, None], -np.inf)
+        # hysteresis: already-wanted experts get their score multiplied by the swap margin
+        ranked = np.where(self.wanted, per_byte * self.config.swap_margin, per_byte)
+        order = np.argsort(-ranked, axis=None, kind="stable")
+        sizes = np.broadcast_to(self.expert_bytes[:, None], self.valid.shape).ravel()[order]
+        fits = (np.cumsum(sizes) <= cap) & (self.scores.ravel()[order] > 0) & np.isfinite(ranked.ravel()[order])
+        chosen = np.zeros(self.valid.size, dtype=bool)
+        chosen[order[fits]] = True
+        new_wanted = chosen.reshape(self.valid.shape)
+        dropped = self.wanted & ~new_wanted
+        self.evictions += int((dropped & self.resident).sum())
+        self.resident &= new_wanted
+        self.wanted = new_wanted
+        self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if new_wanted[lay, exp])
+        queued = {(lay, exp) for lay, exp, _ in self._queue}
+        layers, experts = np.nonzero(new_wanted & ~self.resident)
+        for layer, expert in zip(layers.tolist(), experts.tolist()):  # layer order: decode needs layer 0 first
+            if (layer, expert) not in queued:
+                self._queue.append((layer, expert, float(self.expert_bytes[layer])))
+
+    def stats(self) -> dict[str, float]:
+        selections = self.hits + self.misses
+        return {
+            "prefetch_hits": self.hits,
+            "prefetch_misses": self.misses,
+            "prefetch_hit_rate": self.hits / selections if selections else 0.0,
+            "prefetch_bytes_moved": self.bytes_moved,
+            "prefetch_loads_completed": self.loads_completed,
+            "prefetch_evictions": self.evictions,
+            "prefetch_replans": self.replans,
+            "resident_experts": int(self.resident.sum()),
+        }
+
+
+class ExpertLRUCache:
+    """GPU-resident experts of the on-demand offload baseline: least recently used out when over capacity."""
+
+    def __init__(self, capacity_bytes: float) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[tuple[int, int], float] = OrderedDict()
+        self._used_bytes = 0.0
+        self.hits = 0
+        self.misses = 0
+        self.bytes_moved = 0.0
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._entries
+
+    def use(self, key: tuple[int, int], size_bytes: float) -> bool:
+        """Touch ``key``; returns whether it was resident (a miss loads it, counting the bytes)."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return True
+        self.misses += 1
+        self.bytes_moved += size_bytes
+        if size_bytes <= self.capacity_bytes:
+            self._entries[key] = size_bytes
+            self._used_bytes += size_bytes
+            while self._used_bytes > self.capacity_bytes:
+                _, freed = self._entries.popitem(last=False)
+                self._used_bytes -= freed
+        return False
+
+    def stats(self) -> dict[str, float]:
+        selections = self.hits + self.misses
+        return {
+            "cache_hits": self.hits,
+            "cache_misses": self.misses,
+            "cache_hit_rate": self.hits / selections if selections else 0.0,
+            "cache_bytes_moved": self.bytes_moved,
+        }

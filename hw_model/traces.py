@@ -1,0 +1,287 @@
+"""Routing traces: which experts each token selects in each MoE layer; synthetic, loaded from files, calibrated.
+
+A trace is ``expert_ids[layer, token, slot]`` (int, ``top_k`` distinct ids per token) over ``prompt_tokens``
+prefill tokens followed by the generated (decode) tokens.
+
+Trace file format (``.npz`` or ``.json``; see docs/bench.md)::
+
+    .npz : arrays  expert_ids  int [layers, tokens, top_k]
+                   num_experts int scalar,  prompt_tokens int scalar
+    .json: {"format": "ndp-ep-trace/1", "num_experts": E, "prompt_tokens": P,
+            "expert_ids": [[[e, ...] per token] per layer]}
+
+Synthetic traces have three documented knobs (:class:`TraceKnobs`):
+
+* ``skew``  Zipf exponent of expert popularity (weight of the r-th most popular expert ∝ r^-skew; 0 = uniform).
+  Each layer ranks its experts by its own random permutation. Tokens pick ``top_k`` distinct experts with
+  probability following those weights (Gumbel top-k).
+* ``locality``  probability that a slot keeps the expert the previous token chose (temporal locality).
+* ``shift_at``  fraction of the generated tokens after which the domain shifts: every layer draws a new
+  popularity permutation (``None``: no shift).
+
+:data:`CALIBRATED_SKEW` holds, per model, the skew range (low, typical, high) that reproduces measured routing
+statistics; :func:`top_share` and :func:`fit_skew` are the tools that derived it (see their docstrings).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hw_model.errors import WorkloadError
+
+TRACE_FORMAT = "ndp-ep-trace/1"
+
+# Share of selections taken by the busiest 10 % of experts (at least one expert), per model: (low, typical, high).
+# mixtral-8x7b and olmoe-1b-7b: min / median / max over 5 domains x layers 0, 7, 15 of the per-expert counts in
+# ../shared/traces/olmoe_expert_counts/expert_counts.json (allenai/OLMoE, commit 357454f4), recomputed by
+# tests/hw_model/test_traces.py when that directory is present.
+# qwen3-30b-a3b and deepseek-v2-lite: no counts available; the short real per-token traces summarised in
+# ../shared/traces/README.md (FLAME-MoE, Qwen1.5-MoE) gave 13-19 % for the top 10 %; 16 % taken as typical.
+MEASURED_TOP10_SHARE: Mapping[str, tuple[float, float, float]] = {
+    "mixtral-8x7b": (0.1346, 0.1465, 0.1660),
+    "olmoe-1b-7b": (0.1568, 0.2902, 0.4383),
+    "qwen3-30b-a3b": (0.13, 0.16, 0.19),
+    "deepseek-v2-lite": (0.13, 0.16, 0.19),
+}
+
+# Zipf skews whose synthetic top-10 % share matches MEASURED_TOP10_SHARE (fit_skew, seed 0, 8192 tokens).
+CALIBRATED_SKEW: Mapping[str, tuple[float, float, float]] = {
+    "mixtral-8x7b": (0.051, 0.134, 0.242),
+    "olmoe-1b-7b": (0.271, 0.682, 1.127),
+    "qwen3-30b-a3b": (0.116, 0.222, 0.312),
+    "deepseek-v2-lite": (0.167, 0.279, 0.375),
+}
+DEFAULT_SKEW_LEVELS = ("low", "typical", "high")
+
+
+@dataclass(frozen=True)
+class TraceKnobs:
+    """Synthetic-trace knobs (see the module docstring)."""
+
+    skew: float = 0.0
+    locality: float = 0.0
+    shift_at: float | None = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.skew <= 10.0:
+            raise WorkloadError(f"trace skew must be in [0, 10], got {self.skew}")
+        if not 0.0 <= self.locality <= 1.0:
+            raise WorkloadError(f"trace locality must be in [0, 1], got {self.locality}")
+        if self.shift_at is not None and not 0.0 <= self.shift_at <= 1.0:
+            raise WorkloadError(f"trace shift_at must be in [0, 1] or None, got {self.shift_at}")
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    """Selected expert ids ``[layers, tokens, top_k]``; the first ``prompt_tokens`` tokens are the prompt."""
+
+    expert_ids: np.ndarray
+    num_experts: int
+    prompt_tokens: int
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.expert_ids)
+        if ids.ndim != 3 or ids.shape[2] < 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise WorkloadError("trace expert_ids must be an integer array [layers, tokens, top_k]")
+        if self.num_experts < 1 or ids.size and (ids.min() < 0 or ids.max() >= self.num_experts):
+            raise WorkloadError(f"trace expert ids must be in 0..{self.num_experts - 1}")
+        if not 0 <= self.prompt_tokens <= ids.shape[1]:
+            raise WorkloadError(f"trace prompt_tokens {self.prompt_tokens} outside 0..{ids.shape[1]}")
+        sorted_ids = np.sort(ids, axis=2)
+        if (np.diff(sorted_ids, axis=2) == 0).any():
+            raise WorkloadError("a token selects the same expert twice in one layer")
+        object.__setattr__(self, "expert_ids", ids.astype(np.int32, copy=False))
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.expert_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.expert_ids.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.expert_ids.shape[2])
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.num_tokens - self.prompt_tokens
+
+    def counts(self, layer: int, start: int, stop: int) -> np.ndarray:
+        """Tokens routed to each expert of ``layer`` over tokens ``start..stop-1``."""
+        ids = self.expert_ids[layer, start:stop].ravel()
+        return np.bincount(ids, minlength=self.num_experts).astype(np.int64)
+
+    def prefill_counts(self, layer: int) -> np.ndarray:
+        return self.counts(layer, 0, self.prompt_tokens)
+
+    def save(self, path: str | Path) -> None:
+        """Write the trace (``.npz`` or ``.json``) atomically."""
+        import os
+        import tempfile
+
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".npz", ".json"):
+            raise WorkloadError(f"trace file must end in .npz or .json: {path}")
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", suffix=suffix)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                if suffix == ".npz":
+                    np.savez_compressed(
+                        handle,
+                        expert_ids=self.expert_ids,
+                        num_experts=np.int64(self.num_experts),
+                        prompt_tokens=np.int64(self.prompt_tokens),
+                    )
+                else:
+                    doc = {
+                        "format": TRACE_FORMAT,
+                        "num_experts": self.num_experts,
+                        "prompt_tokens": self.prompt_tokens,
+                        "expert_ids": self.expert_ids.tolist(),
+                    }
+                    handle.write(json.dumps(doc).encode())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def load_trace(path: str | Path) -> RoutingTrace:
+    """Read a trace file (format in the module docstring); errors name the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "no such trace file", str(path))
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                missing = {"expert_ids", "num_experts", "prompt_tokens"} - set(data.files)
+                if missing:
+                    raise WorkloadError(f"{path}: missing array '{sorted(missing)[0]}'")
+                return RoutingTrace(data["expert_ids"], int(data["num_experts"]), int(data["prompt_tokens"]))
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        if isinstance(exc, WorkloadError):
+            raise
+        raise WorkloadError(f"{path}: not a readable trace file ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
+        raise WorkloadError(f"{path}: 'format' must be {TRACE_FORMAT!r}")
+    for key in ("num_experts", "prompt_tokens", "expert_ids"):
+        if key not in doc:
+            raise WorkloadError(f"{path}: missing field '{key}'")
+    try:
+        ids = np.asarray(doc["expert_ids"], dtype=np.int64)
+    except (ValueError, TypeError):
+        raise WorkloadError(f"{path}: expert_ids must be a [layers][tokens][top_k] list of integers") from None
+    return RoutingTrace(ids, int(doc["num_experts"]), int(doc["prompt_tokens"]))
+
+
+def popularity_weights(num_experts: int, skew: float, rng: np.random.Generator) -> np.ndarray:
+    """Zipf weights over a random permutation of the experts (normalised)."""
+    weights = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
+    weights = weights[rng.permutation(num_experts)]
+    return weights / weights.sum()
+
+
+def _sample_top_k(log_w: np.ndarray, top_k: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    keys = log_w[None, :] + rng.gumbel(size=(tokens, log_w.size))
+    return np.argsort(-keys, axis=1)[:, :top_k]
+
+
+def synthetic_trace(
+    num_layers: int,
+    num_experts: int,
+    top_k: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    knobs: TraceKnobs,
+) -> RoutingTrace:
+    """A seeded synthetic trace (knobs in the module docstring)."""
+    if top_k > num_experts or top_k < 1:
+        raise WorkloadError(f"top_k must be in 1..{num_experts}")
+    rng = np.random.default_rng(knobs.seed)
+    total = prompt_tokens + generated_tokens
+    shift_token = total if knobs.shift_at is None else prompt_tokens + int(round(knobs.shift_at * generated_tokens))
+    ids = np.empty((num_layers, total, top_k), dtype=np.int32)
+    for layer in range(num_layers):
+        before = np.log(popularity_weights(num_experts, knobs.skew, rng))
+        after = np.log(popularity_weights(num_experts, knobs.skew, rng))
+        picks = np.concatenate(
+            (
+                _sample_top_k(before, top_k, shift_token, rng),
+                _sample_top_k(after, top_k, total - shift_token, rng),
+            )
+        )
+        ids[layer] = picks
+        if knobs.locality > 0:
+            _apply_locality(ids[layer], picks, knobs.locality, before, after, shift_token, rng)
+    return RoutingTrace(ids, num_experts, prompt_tokens)
+
+
+def _apply_locality(
+    out: np.ndarray,
+    picks: np.ndarray,
+    locality: float,
+    before: np.ndarray,
+    after: np.ndarray,
+    shift_token: int,
+    rng: np.random.Generator,
+) -> None:
+    """Each slot keeps the previous token's expert with probability ``locality``; free slots take fresh picks."""
+    total, top_k = picks.shape
+    keep = rng.random((total, top_k)) < locality
+    out[0] = picks[0]
+    for token in range(1, total):
+        if not keep[token].any():
+            out[token] = picks[token]
+            continue
+        kept = out[token - 1][keep[token]]
+        fresh = [e for e in picks[token] if e not in kept]
+        if len(fresh) < top_k - kept.size:  # rare: draw extra candidates from the current popularity
+            log_w = before if token < shift_token else after
+            extra = np.argsort(-(log_w + rng.gumbel(size=log_w.size)))
+            fresh += [e for e in extra if e not in kept and e not in fresh]
+        out[token] = np.concatenate((kept, np.asarray(fresh[: top_k - kept.size], dtype=out.dtype)))
+
+
+def top_share(counts: np.ndarray, fraction: float = 0.10) -> float:
+    """Share of all selections taken by the busiest ``fraction`` of experts (at least one expert)."""
+    counts = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
+    top = max(1, int(round(fraction * counts.size)))
+    return float(counts[:top].sum() / counts.sum())
+
+
+def synthetic_top_share(num_experts: int, top_k: int, skew: float, tokens: int = 8192, seed: int = 0) -> float:
+    """Top-10 % share of one synthetic layer (the quantity :func:`fit_skew` matches)."""
+    trace = synthetic_trace(1, num_experts, top_k, tokens, 0, TraceKnobs(skew=skew, shift_at=None, seed=seed))
+    return top_share(trace.counts(0, 0, tokens))
+
+
+def fit_skew(num_experts: int, top_k: int, target_share: float, tokens: int = 8192, seed: int = 0) -> float:
+    """The Zipf skew whose synthetic top-10 % share equals ``target_share`` (bisection, seeded)."""
+    low, high = 0.0, 4.0
+    if synthetic_top_share(num_experts, top_k, low, tokens, seed) >= target_share:
+        return 0.0
+    for _ in range(22):
+        mid = 0.5 * (low + high)
+        if synthetic_top_share(num_experts, top_k, mid, tokens, seed) < target_share:
+            low = mid
+        else:
+            high = mid
+    return round(0.5 * (low + high), 3)
+
+
+def skew_for(model_name: str, level: str) -> float:
+    """Calibrated skew of ``model_name`` at ``level`` (low/typical/high); unknown models use qwen3's range."""
+    if level not in DEFAULT_SKEW_LEVELS:
+        raise WorkloadError(f"skew level must be one of {DEFAULT_SKEW_LEVELS}, got {level!r}")
+    levels = CALIBRATED_SKEW.get(model_name, CALIBRATED_SKEW["qwen3-30b-a3b"])
+    return levels[DEFAULT_SKEW_LEVELS.index(level)]
