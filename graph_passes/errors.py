@@ -7,3 +7,7 @@ class GraphPassError(ValueError):
 
 class UnsupportedModelError(GraphPassError):
     """The model cannot be converted at all (for instance a strict conversion met a skipped block)."""
+
+
+class InvalidModelError(GraphPassError):
+    """The input is missing, unreadable or not an ONNX model."""

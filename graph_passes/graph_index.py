@@ -36,10 +36,10 @@ class GraphIndex:
                 if inp:
                     self.consumers[inp].append(node)
         self.graph_outputs = {v.name for v in self.graph.output}
+        self._elem_types: dict[str, int] = {}
         self._shapes = self._infer_shapes(model)
 
-    @staticmethod
-    def _infer_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
+    def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
         shapes: dict[str, tuple[int | str | None, ...]] = {}
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
@@ -47,7 +47,11 @@ class GraphIndex:
             inferred = model
         values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
         for value in values:
-            if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            if not value.type.HasField("tensor_type"):
+                continue
+            if value.type.tensor_type.elem_type:
+                self._elem_types[value.name] = value.type.tensor_type.elem_type
+            if not value.type.tensor_type.HasField("shape"):
                 continue
             dims: list[int | str | None] = []
             for d in value.type.tensor_type.shape.dim:
@@ -60,7 +64,12 @@ class GraphIndex:
             shapes[value.name] = tuple(dims)
         for name, tensor in {t.name: t for t in model.graph.initializer}.items():
             shapes[name] = tuple(tensor.dims)
+            self._elem_types[name] = tensor.data_type
         return shapes
+
+    def elem_type(self, value: str) -> int | None:
+        """ONNX element type (``TensorProto.FLOAT``...) of ``value`` when known."""
+        return self._elem_types.get(value)
 
     def shape(self, value: str) -> tuple[int | str | None, ...] | None:
         """Inferred shape of ``value`` (ints for known dims, names for symbolic ones), or None."""

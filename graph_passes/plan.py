@@ -114,3 +114,30 @@ class Skip:
 
     where: str
     reason: str
+
+
+@dataclass(frozen=True)
+class MoECandidate:
+    """A block whose data flow is proven but whose expert form has several readings (layouts, activation).
+
+    The verifier keeps the first reading that reproduces the block's output numerically; when none does,
+    the block is skipped with the reason.
+    """
+
+    readings: tuple[MoEBlockPlan, ...]
+    structural_choice: int = 0  # the reading to use when a numeric check is impossible (weights too large)
+
+    def __post_init__(self) -> None:
+        if not self.readings:
+            raise ValueError("MoECandidate needs at least one reading")
+        outputs = {r.output_value for r in self.readings}
+        if len(outputs) != 1:
+            raise ValueError("all readings of a candidate must replace the same output value")
+
+    @property
+    def name(self) -> str:
+        return self.readings[0].name
+
+    @property
+    def output_value(self) -> str:
+        return self.readings[0].output_value

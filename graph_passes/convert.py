@@ -1,0 +1,169 @@
+"""The conversion pass: detect → plan → verify → emit, with every plan built before any mutation.
+
+``convert(model_or_path, shards=...)`` returns the rewritten model (lazy weights) and a
+:class:`ConversionReport` listing each rewritten block and each skipped candidate with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from graph_passes.errors import InvalidModelError, UnsupportedModelError
+from graph_passes.graph_index import GraphIndex
+from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
+from graph_passes.rewrite import RewrittenModel, apply_plans
+from graph_passes.rules import MoERule, default_rules
+from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, choose_readings
+from graph_passes.weights import WeightStore
+
+DEFAULT_SHARDS = 4
+
+
+@dataclass(frozen=True)
+class BlockReport:
+    name: str
+    rule: str
+    num_experts: int
+    top_k: int
+    hidden: int
+    ffn: int
+    shards: int
+    activation: str
+    replaced_nodes: int
+    checked_numerically: bool
+    max_abs_error: float | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    blocks: tuple[BlockReport, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict:
+        return {
+            "moe_blocks": [b.to_json() for b in self.blocks],
+            "skipped": [{"where": s.where, "reason": s.reason} for s in self.skipped],
+            "notes": list(self.notes),
+        }
+
+
+def load_model(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """Load a model without its external weight bytes; returns it and the directory of its data."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    path = Path(source)
+    if not path.exists():
+        raise InvalidModelError(f"no such file: {path}")
+    if not path.is_file():
+        raise InvalidModelError(f"not a file: {path}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning... all mean "not ONNX"
+        raise InvalidModelError(f"{path} is not an ONNX model ({type(exc).__name__})") from None
+    if not model.graph.node and not model.graph.output:
+        raise InvalidModelError(f"{path} is not an ONNX model (no graph)")
+    return model, path.parent
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node a unique name (rules and reports refer to nodes by name)."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for position, node in enumerate(model.graph.node):
+        if not node.name or node.name in ("",):
+            candidate = f"{node.op_type}_{position}"
+            while candidate in taken:
+                candidate += "_"
+            node.name = candidate
+            taken.add(candidate)
+    seen: set[str] = set()
+    for position, node in enumerate(model.graph.node):
+        if node.name in seen:
+            node.name = f"{node.name}__{position}"
+        seen.add(node.name)
+
+
+def convert(
+    source: str | Path | onnx.ModelProto,
+    shards: int = DEFAULT_SHARDS,
+    strict: bool = False,
+    rules: list[MoERule] | None = None,
+    max_check_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    base_dir: str | Path | None = None,
+) -> tuple[RewrittenModel, ConversionReport]:
+    """Convert every provable MoE block of ``source`` into sharded expert ops."""
+    if not isinstance(shards, int) or shards < 1:
+        raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
+    model, data_dir = load_model(source)
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    name_unnamed_nodes(model_copy)
+    store = WeightStore(model_copy, base_dir if base_dir is not None else data_dir)
+    index = GraphIndex(model_copy)
+
+    candidates: list[MoECandidate] = []
+    skipped: list[Skip] = []
+    claimed_outputs: set[str] = set()
+    for rule in rules if rules is not None else default_rules():
+        for found in rule.find(index):
+            if isinstance(found, Skip):
+                skipped.append(found)
+                continue
+            candidate = found if isinstance(found, MoECandidate) else MoECandidate((found,))
+            if candidate.output_value in claimed_outputs:
+                continue
+            claimed_outputs.add(candidate.output_value)
+            candidates.append(candidate)
+
+    plans: list[MoEBlockPlan] = []
+    reports: list[BlockReport] = []
+    notes: list[str] = []
+    unsupported = [c for c in candidates if not all(_weights_supported(r, store) for r in c.readings[:1])]
+    for candidate in unsupported:
+        skipped.append(Skip(candidate.name, "expert weights are not float32 (only float32 is supported)"))
+    candidates = [c for c in candidates if c not in unsupported]
+    verdicts = choose_readings(model_copy, candidates, store, max_weight_bytes=max_check_weight_bytes)
+    for verdict in verdicts:
+        if verdict.skip is not None:
+            skipped.append(verdict.skip)
+            continue
+        plan = verdict.plan
+        if plan.ffn % shards:
+            skipped.append(Skip(plan.name, f"FFN width {plan.ffn} is not divisible into {shards} shards"))
+            continue
+        if not verdict.checked_numerically:
+            notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
+        plans.append(plan)
+        reports.append(
+            BlockReport(
+                name=plan.name,
+                rule=plan.rule,
+                num_experts=plan.num_experts,
+                top_k=plan.top_k,
+                hidden=plan.hidden,
+                ffn=plan.ffn,
+                shards=shards,
+                activation=plan.activation,
+                replaced_nodes=len(plan.replaced_nodes),
+                checked_numerically=verdict.checked_numerically,
+                max_abs_error=verdict.max_abs_error,
+            )
+        )
+    if strict and skipped:
+        first = skipped[0]
+        raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
+    rewritten = apply_plans(model_copy, plans, shards, store)
+    return rewritten, ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
+
+
+def _weights_supported(plan: MoEBlockPlan, store: WeightStore) -> bool:
+    w = plan.weights
+    names = [m.initializer for m in (w.up, w.down, w.gate) if m is not None and m.initializer]
+    names += [n for m in (w.up, w.down, w.gate) if m is not None for n in m.per_expert]
+    return all(store.dtype_supported(n) for n in names)

@@ -1,0 +1,478 @@
+"""Rule: MoE blocks whose experts are stacked weights gathered by the router's top-k expert ids.
+
+This is the form PyTorch exporters give Hugging Face MoE blocks with ``experts_implementation=
+"batched_mm"`` (Mixtral, Qwen2/3-MoE, OLMoE, GPT-OSS...) and the form of our samples. It is recognised by
+data flow, not by an op sequence:
+
+    router ... TopK ─ ids ─(layout ops)─┬─ Gather[ND](W1[E,..]) ─┐
+                     values ─ ... ─ rw  │                        ▼
+    x[T,H] ─(layout ops)────────────────┼───────────────► expert FFN (any ops) ◄─ Gather[ND](W2[E,..])
+                                        │                        ▼                       ▲
+                                        └────────────────────────┼───────────────────────┘
+                                           rw ─(layout ops)──► combine ─► y  (single exit value)
+
+1. anchor: every Gather/GatherND whose data is a stacked initializer ``[E, ...]`` and whose indices come
+   from a TopK's indices through layout-only ops;
+2. trace: the expert region is the set of nodes downstream of the anchors, in topological order, up to the
+   first point where the region has exactly one value used outside it (the block output ``y``);
+3. check: the region's other inputs are the hidden state ``x`` (not downstream of the TopK), one routing-
+   weight tensor (downstream of the TopK) and shape computations; the matrices' roles follow from the data
+   flow (the down projection consumes what the first projection produced) and their shapes;
+4. plan: the readings compatible with the shapes (layouts, gate/up column split, activation), best
+   structural guess first; the verifier keeps the one that reproduces ``y`` numerically.
+Anything else (an intermediate used outside the block, more inputs, odd shapes) is a :class:`Skip`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import onnx
+
+from graph_passes.graph_index import GraphIndex
+from graph_passes.plan import ExpertWeights, MoEBlockPlan, MoECandidate, Skip, StackedBias, StackedMatrix
+
+LAYOUT_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Flatten", "Cast", "Identity"}
+MATMUL_OPS = {"MatMul", "Gemm", "Einsum"}
+MAX_REGION_NODES = 400
+SMALL_INITIALIZER_ELEMENTS = 64  # scalars and shape vectors an expert region may read besides its weights
+GATED_COLUMN_SPLITS = (("first_half", "second_half"), ("even", "odd"), ("second_half", "first_half"), ("odd", "even"))
+DEFAULT_SWIGLU = (1.702, 7.0)
+
+
+def _is_std(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx")
+
+
+def layout_root(index: GraphIndex, value: str, stop_at_rank2: bool = False) -> tuple[str, list[str]]:
+    """Follow ``value`` back through layout-only ops; return the root value and the nodes passed."""
+    passed: list[str] = []
+    while True:
+        if stop_at_rank2:
+            shape = index.shape(value)
+            if shape is not None and len(shape) == 2:
+                return value, passed
+        node = index.producer.get(value)
+        if node is None or node.op_type not in LAYOUT_OPS or not _is_std(node) or not node.input:
+            return value, passed
+        passed.append(node.name)
+        value = node.input[0]
+
+
+def _block_name(index: GraphIndex, weight_names: list[str], region: list[onnx.NodeProto], used: set[str]) -> str:
+    candidates: list[str] = []
+    for weight in weight_names:
+        match = re.match(r"(.+?)\.experts?\b", weight)
+        if match:
+            candidates.append(match.group(1))
+    for node in region:
+        for prop in node.metadata_props:
+            if prop.key == "pkg.torch.onnx.name_scopes":
+                scopes = re.findall(r"[\w.]+", prop.value)
+                for scope in scopes:
+                    match = re.match(r"(.+?)\.experts\b", scope)
+                    if match:
+                        candidates.append(match.group(1))
+    prefixes = {n.name.split("/")[0] for n in region if "/" in n.name}
+    if len(prefixes) == 1:
+        candidates.append(prefixes.pop())
+    for name in candidates:
+        if name and name not in used:
+            return name
+    counter = 0
+    while f"moe{counter}" in used:
+        counter += 1
+    return f"moe{counter}"
+
+
+def _scalar_constants(index: GraphIndex, region: list[onnx.NodeProto], op_types: set[str]) -> set[float]:
+    values: set[float] = set()
+    for node in region:
+        if node.op_type not in op_types:
+            continue
+        for inp in node.input:
+            array = index.constant(inp) if inp else None
+            if array is not None and array.size == 1 and array.dtype.kind == "f":
+                values.add(round(float(array.reshape(())), 6))
+    return values
+
+
+class GatheredExpertsRule:
+    """Finds stacked-weight MoE blocks (see the module docstring)."""
+
+    name = "gathered_experts"
+
+    def find(self, index: GraphIndex) -> list[MoEBlockPlan | MoECandidate | Skip]:
+        results: list[MoEBlockPlan | MoECandidate | Skip] = []
+        used_names: set[str] = set()
+        order = {node.name: position for position, node in enumerate(index.graph.node)}
+        for topk in index.nodes_of_type("TopK"):
+            if len(topk.output) < 2 or not topk.output[1]:
+                continue
+            outcome = self._find_block(index, topk, order, used_names)
+            if outcome is not None:
+                results.append(outcome)
+                used_names.add(outcome.name if not isinstance(outcome, Skip) else outcome.where)
+        return results
+
+    def _anchors(self, index: GraphIndex, ids_value: str) -> list[onnx.NodeProto]:
+        anchors = []
+        for node in index.graph.node:
+            if node.op_type not in ("Gather", "GatherND") or not _is_std(node) or len(node.input) < 2:
+                continue
+            data = node.input[0]
+            if data not in index.initializers or len(index.initializers[data].dims) < 2:
+                continue
+            if node.op_type == "Gather" and index.attr(node, "axis", 0) != 0:
+                continue
+            if node.op_type == "GatherND" and index.attr(node, "batch_dims", 0) != 0:
+                continue
+            root, _ = layout_root(index, node.input[1])
+            if root == ids_value:
+                anchors.append(node)
+        return anchors
+
+    def _find_block(self, index, topk, order, used_names) -> MoEBlockPlan | MoECandidate | Skip | None:
+        ids_value, values_value = topk.output[1], topk.output[0]
+        anchors = self._anchors(index, ids_value)
+        if not anchors:
+            return None
+        where = f"TopK {topk.name}"
+        num_experts_set = {index.initializers[a.input[0]].dims[0] for a in anchors}
+        if len(num_experts_set) != 1:
+            return Skip(where, f"gathered expert weights disagree on the expert count: {sorted(num_experts_set)}")
+        num_experts = int(num_experts_set.pop())
+        router_shape = index.shape(topk.input[0])
+        if router_shape and isinstance(router_shape[-1], int) and router_shape[-1] != num_experts:
+            return Skip(where, f"router has {router_shape[-1]} outputs but expert weights stack {num_experts}")
+        k_array = index.constant(topk.input[1]) if len(topk.input) > 1 else None
+        if k_array is None or k_array.size != 1:
+            return Skip(where, "top-k count is not a constant")
+        top_k = int(k_array.reshape(-1)[0])
+
+        # 2. trace: the region downstream of the anchors up to a single exit value
+        anchor_names = {a.name for a in anchors}
+        descendants: set[str] = set()
+        pending = [o for a in anchors for o in a.output]
+        while pending:
+            value = pending.pop()
+            for user in index.consumers.get(value, []):
+                if user.name not in descendants:
+                    descendants.add(user.name)
+                    pending.extend(user.output)
+        routing_nodes: set[str] = set()
+        pending = [values_value]
+        while pending:
+            value = pending.pop()
+            for user in index.consumers.get(value, []):
+                if user.name not in routing_nodes and user.name not in descendants and user.name not in anchor_names:
+                    routing_nodes.add(user.name)
+                    pending.extend(user.output)
+        walk = sorted(anchor_names | descendants, key=order.__getitem__)
+        exits = self._single_exit_points(index, walk, anchor_names, routing_nodes, values_value)
+        if not exits:
+            return Skip(where, "expert computation has no single output (an intermediate is used outside the block)")
+        first_skip: Skip | None = None
+        for region, exit_value in exits:
+            checked = self._check_inputs(index, topk, region, anchors, ids_value, exit_value)
+            if isinstance(checked, Skip):
+                first_skip = first_skip or checked
+                continue
+            hidden_value, routing_value, hidden = checked
+            break
+        else:
+            return first_skip
+        region_names = {n.name for n in region}
+
+        # roles of the gathered matrices: the down projection consumes what another matrix produced
+        matrices = [a for a in anchors if len(index.initializers[a.input[0]].dims) == 3]
+        biases = [a for a in anchors if len(index.initializers[a.input[0]].dims) == 2]
+        region_by_output = {o: n for n in region for o in n.output}
+
+        def upstream_anchors(node_name: str) -> set[str]:
+            seen, stack, found = set(), [node_name], set()
+            while stack:
+                current = stack.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                node = index.node_by_name[current]
+                if current in anchor_names and current != node_name:
+                    found.add(current)
+                    continue
+                stack.extend(region_by_output[i].name for i in node.input if i in region_by_output)
+            return found
+
+        def first_matmul(anchor: onnx.NodeProto) -> onnx.NodeProto | None:
+            frontier = list(anchor.output)
+            seen: set[str] = set()
+            while frontier:
+                value = frontier.pop(0)
+                for user in index.consumers.get(value, []):
+                    if user.name not in region_names or user.name in seen:
+                        continue
+                    seen.add(user.name)
+                    if user.op_type in MATMUL_OPS:
+                        return user
+                    frontier.extend(user.output)
+            return None
+
+        first_layer, down_layer = [], []
+        for anchor in matrices:
+            matmul = first_matmul(anchor)
+            if matmul is None:
+                return Skip(where, f"gathered weight {anchor.input[0]} does not reach a matrix product")
+            deps = upstream_anchors(matmul.name) - {anchor.name}
+            (down_layer if any(d in {m.name for m in matrices} for d in deps) else first_layer).append(anchor)
+        if len(down_layer) != 1 or len(first_layer) not in (1, 2):
+            return Skip(
+                where,
+                f"expected 1-2 first-projection and 1 down-projection weights, found "
+                f"{len(first_layer)} and {len(down_layer)}",
+            )
+        name = _block_name(index, [a.input[0] for a in anchors], region, used_names)
+        readings = self._readings(
+            index,
+            name,
+            region,
+            first_layer,
+            down_layer[0],
+            biases,
+            hidden,
+            num_experts,
+            top_k,
+            hidden_value,
+            ids_value,
+            routing_value,
+            exit_value,
+        )
+        if isinstance(readings, Skip):
+            return Skip(name, readings.reason)
+        return MoECandidate(readings=tuple(readings))
+
+    @staticmethod
+    def _single_exit_points(index, walk, anchor_names, routing_nodes, values_value, limit: int = 3):
+        """Prefixes of the walk that contain every anchor, consume the routing weights and leave one value."""
+        exits: list[tuple[list[onnx.NodeProto], str]] = []
+        combined = False
+        region: list[onnx.NodeProto] = []
+        open_uses: dict[str, int] = {}
+        remaining = set(anchor_names)
+        for name in walk[:MAX_REGION_NODES]:
+            node = index.node_by_name[name]
+            region.append(node)
+            remaining.discard(name)
+            for inp in node.input:
+                producer = index.producer.get(inp)
+                if inp == values_value or (producer is not None and producer.name in routing_nodes):
+                    combined = True
+                if inp in open_uses:
+                    open_uses[inp] -= 1
+                    if open_uses[inp] == 0:
+                        del open_uses[inp]
+            for out in node.output:
+                uses = len(index.consumers.get(out, [])) + (out in index.graph_outputs)
+                if out and uses:
+                    open_uses[out] = uses
+            if combined and not remaining and len(open_uses) == 1:
+                candidate = next(iter(open_uses))
+                shape = index.shape(candidate)
+                if shape is not None and len(shape) >= 2:
+                    exits.append((list(region), candidate))
+                    if len(exits) >= limit:
+                        break
+        return exits
+
+    @staticmethod
+    def _check_inputs(index, topk, region, anchors, ids_value, exit_value) -> tuple[str, str, int] | Skip:
+        """The region's external inputs must be x, the routing weights, ids and shape computations."""
+        where = f"TopK {topk.name}"
+        if topk.name in {n.name for n in region}:
+            return Skip(where, "router depends on expert weights")
+        produced = {o for n in region for o in n.output}
+        anchor_names = {a.name for a in anchors}
+        float_roots: set[str] = set()
+        for node in region:
+            for inp in node.input:
+                if not inp or inp in produced:
+                    continue
+                if inp in index.initializers:
+                    tensor = index.initializers[inp]
+                    if node.name not in anchor_names and int(np.prod(tensor.dims)) > SMALL_INITIALIZER_ELEMENTS:
+                        return Skip(where, f"expert computation uses a weight {inp} that is not gathered by expert id")
+                    continue
+                if index.constant(inp) is not None:
+                    continue
+                root, _ = layout_root(index, inp, stop_at_rank2=True)
+                if root == ids_value or layout_root(index, inp)[0] == ids_value:
+                    continue
+                elem = index.elem_type(root)
+                if elem in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+                    producer = index.producer.get(root)
+                    upstream_ops = {index.node_by_name[n].op_type for n in index.upstream(root)}
+                    if producer is not None and "Shape" in upstream_ops | {producer.op_type}:
+                        continue  # a shape computation
+                    return Skip(where, f"expert computation reads an unexpected integer tensor {root}")
+                float_roots.add(root)
+        routing_roots = [r for r in float_roots if topk.name in index.upstream(r)]
+        hidden_roots = [r for r in float_roots if r not in routing_roots]
+        if len(routing_roots) != 1:
+            return Skip(where, f"expected one routing-weight input to the combine, found {len(routing_roots)}")
+        if len(hidden_roots) != 1:
+            return Skip(where, f"expected one hidden-state input to the experts, found {len(hidden_roots)}")
+        routing_value, hidden_value = routing_roots[0], hidden_roots[0]
+        hidden_shape = index.shape(hidden_value)
+        exit_shape = index.shape(exit_value)
+        hidden = hidden_shape[-1] if hidden_shape else None
+        if not isinstance(hidden, int):
+            hidden = exit_shape[-1] if exit_shape and isinstance(exit_shape[-1], int) else None
+        if hidden is None:
+            return Skip(where, "hidden size unknown (shape inference could not resolve it)")
+        if exit_shape and isinstance(exit_shape[-1], int) and exit_shape[-1] != hidden:
+            return Skip(where, f"block output width {exit_shape[-1]} differs from hidden size {hidden}")
+        if hidden_shape and exit_shape and len(hidden_shape) != len(exit_shape):
+            return Skip(
+                where, f"block output rank {len(exit_shape)} differs from hidden-state rank {len(hidden_shape)}"
+            )
+        for value in (hidden_value, routing_value, exit_value):
+            if index.elem_type(value) not in (None, onnx.TensorProto.FLOAT):
+                return Skip(where, f"{value} is not float32 (only float32 experts are supported)")
+        return hidden_value, routing_value, hidden
+
+    def _readings(
+        self,
+        index,
+        name,
+        region,
+        first_layer,
+        down_anchor,
+        biases,
+        hidden,
+        num_experts,
+        top_k,
+        hidden_value,
+        ids_value,
+        routing_value,
+        exit_value,
+    ) -> list[MoEBlockPlan] | Skip:
+        def layouts(dims: tuple[int, int], in_dim_is_hidden: bool) -> list[tuple[str, int]]:
+            a, b = dims
+            options = []
+            if in_dim_is_hidden:  # matrix reads H: in_out if a == H, out_in if b == H; the other is the width
+                if a == hidden:
+                    options.append(("in_out", b))
+                if b == hidden:
+                    options.append(("out_in", a))
+            else:  # matrix writes H
+                if b == hidden:
+                    options.append(("in_out", a))
+                if a == hidden:
+                    options.append(("out_in", b))
+            return options
+
+        down_name = down_anchor.input[0]
+        down_dims = tuple(index.initializers[down_name].dims[1:])
+        down_options = layouts(down_dims, in_dim_is_hidden=False)
+        op_types = {n.op_type for n in region}
+        clamps = _scalar_constants(index, region, {"Clip", "Min", "Max"})
+        limits = sorted({abs(v) for v in clamps if v != 0}) or [DEFAULT_SWIGLU[1]]
+        alphas = sorted(_scalar_constants(index, region, {"Mul"}) - {1.0}) or [DEFAULT_SWIGLU[0]]
+        if "Clip" in op_types or "Min" in op_types:
+            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits] + [("silu_glu", *DEFAULT_SWIGLU)]
+        else:
+            gated_acts = [("silu_glu", *DEFAULT_SWIGLU), ("gelu_glu", *DEFAULT_SWIGLU)]
+            gated_acts += [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
+        plain_order = ["relu", "gelu", "gelu_tanh", "silu"]
+        hinted = {"Relu": "relu", "Erf": "gelu", "Tanh": "gelu_tanh", "Sigmoid": "silu"}
+        plain_acts = sorted(plain_order, key=lambda a: 0 if a in {hinted.get(t) for t in op_types} else 1)
+
+        bias_by_width: dict[int, list[str]] = {}
+        for bias in biases:
+            bias_by_width.setdefault(int(index.initializers[bias.input[0]].dims[1]), []).append(bias.input[0])
+
+        readings: list[MoEBlockPlan] = []
+        common = dict(
+            name=name,
+            rule=self.name,
+            hidden_value=hidden_value,
+            expert_ids_value=ids_value,
+            routing_weights_value=routing_value,
+            output_value=exit_value,
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden=hidden,
+            replaced_nodes=tuple(n.name for n in region),
+        )
+        down_bias_names = bias_by_width.get(hidden, [])
+        if len(down_bias_names) > 1:
+            return Skip(name, "several gathered biases could be the down-projection bias")
+        down_bias = StackedBias(down_bias_names[0]) if down_bias_names else None
+
+        if len(first_layer) == 1:
+            first_name = first_layer[0].input[0]
+            first_dims = tuple(index.initializers[first_name].dims[1:])
+            for (first_layout, width), (down_layout, ffn) in itertools.product(
+                layouts(first_dims, in_dim_is_hidden=True), down_options
+            ):
+                first_bias_names = [b for b in bias_by_width.get(width, []) if b not in down_bias_names]
+                first_bias = first_bias_names[0] if len(first_bias_names) == 1 else None
+                down = StackedMatrix(down_name, down_layout)
+                if width == 2 * ffn:
+                    for (gate_cols, up_cols), (act, alpha, limit) in itertools.product(GATED_COLUMN_SPLITS, gated_acts):
+                        weights = ExpertWeights(
+                            up=StackedMatrix(first_name, first_layout, up_cols),
+                            gate=StackedMatrix(first_name, first_layout, gate_cols),
+                            down=down,
+                            up_bias=StackedBias(first_bias, up_cols) if first_bias else None,
+                            gate_bias=StackedBias(first_bias, gate_cols) if first_bias else None,
+                            down_bias=down_bias,
+                        )
+                        readings.append(
+                            MoEBlockPlan(
+                                **common,
+                                ffn=ffn,
+                                activation=act,
+                                weights=weights,
+                                activation_alpha=alpha,
+                                activation_limit=limit,
+                            )
+                        )
+                elif width == ffn:
+                    for act in plain_acts:
+                        weights = ExpertWeights(
+                            up=StackedMatrix(first_name, first_layout),
+                            down=down,
+                            up_bias=StackedBias(first_bias) if first_bias else None,
+                            down_bias=down_bias,
+                        )
+                        readings.append(MoEBlockPlan(**common, ffn=ffn, activation=act, weights=weights))
+        else:
+            names = [a.input[0] for a in first_layer]
+            dims = [tuple(index.initializers[n].dims[1:]) for n in names]
+            for (gate_index, up_index), (down_layout, ffn) in itertools.product(((0, 1), (1, 0)), down_options):
+                for gate_layout, gate_width in layouts(dims[gate_index], True):
+                    for up_layout, up_width in layouts(dims[up_index], True):
+                        if gate_width != ffn or up_width != ffn:
+                            continue
+                        for act, alpha, limit in gated_acts:
+                            weights = ExpertWeights(
+                                up=StackedMatrix(names[up_index], up_layout),
+                                gate=StackedMatrix(names[gate_index], gate_layout),
+                                down=StackedMatrix(down_name, down_layout),
+                                down_bias=down_bias,
+                            )
+                            readings.append(
+                                MoEBlockPlan(
+                                    **common,
+                                    ffn=ffn,
+                                    activation=act,
+                                    weights=weights,
+                                    activation_alpha=alpha,
+                                    activation_limit=limit,
+                                )
+                            )
+        if not readings:
+            return Skip(name, f"expert weight shapes do not fit one FFN of hidden size {hidden}")
+        return readings

@@ -1,0 +1,72 @@
+"""Read initializer bytes lazily, one expert at a time, whether embedded or in external data files.
+
+Stacked expert weights ``[E, ...]`` are contiguous per expert, so expert ``e`` of an external tensor is a
+single ``np.memmap`` window: converting a model never needs more than one expert's bytes in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from graph_passes.errors import GraphPassError
+
+SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
+
+
+class WeightStore:
+    """Lazy access to a model's initializers (``onnx.load(..., load_external_data=False)`` is enough)."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: str | Path | None) -> None:
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.tensors = {t.name: t for t in model.graph.initializer}
+
+    def dtype_supported(self, name: str) -> bool:
+        return self.tensors[name].data_type in SUPPORTED_WEIGHT_DTYPES
+
+    def nbytes(self, name: str) -> int:
+        tensor = self.tensors[name]
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+    def _external(self, tensor: TensorProto) -> tuple[Path, int, int]:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        if self.base_dir is None:
+            raise GraphPassError(f"initializer {tensor.name} uses external data but the model has no directory")
+        path = self.base_dir / info["location"]
+        if not path.is_file():
+            raise GraphPassError(f"external data file for {tensor.name} not found: {path}")
+        return path, int(info.get("offset", 0)), int(info.get("length", 0))
+
+    def expert(self, name: str, expert: int) -> np.ndarray:
+        """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor)."""
+        if expert < 0:
+            return self.full(name)
+        tensor = self.tensors[name]
+        dims = tuple(tensor.dims)
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        per_expert = int(np.prod(dims[1:], dtype=np.int64))
+        if tensor.data_location == TensorProto.EXTERNAL:
+            path, offset, _ = self._external(tensor)
+            start = offset + expert * per_expert * dtype.itemsize
+            window = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(per_expert,))
+            return np.array(window).reshape(dims[1:])
+        if tensor.raw_data:
+            start = expert * per_expert * dtype.itemsize
+            flat = np.frombuffer(tensor.raw_data, dtype=dtype, count=per_expert, offset=start)
+            return flat.reshape(dims[1:]).copy()
+        return numpy_helper.to_array(tensor)[expert]
+
+    def full(self, name: str) -> np.ndarray:
+        tensor = self.tensors[name]
+        if tensor.data_location == TensorProto.EXTERNAL:
+            path, offset, _ = self._external(tensor)
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            count = int(np.prod(tensor.dims, dtype=np.int64))
+            return np.array(np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))).reshape(
+                tuple(tensor.dims)
+            )
+        return numpy_helper.to_array(tensor)
