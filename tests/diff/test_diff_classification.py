@@ -1,0 +1,165 @@
+"""The diff classifies the sample pairs exactly: identical, renamed-only, one node changed, ndp-ep rewrite."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from diff_sample_pairs import EXPERT_NODE_NAMES, EXPERTS, SHARDS, mlp_model
+from onnx import helper, numpy_helper
+
+from ndp_ep.diff import diff_models
+
+
+def test_identical_models_have_no_differences(sample_pairs):
+    result = diff_models(*sample_pairs["identical"])
+    assert result.equivalent
+    assert dict(result.node_counts) == {"unchanged": 6, "renamed": 0, "changed": 0, "removed": 0, "added": 0}
+    assert result.initializer_counts["unchanged"] == 3
+    assert result.nodes == () and result.initializers == () and result.regions == ()
+
+
+def test_renamed_only_pair_is_equivalent_and_every_node_is_matched_by_structure(sample_pairs):
+    result = diff_models(*sample_pairs["renamed"])
+    assert result.equivalent
+    assert dict(result.node_counts) == {"unchanged": 0, "renamed": 6, "changed": 0, "removed": 0, "added": 0}
+    pairs = {(n.a.name, n.b.name) for n in result.nodes}
+    assert ("head/Softmax", "r_head/Softmax") in pairs and ("fc1/MatMul", "r_fc1/MatMul") in pairs
+    assert all(n.a.name == n.b.name.removeprefix("r_") for n in result.nodes)
+    assert {n.match for n in result.nodes} <= {"structure", "neighbours"}
+    assert sorted(i.summary for i in result.initializers) == [
+        "fc1.bias → r_fc1.bias",
+        "fc1.weight → r_fc1.weight",
+        "fc2.weight → r_fc2.weight",
+    ]
+    assert {i.status for i in result.initializers} == {"renamed"}
+
+
+def test_one_changed_attribute_is_the_only_difference(sample_pairs):
+    result = diff_models(*sample_pairs["one_node_changed"])
+    assert not result.equivalent
+    assert dict(result.node_counts) == {"unchanged": 5, "renamed": 0, "changed": 1, "removed": 0, "added": 0}
+    (changed,) = result.nodes
+    assert (changed.status, changed.a.name, changed.match) == ("changed", "head/Softmax", "name")
+    assert [(c.field, c.key, c.a, c.b) for c in changed.changes] == [("attribute", "axis", "-1", "0")]
+    assert len(result.regions) == 1 and [n.name for n in result.regions[0].a_nodes] == ["head/Softmax"]
+
+
+def test_ndp_ep_rewrite_is_shown_as_one_moe_block(sample_pairs):
+    result = diff_models(*sample_pairs["ndp_ep_rewrite"])
+    assert not result.equivalent
+    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 10, "added": 3}
+    (block,) = result.moe_blocks
+    assert (block.block, block.direction, block.replaced_source) == ("moe0", "rewrite", "metadata")
+    assert (block.num_experts, block.top_k, block.shards, block.hidden, block.ffn) == (4, 2, 2, 8, 4)
+    assert block.activation == "silu" and dict(block.placement) == {"device": "ndp", "units": [0, 1]}
+    assert [r.name for r in block.replaced_nodes] == list(EXPERT_NODE_NAMES)
+    assert sorted(r.op_type for r in block.new_nodes) == ["Concat", "Concat", "ShardedMoEExperts"]
+    splits = [i for i in block.initializers if i.status == "split"]
+    assert [i.summary for i in splits] == [
+        "moe0 experts gate_up [4, 8, 8] → 4 experts × 2 shards of [8, 4]",
+        "moe0 experts down [4, 8, 4] → 4 experts × 2 shards of [2, 8]",
+    ]
+    assert all(len(i.b) == EXPERTS * SHARDS and i.a_bytes == i.b_bytes for i in splits)
+    assert {i.summary for i in block.initializers if i.status == "removed"} == {
+        "moe0.experts.zeros [3, 4]",
+        "moe0.experts.axis1 [1]",
+        "moe0.experts.axis2 [1]",
+    }
+    # Every removed node belongs to the block, every added node too; the router is untouched.
+    assert {n.block for n in result.nodes} == {"moe0"}
+    assert [(o.domain, o.a, o.b) for o in result.opsets] == [("ndp_ep", None, 1)]
+    assert len(result.regions) == 1 and result.regions[0].block == "moe0"
+
+
+def test_block_without_replaced_nodes_metadata_is_inferred_from_names(tmp_path):
+    from diff_sample_pairs import moe_original, moe_rewritten
+
+    a, gate_up, down = moe_original()
+    b = moe_rewritten(gate_up, down, placement=False)
+    sharded = next(n for n in b.graph.node if n.op_type == "ShardedMoEExperts")
+    kept = [p for p in sharded.metadata_props if p.key != "ndp_ep.replaced_nodes"]
+    del sharded.metadata_props[:]
+    sharded.metadata_props.extend(kept)
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    (block,) = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx").moe_blocks
+    assert block.replaced_source == "inferred"
+    assert sorted(r.name for r in block.replaced_nodes) == sorted(EXPERT_NODE_NAMES)
+    assert block.placement is None
+
+
+def test_values_change_reshape_and_generic_split_of_initializers(tmp_path):
+    a = mlp_model()
+    b = mlp_model()
+    weights = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
+    del b.graph.initializer[:]
+    b.graph.initializer.extend(
+        [
+            numpy_helper.from_array(weights["fc1.weight"] + 1.0, "fc1.weight"),
+            numpy_helper.from_array(weights["fc1.bias"].reshape(1, 16), "fc1.bias"),
+            numpy_helper.from_array(np.ascontiguousarray(weights["fc2.weight"][:8]), "fc2.weight.part0"),
+            numpy_helper.from_array(np.ascontiguousarray(weights["fc2.weight"][8:]), "fc2.weight.part1"),
+        ]
+    )
+    concat = helper.make_node("Concat", ["fc2.weight.part0", "fc2.weight.part1"], ["fc2.weight"], axis=0)
+    b.graph.node.insert(0, concat)
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    result = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx")
+    by_status = {i.status: i.summary for i in result.initializers}
+    assert by_status == {
+        "values_changed": "fc1.weight values changed",
+        "reshaped": "fc1.bias [16] → [1, 16]",
+        "split": "fc2.weight [16, 8] → 2 shards of 2 × [8, 8]",
+    }
+    assert dict(result.node_counts)["added"] == 1 and not result.equivalent
+
+
+def test_repeated_identical_layers_are_told_apart_when_renamed(tmp_path):
+    """40 structurally identical layers sharing one weight: WL hashes collide, anchors separate them."""
+
+    def chain(prefix: str) -> onnx.ModelProto:
+        nodes, tensor = [], "x"
+        for layer in range(40):
+            nodes.append(
+                helper.make_node("MatMul", [tensor, prefix + "w"], [f"{prefix}m{layer}"], name=f"{prefix}mm{layer}")
+            )
+            nodes.append(
+                helper.make_node("Relu", [f"{prefix}m{layer}"], [f"{prefix}r{layer}"], name=f"{prefix}act{layer}")
+            )
+            tensor = f"{prefix}r{layer}"
+        nodes.append(helper.make_node("Identity", [tensor], ["y"], name=prefix + "out"))
+        w = numpy_helper.from_array(np.eye(4, dtype=np.float32), prefix + "w")
+        graph = helper.make_graph(
+            nodes,
+            "chain",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+            initializer=[w],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    onnx.save(chain(""), tmp_path / "a.onnx")
+    onnx.save(chain("v2_"), tmp_path / "b.onnx")
+    result = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx")
+    assert result.equivalent and result.node_counts["renamed"] == 81
+    assert all(n.b.name == "v2_" + n.a.name for n in result.nodes)
+
+
+def test_metadata_json_is_read_defensively(tmp_path):
+    from diff_sample_pairs import moe_original, moe_rewritten
+
+    a, gate_up, down = moe_original()
+    b = moe_rewritten(gate_up, down)
+    sharded = next(n for n in b.graph.node if n.op_type == "ShardedMoEExperts")
+    for prop in sharded.metadata_props:
+        prop.value = "{not json" if prop.key == "ndp_ep.placement" else prop.value
+    for attribute in sharded.attribute:
+        if attribute.name == "top_k":
+            attribute.s = b"two"
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    (block,) = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx").moe_blocks
+    assert block.placement is None and block.top_k == json.loads(sharded.metadata_props[1].value)["top_k"]
