@@ -1,0 +1,260 @@
+"""Detection rule for ONNX Runtime's fused ``com.microsoft.MoE`` contrib op (as GenAI model builders emit it).
+
+The fused op takes the router *logits* and does softmax, top-k and the optional renormalisation inside::
+
+    x[..,H] ──────────────────────────────────────┐
+    logits[T,E] ─────────────────────────── com.microsoft.MoE(k, activation_type, normalize_routing_weights,
+    fc1 [E, F*I, H], fc1_bias [E, F*I]            swiglu_fusion, activation_alpha/beta, swiglu_limit) ─ y
+    fc2 [E, H, I],   fc2_bias [E, H]              (F = 2 for fused swiglu: interleaved rows, even = gate)
+    fc3 [E, I, H],   fc3_bias [E, I]   (optional: separate "up" projection, act(fc1 x) * fc3 x)
+
+Since the rewritten model keeps the router as ordinary ONNX ops, the plan for a fused node carries the router
+nodes the rewriter must insert (:func:`fused_moe_router_nodes`)::
+
+    logits ─ Softmax(axis=-1) ─ TopK(k) ─┬─ values ─[ReduceSum(keepdims) ─ Div]─ routing_weights[T,K]
+                                         └─ indices ─────────────────────────── expert_ids[T,K] (int64)
+
+Semantics (ONNX Runtime 1.32 CPU kernel and op schema; checked numerically by sample_models/build_fused_moe.py):
+``gelu`` is the tanh approximation; ``swiglu`` computes ``g = min(h_even, limit)``, ``l = clip(h_odd, ±limit)``,
+``g * sigmoid(alpha * g) * (l + beta)``; attribute defaults are the schema's (alpha 1, beta 0, no limit).
+Anything the plan vocabulary cannot express exactly (other ``activation_beta``, chunked swiglu, sparse mixer,
+limit after activation, identity experts, weights that are not initializers) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+from graph_passes.graph_index import GraphIndex
+from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+
+MS_DOMAIN = "com.microsoft"
+
+# com.microsoft.MoE attribute defaults, from the ONNX Runtime 1.32 op schema
+DEFAULT_K = 1
+DEFAULT_ACTIVATION = "relu"
+DEFAULT_ALPHA = 1.0
+DEFAULT_BETA = 0.0
+DEFAULT_SWIGLU_FUSION = 0
+
+PLAIN_ACTIVATION_OF = {"relu": "relu", "gelu": "gelu_tanh", "silu": "silu"}
+# an fc3 input gates the activated fc1 output; only SiLU has a matching plan activation
+GATED_ACTIVATION_OF_FC3 = {"silu": "silu_glu"}
+
+
+@dataclass(frozen=True)
+class FusedMoEBlockPlan(MoEBlockPlan):
+    """A plan whose ``expert_ids_value`` / ``routing_weights_value`` are produced by ``router_nodes``.
+
+    The rewriter must add ``router_nodes`` to the graph (before the sharded expert op) when it rewrites the
+    block; the fused op computed the router internally, so these values do not exist in the original graph.
+    """
+
+    router_nodes: tuple[onnx.NodeProto, ...] = ()
+
+
+def block_name_of(node: onnx.NodeProto, ordinal: int) -> str:
+    """A readable block name from the node name (``/model/layers.0/moe/MoE`` -> ``model.layers.0.moe``)."""
+    name = re.sub(r"/MoE(_\d+)?$", "", node.name.strip("/")) if node.name else ""
+    name = re.sub(r"[^A-Za-z0-9_.]+", ".", name).strip(".")
+    return name or f"moe{ordinal}"
+
+
+def fused_moe_router_nodes(
+    logits_value: str, top_k: int, normalize: bool, prefix: str
+) -> tuple[list[onnx.NodeProto], str, str, str]:
+    """The ordinary ONNX ops reproducing the fused op's internal router.
+
+    Returns ``(nodes, expert_ids_value, routing_weights_value, k_initializer_name)``; the caller must also add
+    an int64 initializer ``[top_k]`` named ``k_initializer_name`` (see :func:`fused_moe_router_initializers`).
+    The nodes only reference ``logits_value`` and new values named ``{prefix}/router/...``.
+    """
+    probs = f"{prefix}/router/probs"
+    values = f"{prefix}/router/topk_values"
+    ids = f"{prefix}/router/expert_ids"
+    k_name = f"{prefix}/router/k"
+    nodes = [
+        helper.make_node("Softmax", [logits_value], [probs], name=f"{prefix}/router/Softmax", axis=-1),
+        helper.make_node(
+            "TopK", [probs, k_name], [values, ids], name=f"{prefix}/router/TopK", axis=-1, largest=1, sorted=1
+        ),
+    ]
+    weights = values
+    if normalize:
+        total = f"{prefix}/router/topk_sum"
+        weights = f"{prefix}/router/routing_weights"
+        axes = f"{prefix}/router/sum_axes"
+        nodes += [
+            helper.make_node("ReduceSum", [values, axes], [total], name=f"{prefix}/router/ReduceSum", keepdims=1),
+            helper.make_node("Div", [values, total], [weights], name=f"{prefix}/router/Div"),
+        ]
+    return nodes, ids, weights, k_name
+
+
+def fused_moe_router_initializers(top_k: int, normalize: bool, prefix: str) -> list[onnx.TensorProto]:
+    """The small constant initializers the router nodes of :func:`fused_moe_router_nodes` read."""
+    tensors = [helper.make_tensor(f"{prefix}/router/k", onnx.TensorProto.INT64, [1], [top_k])]
+    if normalize:
+        tensors.append(helper.make_tensor(f"{prefix}/router/sum_axes", onnx.TensorProto.INT64, [1], [-1]))
+    return tensors
+
+
+def router_as_constant_nodes(top_k: int, normalize: bool, prefix: str) -> list[onnx.NodeProto]:
+    """The router constants as ``Constant`` nodes (for rewriters that prefer nodes to initializers)."""
+    return [
+        helper.make_node("Constant", [], [t.name], name=f"{t.name}/Constant", value=t)
+        for t in fused_moe_router_initializers(top_k, normalize, prefix)
+    ]
+
+
+class FusedMoERule:
+    """Turns each ``com.microsoft.MoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`)."""
+
+    name = "fused_moe"
+
+    def find(self, index: GraphIndex) -> list[MoEBlockPlan | Skip]:
+        results: list[MoEBlockPlan | Skip] = []
+        for ordinal, node in enumerate(index.nodes_of_type("MoE", MS_DOMAIN)):
+            results.append(self._plan(index, node, ordinal))
+        return results
+
+    def _plan(self, index: GraphIndex, node: onnx.NodeProto, ordinal: int) -> MoEBlockPlan | Skip:
+        block = block_name_of(node, ordinal)
+        where = node.name or block
+
+        def skip(reason: str) -> Skip:
+            return Skip(where, f"com.microsoft.MoE: {reason}")
+
+        if not node.name:
+            return skip("the node has no name, so the rewriter cannot address it")
+        inputs = list(node.input) + [""] * (8 - len(node.input))
+        x, logits, fc1, fc1_bias, fc2, fc2_bias, fc3, fc3_bias = inputs[:8]
+        if len(node.input) > 8:
+            return skip(f"{len(node.input)} inputs; only the 8 of the float MoE op are understood")
+        for label, value in (("fc1", fc1), ("fc2", fc2), ("fc3", fc3)):
+            if value and index.initializer_shape(value) is None:
+                return skip(f"{label} weights {value!r} are not initializers (computed weights cannot be sharded)")
+        for label, value in (("fc1_bias", fc1_bias), ("fc2_bias", fc2_bias), ("fc3_bias", fc3_bias)):
+            if value and index.initializer_shape(value) is None:
+                return skip(f"{label} {value!r} is not an initializer")
+
+        top_k = int(index.attr(node, "k", DEFAULT_K))
+        activation_type = index.attr(node, "activation_type", DEFAULT_ACTIVATION)
+        activation_type = activation_type.decode() if isinstance(activation_type, bytes) else activation_type
+        normalize = bool(index.attr(node, "normalize_routing_weights", 0))
+        if index.attr(node, "use_sparse_mixer", 0):
+            return skip("use_sparse_mixer=1 (sparse-mixer routing) is not expressible as softmax/top-k routing")
+        if index.attr(node, "swiglu_limit_after_activation", 0):
+            return skip("swiglu_limit_after_activation=1 is not supported")
+
+        fc1_shape = index.initializer_shape(fc1)
+        fc2_shape = index.initializer_shape(fc2)
+        if len(fc1_shape) != 3 or len(fc2_shape) != 3:
+            return skip(f"fc1 {fc1_shape} / fc2 {fc2_shape} are not [E, out, in] stacks")
+        num_experts, hidden, ffn = fc2_shape
+        fused_swiglu = activation_type == "swiglu"
+        fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
+        fc1_rows = 2 * ffn if fused_swiglu else ffn
+        if tuple(fc1_shape) != (num_experts, fc1_rows, hidden):
+            return skip(
+                f"fc1 shape {tuple(fc1_shape)} does not match fc2 {tuple(fc2_shape)} (expected "
+                f"{(num_experts, fc1_rows, hidden)})"
+            )
+        if fc3 and tuple(index.initializer_shape(fc3)) != (num_experts, ffn, hidden):
+            return skip(f"fc3 shape {index.initializer_shape(fc3)} is not {(num_experts, ffn, hidden)}")
+        if not 0 < top_k <= num_experts:
+            return skip(f"k={top_k} is not in 1..{num_experts}")
+        logits_shape = index.shape(logits)
+        if logits_shape is not None and (
+            len(logits_shape) != 2 or (isinstance(logits_shape[-1], int) and logits_shape[-1] != num_experts)
+        ):
+            return skip(f"router input {logits!r} has shape {logits_shape}, expected [tokens, {num_experts}]")
+        for label, value, width in (
+            ("fc1_bias", fc1_bias, fc1_rows),
+            ("fc2_bias", fc2_bias, hidden),
+            ("fc3_bias", fc3_bias, ffn),
+        ):
+            if value and tuple(index.initializer_shape(value)) != (num_experts, width):
+                return skip(f"{label} shape {index.initializer_shape(value)} is not {(num_experts, width)}")
+
+        alpha = float(index.attr(node, "activation_alpha", DEFAULT_ALPHA))
+        beta = float(index.attr(node, "activation_beta", DEFAULT_BETA))
+        limit = float(index.attr(node, "swiglu_limit", math.inf))
+        down = StackedMatrix(fc2, "out_in")
+        down_bias = StackedBias(fc2_bias) if fc2_bias else None
+        notes = [f"com.microsoft.MoE activation_type={activation_type}"]
+        activation_limit = 7.0
+        activation_alpha = 1.702
+        if fused_swiglu:
+            if fc3 or fc3_bias:
+                return skip("swiglu with a separate fc3 input is not supported")
+            if fusion != 1:
+                return skip(f"swiglu_fusion={fusion}: only the interleaved layout (1) has defined semantics here")
+            gate = StackedMatrix(fc1, "out_in", columns="even")
+            up = StackedMatrix(fc1, "out_in", columns="odd")
+            gate_bias = StackedBias(fc1_bias, "even") if fc1_bias else None
+            up_bias = StackedBias(fc1_bias, "odd") if fc1_bias else None
+            if beta == 1.0:
+                activation = "swiglu_clamp"
+                activation_alpha, activation_limit = alpha, limit
+            elif beta == 0.0 and alpha == 1.0 and math.isinf(limit):
+                activation = "silu_glu"
+            else:
+                return skip(
+                    f"swiglu with activation_beta={beta}, activation_alpha={alpha}, swiglu_limit={limit}: "
+                    "only beta=1 (clamped SwiGLU, GPT-OSS) or alpha=1, beta=0 without limit (SiLU-GLU) are supported"
+                )
+            weights = ExpertWeights(
+                up=up, down=down, gate=gate, up_bias=up_bias, gate_bias=gate_bias, down_bias=down_bias
+            )
+        elif fc3:
+            if activation_type not in GATED_ACTIVATION_OF_FC3:
+                return skip(f"activation_type={activation_type} with an fc3 input has no matching gated activation")
+            activation = GATED_ACTIVATION_OF_FC3[activation_type]
+            notes.append("fc3 gating per the ONNX Runtime CUDA kernel: act(fc1 x) * fc3 x (the CPU kernel refuses fc3)")
+            weights = ExpertWeights(
+                up=StackedMatrix(fc3, "out_in"),
+                down=down,
+                gate=StackedMatrix(fc1, "out_in"),
+                up_bias=StackedBias(fc3_bias) if fc3_bias else None,
+                gate_bias=StackedBias(fc1_bias) if fc1_bias else None,
+                down_bias=down_bias,
+            )
+        else:
+            if activation_type not in PLAIN_ACTIVATION_OF:
+                return skip(f"activation_type={activation_type!r} is not supported")
+            activation = PLAIN_ACTIVATION_OF[activation_type]
+            weights = ExpertWeights(
+                up=StackedMatrix(fc1, "out_in"),
+                down=down,
+                up_bias=StackedBias(fc1_bias) if fc1_bias else None,
+                down_bias=down_bias,
+            )
+
+        prefix = f"{block}/ndp_ep"
+        router_nodes, ids, routing_weights, _ = fused_moe_router_nodes(logits, top_k, normalize, prefix)
+        router_nodes = router_as_constant_nodes(top_k, normalize, prefix) + router_nodes
+        return FusedMoEBlockPlan(
+            name=block,
+            rule=self.name,
+            hidden_value=x,
+            expert_ids_value=ids,
+            routing_weights_value=routing_weights,
+            output_value=node.output[0],
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden=hidden,
+            ffn=ffn,
+            activation=activation,
+            weights=weights,
+            replaced_nodes=(node.name,),
+            activation_alpha=activation_alpha,
+            activation_limit=activation_limit,
+            notes=tuple(notes),
+            router_nodes=tuple(router_nodes),
+        )
