@@ -122,6 +122,7 @@ def convert(
             candidates.append(candidate)
 
     plans: list[MoEBlockPlan] = []
+    shards_by_block: dict[str, int] = {}
     reports: list[BlockReport] = []
     notes: list[str] = []
     unsupported = [c for c in candidates if not all(_weights_supported(r, store) for r in c.readings[:1])]
@@ -134,9 +135,10 @@ def convert(
             skipped.append(verdict.skip)
             continue
         plan = verdict.plan
-        if plan.ffn % shards:
-            skipped.append(Skip(plan.name, f"FFN width {plan.ffn} is not divisible into {shards} shards"))
-            continue
+        block_shards = max(d for d in range(1, shards + 1) if plan.ffn % d == 0)
+        if block_shards != shards:
+            notes.append(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards}; using {block_shards} shards")
+        shards_by_block[plan.name] = block_shards
         if not verdict.checked_numerically:
             notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
         plans.append(plan)
@@ -158,7 +160,7 @@ def convert(
     if strict and skipped:
         first = skipped[0]
         raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
-    rewritten = apply_plans(model_copy, plans, shards, store)
+    rewritten = apply_plans(model_copy, plans, shards_by_block, store)
     return rewritten, ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
 
 

@@ -208,18 +208,22 @@ def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
 
 
 def apply_plans(
-    model: onnx.ModelProto, plans: Iterable[MoEBlockPlan], shards: int, store: WeightStore
+    model: onnx.ModelProto, plans: Iterable[MoEBlockPlan], shards: int | dict[str, int], store: WeightStore
 ) -> RewrittenModel:
-    """Rewrite ``model`` (a copy is made) so every plan's block runs as one sharded expert op."""
+    """Rewrite ``model`` (a copy is made) so every plan's block runs as one sharded expert op.
+
+    ``shards`` is one count for every block or a count per block name.
+    """
     plans = list(plans)
+    shards_of = shards if isinstance(shards, dict) else {p.name: shards for p in plans}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
     lazy: dict[str, LazyTensor] = {}
     replaced_by_plan: dict[str, set[str]] = {}
     for plan in plans:
-        if plan.ffn % shards:
-            raise GraphPassError(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards} shards")
+        if plan.ffn % shards_of[plan.name]:
+            raise GraphPassError(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards_of[plan.name]} shards")
         replaced_by_plan[plan.name] = set(plan.replaced_nodes)
     all_replaced = set().union(*replaced_by_plan.values()) if plans else set()
     position_of_output = {}
@@ -228,13 +232,13 @@ def apply_plans(
             position_of_output[o] = position
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
     for plan in plans:
-        tensors = _shard_producers(plan, store, shards)
+        tensors = _shard_producers(plan, store, shards_of[plan.name])
         for tensor in tensors:
             lazy[tensor.name] = tensor
             header = graph.initializer.add()
             header.name, header.data_type = tensor.name, TensorProto.FLOAT
             header.dims.extend(tensor.dims)
-        node = sharded_node(plan, shards, [t.name for t in tensors])
+        node = sharded_node(plan, shards_of[plan.name], [t.name for t in tensors])
         new_nodes.setdefault(position_of_output[plan.output_value], []).append(node)
     rebuilt: list[onnx.NodeProto] = []
     for position, node in enumerate(graph.node):

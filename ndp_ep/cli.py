@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout closed early (``ndp-ep ... | head``)
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

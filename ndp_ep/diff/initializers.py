@@ -25,7 +25,9 @@ from types import MappingProxyType
 from ndp_ep.diff.loading import ContentHasher, InitializerRecord, ModelSnapshot
 from ndp_ep.diff.result import InitializerDiff, TensorRef
 
-SHARD_NAME = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.shard(?P<shard>\d+)\.(?P<kind>gate_up|down)$")
+SHARD_NAME = re.compile(
+    r"^(?P<block>.+)\.experts\.(?P<expert>\d+)(?:\.shard(?P<shard>\d+))?\.(?P<kind>gate_up|up|down)(?P<bias>_bias)?$"
+)
 SPLIT_SEPARATORS = (".", "_", "/", ":")
 
 
@@ -114,12 +116,14 @@ def match_initializers(a: ModelSnapshot, b: ModelSnapshot, hasher: ContentHasher
 
 
 def expert_kind(name: str) -> str | None:
-    """gate_up, down or None, from the words of a weight's name (gate_proj, up_proj, w1/w3 vs down_proj, w2)."""
+    """The role of an expert tensor from the words of its name: gate_up (gate/up/w1/w3/fc1/fc3), down
+    (down/w2/fc2), with a ``_bias`` suffix for biases; None when the name says nothing."""
     words = set(re.split(r"[^a-z0-9]+", name.lower()))
-    if words & {"down", "w2"}:
-        return "down"
-    if words & {"gate", "up", "w1", "w3"}:
-        return "gate_up"
+    suffix = "_bias" if words & {"bias", "biases", "b"} else ""
+    if words & {"down", "w2", "fc2"}:
+        return "down" + suffix
+    if words & {"gate", "up", "w1", "w3", "fc1", "fc3"}:
+        return "gate_up" + suffix
     return None
 
 
@@ -151,16 +155,20 @@ def summarise_unpaired(
     for name in added_left:
         found = SHARD_NAME.match(name)
         if found:
-            key = (found["block"], found["kind"])
-            shard_groups[key].append((int(found["expert"]), int(found["shard"]), name))
-    for (block, kind), members in sorted(shard_groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "gate_up")):
+            kind = found["kind"] + (found["bias"] or "")
+            shard = int(found["shard"]) if found["shard"] is not None else -1
+            shard_groups[(found["block"], kind)].append((int(found["expert"]), shard, name))
+    kind_order = {"gate_up": 0, "up": 0, "gate_up_bias": 1, "up_bias": 1, "down": 2, "down_bias": 3}
+    for (block, kind), members in sorted(shard_groups.items(), key=lambda kv: (kv[0][0], kind_order[kv[0][1]])):
         members.sort()
         refs_b = tuple(tensor_ref(b.initializers[name]) for _, _, name in members)
-        sources = _find_shard_sources(a, block, kind, refs_b, removed_left, block_sources.get(block, frozenset()))
+        role = kind.replace("up", "gate_up", 1) if kind.startswith("up") else kind
+        sources = _find_shard_sources(a, block, role, refs_b, removed_left, block_sources.get(block, frozenset()))
         experts = len({e for e, _, _ in members})
         shards = len({s for _, s, _ in members})
         shapes_b = {r.shape for r in refs_b}
-        after = f"{experts} experts × {shards} shards of "
+        sharded = members[0][1] >= 0
+        after = f"{experts} experts × {shards} shards of " if sharded else f"{experts} experts of "
         after += shape_text(next(iter(shapes_b))) if len(shapes_b) == 1 else "mixed shapes"
         if experts * shards != len(members):
             after += f" ({len(members)} shards present, incomplete)"

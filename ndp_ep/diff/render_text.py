@@ -103,9 +103,17 @@ def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
             summary = item.summary.removeprefix(block.block + " ")
             out.line(f"    {summary}  ({human_bytes(item.a_bytes)} → {human_bytes(item.b_bytes)})")
     others = [i for i in block.initializers if i.status != "split"]
-    if others:
-        texts = ", ".join(f"{i.status} {i.summary}" for i in others[:6]) + (" …" if len(others) > 6 else "")
-        out.line(f"    other initializers: {texts}")
+    removed = [i for i in others if i.status == "removed"]
+    if removed:
+        names = ", ".join(i.a[0].name.removeprefix(block.block + ".") for i in removed[:4])
+        more = f", … {len(removed) - 4} more" if len(removed) > 4 else ""
+        total = human_bytes(sum(i.a_bytes for i in removed))
+        out.line(
+            f"    {len(removed)} other initializers used only by the replaced nodes removed ({names}{more}; {total})"
+        )
+    for item in others:
+        if item.status != "removed":
+            out.line(f"    {item.status} {item.summary}")
 
 
 def _init_line(out: _Writer, item: InitializerDiff) -> str:

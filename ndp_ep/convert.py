@@ -1,0 +1,67 @@
+"""``ndp_ep.convert_model``: rewrite a model's MoE blocks into sharded expert ops and save it atomically."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from graph_passes.convert import ConversionReport, convert
+from graph_passes.errors import InvalidModelError, UnsupportedModelError
+from graph_passes.rewrite import save_rewritten
+from hw_model.hardware import SystemSpec, load_system
+from ndp_ep.errors import ConversionError, ModelLoadError
+from ndp_ep.partition import annotate_placement
+
+DEFAULT_POLICY = "tp+lb+prefetch"
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    report: ConversionReport
+    files: tuple[Path, ...]
+    system: SystemSpec
+    shards: int
+
+    def to_json(self) -> dict:
+        return {
+            "hardware": self.system.name,
+            "ndp_units": self.system.num_ndp_units,
+            "shards": self.shards,
+            "files": [str(f) for f in self.files],
+            **self.report.to_json(),
+        }
+
+
+def convert_model(
+    source: str | Path | onnx.ModelProto,
+    output_path: str | Path,
+    *,
+    hw: str | Path | SystemSpec = "paper",
+    ndp_units: int | None = None,
+    shards: int | None = None,
+    strict: bool = False,
+    external_data: bool | None = None,
+) -> ConversionResult:
+    """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
+
+    ``shards`` defaults to the number of NDP units of ``hw``. Raises :class:`ModelLoadError` for an input
+    that is missing or not ONNX and :class:`ConversionError` when ``strict`` and a block was skipped.
+    """
+    system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
+    output_path = Path(output_path)
+    if not isinstance(source, onnx.ModelProto) and Path(source).resolve() == output_path.resolve():
+        raise ConversionError("output path is the input path; write the converted model elsewhere")
+    if not output_path.parent.is_dir():
+        raise ConversionError(f"output directory does not exist: {output_path.parent}")
+    requested = shards if shards is not None else max(system.num_ndp_units, 1)
+    try:
+        rewritten, report = convert(source, shards=requested, strict=strict)
+    except InvalidModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+    except UnsupportedModelError as exc:
+        raise ConversionError(str(exc)) from None
+    annotate_placement(rewritten.model, system, DEFAULT_POLICY)
+    files = save_rewritten(rewritten, output_path, external=external_data)
+    return ConversionResult(report, tuple(files), system, requested)

@@ -1,0 +1,132 @@
+"""FLOPs and bytes of the graph's non-expert nodes for given input shapes, costed on the GPU.
+
+Shapes come from ONNX shape inference on a weightless skeleton of the model with the run's concrete input
+shapes; each claimed expert node is stood in for by an ``Identity`` of its hidden input (same shape).
+Results are cached per input-shape signature, so steady-state runs pay nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from hw_model.cost import kernel_time_s
+from hw_model.hardware import DTYPE_BYTES, SystemSpec
+from ndp_ep.partition import is_ndp_supported
+
+FREE_OPS = {
+    "Shape",
+    "Constant",
+    "ConstantOfShape",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Flatten",
+    "Identity",
+    "Size",
+    "Range",
+    "Cast",
+}
+SMALL_INITIALIZER_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """Non-expert work of one run on the GPU."""
+
+    flops: float
+    bytes_moved: float
+    kernels: int
+    time_s: float
+
+
+class NonExpertCoster:
+    def __init__(self, model: onnx.ModelProto, system: SystemSpec, dtype: str) -> None:
+        self.system = system
+        self.dtype = dtype
+        self.dtype_bytes = DTYPE_BYTES[dtype]
+        self.skeleton = self._skeleton(model)
+        self._cache: dict[tuple, GpuCost] = {}
+
+    @staticmethod
+    def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+        skeleton = onnx.ModelProto()
+        skeleton.CopyFrom(model)
+        graph = skeleton.graph
+        for tensor in graph.initializer:
+            if len(tensor.raw_data) > SMALL_INITIALIZER_BYTES or tensor.data_location == TensorProto.EXTERNAL:
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+                tensor.data_location = TensorProto.DEFAULT
+        for position, node in enumerate(graph.node):
+            if is_ndp_supported(node):
+                stand_in = onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)
+                graph.node[position].CopyFrom(stand_in)
+        used = {i for n in graph.node for i in n.input}
+        for tensor in [t for t in graph.initializer if t.name not in used]:
+            graph.initializer.remove(tensor)
+        standard = [o for o in skeleton.opset_import if o.domain in ("", "ai.onnx")]
+        del skeleton.opset_import[:]
+        skeleton.opset_import.extend(standard or [onnx.helper.make_opsetid("", 17)])
+        return skeleton
+
+    def cost(self, input_shapes: dict[str, tuple[int, ...]]) -> GpuCost:
+        key = tuple(sorted(input_shapes.items()))
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._compute(input_shapes)
+        return cached
+
+    def _compute(self, input_shapes: dict[str, tuple[int, ...]]) -> GpuCost:
+        model = onnx.ModelProto()
+        model.CopyFrom(self.skeleton)
+        for value in model.graph.input:
+            if value.name in input_shapes:
+                dims = value.type.tensor_type.shape.dim
+                for d, size in zip(dims, input_shapes[value.name], strict=False):
+                    d.Clear()
+                    d.dim_value = int(size)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:
+            inferred = model
+        shapes: dict[str, tuple[int, ...]] = {}
+        for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            dims = value.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                shapes[value.name] = tuple(d.dim_value for d in dims)
+        for tensor in inferred.graph.initializer:
+            shapes[tensor.name] = tuple(tensor.dims)
+        flops = bytes_moved = 0.0
+        kernels = 0
+        time_s = 0.0
+        gpu = self.system.gpu
+        for node in inferred.graph.node:
+            if node.op_type in FREE_OPS:
+                continue
+            out_shape = shapes.get(node.output[0]) if node.output else None
+            in_shapes = [shapes.get(i) for i in node.input if i]
+            if out_shape is None:
+                continue
+            out_elems = float(np.prod(out_shape)) if out_shape else 1.0
+            node_bytes = (out_elems + sum(float(np.prod(s)) for s in in_shapes if s is not None)) * self.dtype_bytes
+            if node.op_type in ("MatMul", "Gemm") and in_shapes and in_shapes[0]:
+                inner = in_shapes[0][-1] if not _attr(node, "transA", 0) else in_shapes[0][-2]
+                node_flops = 2.0 * out_elems * inner
+            else:
+                node_flops = out_elems
+            flops += node_flops
+            bytes_moved += node_bytes
+            kernels += 1
+            time_s += kernel_time_s(gpu, node_flops, node_bytes, self.dtype, kernels=1)
+        return GpuCost(flops, bytes_moved, kernels, time_s)
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return int(onnx.helper.get_attribute_value(attribute))
+    return default

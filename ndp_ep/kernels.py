@@ -1,0 +1,212 @@
+"""The sharded expert kernel and its registration as an ONNX Runtime custom op.
+
+ONNX Runtime runs ``NdpShardedMoE`` nodes through onnxruntime-extensions' Python-op bridge. Two things of
+that bridge are replaced here:
+
+* its package ``__init__`` is not imported (it pulls in tokenizer converters and, with torch installed,
+  takes seconds): the native extension module is loaded directly from the installed package;
+* its stock invocation hook returns outputs as Python lists (~120 ns per element); ours returns the
+  numpy arrays themselves, which the bridge copies with one memcpy.
+
+Like a real execution provider, the session hands each kernel its weights when the session is created
+(they are "resident" on the NDP units), so the op in ONNX Runtime's graph only receives activations:
+
+    NdpShardedMoE(hidden[..,H] f32, expert_ids[..,K] i64, routing_weights[..,K] f32) -> [..,H] f32
+    attribute kernel: key of the prepared kernel in this process's registry
+
+The kernel records the routing each call took (tokens per expert) for the latency report.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.machinery
+import importlib.util
+import itertools
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from graph_passes.expert_math import gated_activation, plain_activation
+from graph_passes.plan import GATED_ACTIVATIONS
+from ndp_ep.errors import NdpEpError
+
+CUSTOM_DOMAIN = "ai.onnx.contrib"  # the domain onnxruntime-extensions registers Python ops in
+ORT_OP_TYPE = "NdpShardedMoE"
+_NATIVE_NAME = "onnxruntime_extensions._extensions_pydll"
+
+
+class ExtensionsUnavailableError(NdpEpError):
+    """onnxruntime-extensions is not installed or its native module cannot be loaded."""
+
+
+@dataclass(frozen=True)
+class ShardedExperts:
+    """One MoE block's expert weights packed per shard, and how to apply them."""
+
+    layer: str
+    num_experts: int
+    top_k: int
+    shards: int
+    activation: str
+    activation_alpha: float
+    activation_limit: float
+    first: np.ndarray  # [E, S, H, W] with W = 2*I/S (gate then up) for GLU experts, I/S otherwise
+    down: np.ndarray  # [E, S, I/S, H]
+    first_bias: np.ndarray | None = None  # [E, S, W]
+    down_bias: np.ndarray | None = None  # [E, H]
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    def __call__(self, hidden: np.ndarray, expert_ids: np.ndarray, routing_weights: np.ndarray) -> np.ndarray:
+        width = hidden.shape[-1]
+        x = hidden.reshape(-1, width)
+        ids = expert_ids.reshape(-1)
+        weights = routing_weights.reshape(-1)
+        if ids.size != x.shape[0] * self.top_k:
+            raise ValueError(f"{self.layer}: expected {self.top_k} expert ids per token, got {expert_ids.shape}")
+        out = np.zeros_like(x)
+        if ids.size == 0:
+            return out.reshape(hidden.shape)
+        if ids.min() < 0 or ids.max() >= self.num_experts:
+            raise ValueError(f"{self.layer}: expert id out of range 0..{self.num_experts - 1}")
+        order = np.argsort(ids, kind="stable")
+        counts = np.bincount(ids, minlength=self.num_experts)
+        half = self.first.shape[-1] // 2
+        start = 0
+        for expert in np.flatnonzero(counts):
+            slots = order[start : start + counts[expert]]
+            start += counts[expert]
+            rows = slots // self.top_k
+            h = np.matmul(x[rows], self.first[expert])  # [S, n, W]: every shard's first projection
+            if self.first_bias is not None:
+                h += self.first_bias[expert][:, None, :]
+            if self.gated:
+                act = gated_activation(
+                    self.activation, h[..., :half], h[..., half:], self.activation_alpha, self.activation_limit
+                )
+            else:
+                act = plain_activation(self.activation, h)
+            y = np.matmul(act, self.down[expert]).sum(axis=0)  # reduce the shards' partial sums
+            if self.down_bias is not None:
+                y += self.down_bias[expert]
+            out[rows] += y * weights[slots, None]
+        return out.reshape(hidden.shape)
+
+
+class KernelRegistry:
+    """Kernels prepared by live sessions, by key; entries vanish when their session is collected."""
+
+    def __init__(self) -> None:
+        self._kernels: weakref.WeakValueDictionary[str, _BoundKernel] = weakref.WeakValueDictionary()
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def add(self, kernel: _BoundKernel) -> str:
+        with self._lock:
+            key = f"k{next(self._counter)}"
+            self._kernels[key] = kernel
+        return key
+
+    def __call__(self, hidden, expert_ids, routing_weights, kernel: str) -> np.ndarray:
+        bound = self._kernels.get(kernel)
+        if bound is None:
+            raise RuntimeError(f"ndp-ep kernel {kernel!r} is not registered (its session was closed)")
+        return bound(hidden, expert_ids, routing_weights)
+
+
+class _BoundKernel:
+    """A kernel plus the callback that records the routing of every call."""
+
+    def __init__(self, experts: ShardedExperts, layer_index: int, record: Callable[[int, np.ndarray], None]):
+        self.experts = experts
+        self.layer_index = layer_index
+        self.record = record
+
+    def __call__(self, hidden, expert_ids, routing_weights) -> np.ndarray:
+        out = self.experts(hidden, expert_ids, routing_weights)
+        self.record(self.layer_index, np.bincount(expert_ids.reshape(-1), minlength=self.experts.num_experts))
+        return out
+
+
+def _load_native() -> ModuleType:
+    module = sys.modules.get(_NATIVE_NAME)
+    if module is not None:
+        return module
+    spec = importlib.util.find_spec("onnxruntime_extensions")
+    if spec is None or spec.origin is None:
+        raise ExtensionsUnavailableError("onnxruntime-extensions is not installed (pip install onnxruntime-extensions)")
+    candidates = glob.glob(os.path.join(os.path.dirname(spec.origin), "_extensions_pydll*"))
+    candidates = [c for c in candidates if c.endswith((".so", ".pyd", ".dylib"))]
+    if not candidates:
+        raise ExtensionsUnavailableError("onnxruntime-extensions has no native Python-op module")
+    loader = importlib.machinery.ExtensionFileLoader(_NATIVE_NAME, candidates[0])
+    native_spec = importlib.util.spec_from_file_location(_NATIVE_NAME, candidates[0], loader=loader)
+    module = importlib.util.module_from_spec(native_spec)
+    loader.exec_module(module)
+    sys.modules[_NATIVE_NAME] = module
+    return module
+
+
+class PythonOpBridge:
+    """Our op definitions in onnxruntime-extensions' native module and the array-returning hook."""
+
+    def __init__(self) -> None:
+        self.native = _load_native()
+        self.registry = KernelRegistry()
+        self._functions: dict[int, Callable] = {}
+        definition = self.native.PyCustomOpDef()
+        definition.op_type = ORT_OP_TYPE
+        definition.obj_id = id(self.registry)
+        types = self.native.PyCustomOpDef
+        definition.input_types = [types.dt_float, types.dt_int64, types.dt_float]
+        definition.output_types = [types.dt_float]
+        definition.attrs = {"kernel": types.dt_string}
+        self._functions[definition.obj_id] = self.registry
+        self._definition = definition  # the native side keeps a pointer: keep it alive
+        self.native.add_custom_op(definition)
+        self.install_hook()
+
+    @property
+    def library_path(self) -> str:
+        return self.native.__file__
+
+    def install_hook(self) -> None:
+        """(Re)install our hook; ops of onnxruntime_extensions' own ``onnx_op`` still reach theirs."""
+        self.native.PyCustomOpDef.install_hooker(self._invoke)
+
+    def _invoke(self, op_id: int, feed, attributes):
+        function = self._functions.get(op_id)
+        if function is None:  # an op defined with onnxruntime_extensions.onnx_op
+            ocos = sys.modules.get("onnxruntime_extensions._ocos")
+            if ocos is None:
+                raise RuntimeError(f"no Python op with id {op_id}")
+            return ocos._on_pyop_invocation(op_id, feed, attributes)
+        result = function(*feed, **attributes)
+        outputs = result if isinstance(result, tuple) else (result,)
+        packed: list = [op_id]
+        for array in outputs:
+            array = np.ascontiguousarray(array)
+            packed += [array.shape, array.reshape(-1)]
+        return tuple(packed)
+
+
+_bridge_lock = threading.Lock()
+_bridge: PythonOpBridge | None = None
+
+
+def python_op_bridge() -> PythonOpBridge:
+    """The process-wide bridge (the native op table is process-wide, so this must be too)."""
+    global _bridge
+    with _bridge_lock:
+        if _bridge is None:
+            _bridge = PythonOpBridge()
+        return _bridge

@@ -1,0 +1,316 @@
+"""``ndp_ep.InferenceSession``: ONNX Runtime's session API, MoE experts run by the NDP provider.
+
+    sess = ndp_ep.InferenceSession("model.onnx", hw="paper")
+    outputs = sess.run(None, {"input_ids": ids})
+    print(sess.last_report.simulated_latency_s)
+
+Given an unconverted model, the session converts its MoE blocks in memory (the way an execution provider
+claims the nodes it can run); given a converted one it runs it. Claimed expert nodes execute as custom ops
+inside an ``onnxruntime.InferenceSession`` with the real numerics; each call records the routing it took,
+and the report simulates exactly that routing on the configured hardware. Reports are built lazily, in
+run order, when asked for, so ``run`` itself stays as fast as the numerics.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graph_passes.convert import ConversionReport, convert, load_model
+from graph_passes.rewrite import materialize_with_store
+from hw_model.hardware import SystemSpec, load_system
+from hw_model.simulator import MoESimulator
+from hw_model.workload import ExpertShape, MoELayerShape
+from ndp_ep.costing import NonExpertCoster
+from ndp_ep.errors import FeedError, ModelLoadError
+from ndp_ep.kernels import CUSTOM_DOMAIN, ORT_OP_TYPE, ShardedExperts, _BoundKernel, python_op_bridge
+from ndp_ep.partition import annotate_placement, is_ndp_supported
+from ndp_ep.report import LayerReport, RunReport
+
+PROVIDER_NAME = "NdpExecutionProvider"
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+    "tensor(int16)": np.int16,
+}
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    values = {}
+    for attribute in node.attribute:
+        value = onnx.helper.get_attribute_value(attribute)
+        values[attribute.name] = value.decode() if isinstance(value, bytes) else value
+    return values
+
+
+def has_sharded_ops(model: onnx.ModelProto) -> bool:
+    return any(is_ndp_supported(n) for n in model.graph.node)
+
+
+class InferenceSession:
+    """An ONNX Runtime session whose MoE experts run on the (simulated) NDP provider."""
+
+    def __init__(
+        self,
+        model: str | Path | onnx.ModelProto,
+        hw: str | Path | SystemSpec = "paper",
+        *,
+        ndp_units: int | None = None,
+        policy: str | None = None,
+        shards: int | None = None,
+        dtype: str = "bf16",
+        strict: bool = False,
+        sess_options: ort.SessionOptions | None = None,
+        providers: Sequence[str] | None = None,
+    ) -> None:
+        self.system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
+        if isinstance(hw, SystemSpec) and ndp_units is not None:
+            self.system = hw.with_ndp_units(ndp_units)
+        self.dtype = dtype
+        proto, base_dir = _load(model)
+        if has_sharded_ops(proto):
+            if base_dir is not None:
+                onnx.load_external_data_for_model(proto, str(base_dir))
+            converted = proto
+            self.conversion_report = ConversionReport(notes=("model was already converted",))
+        else:
+            requested = shards or max(self.system.num_ndp_units, 1)
+            rewritten, self.conversion_report = convert(proto, shards=requested, strict=strict, base_dir=base_dir)
+            converted = materialize_with_store(rewritten)
+        self._requested_policy = policy
+        self._bound: list[_BoundKernel] = []
+        self._layers: list[MoELayerShape] = []
+        self._layer_names: list[str] = []
+        bridge = python_op_bridge()
+        ort_model = self._prepare_for_ort(converted, bridge)
+        self.simulator = MoESimulator(self.system, self._layers, **({"policy": policy} if policy else {}))
+        self.policy = getattr(self.simulator, "policy", policy or "default")
+        annotate_placement(converted, self.system, self.policy)
+        self.converted_model = converted
+        self._coster = NonExpertCoster(converted, self.system, dtype)
+        options = sess_options if sess_options is not None else ort.SessionOptions()
+        options.register_custom_ops_library(bridge.library_path)
+        self._bridge = bridge
+        self._session = ort.InferenceSession(ort_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self._inputs = {i.name: i for i in self._session.get_inputs()}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pending: list[tuple[dict[str, tuple[int, ...]], dict[int, np.ndarray]]] = []
+        self._reports: list[RunReport] = []
+
+    # -- preparation -------------------------------------------------------------------------------------
+    def _prepare_for_ort(self, converted: onnx.ModelProto, bridge) -> onnx.ModelProto:
+        model = onnx.ModelProto()
+        model.CopyFrom(converted)
+        graph = model.graph
+        initializers = {t.name: t for t in graph.initializer}
+        claimed_weights: set[str] = set()
+        for node in graph.node:
+            if not is_ndp_supported(node):
+                continue
+            attrs = _attrs(node)
+            experts = _pack_experts(node, attrs, initializers)
+            claimed_weights.update(node.input[3:])
+            bound = _BoundKernel(experts, len(self._layers), self._record)
+            self._bound.append(bound)
+            key = bridge.registry.add(bound)
+            self._layers.append(
+                MoELayerShape(
+                    name=attrs["layer"],
+                    num_experts=experts.num_experts,
+                    top_k=experts.top_k,
+                    expert=ExpertShape(int(attrs["hidden"]), int(attrs["ffn"]), experts.gated, self.dtype),
+                )
+            )
+            self._layer_names.append(attrs["layer"])
+            inputs = list(node.input[:3])
+            node.ClearField("input")
+            node.input.extend(inputs)
+            node.ClearField("attribute")
+            node.attribute.append(onnx.helper.make_attribute("kernel", key))
+            node.domain, node.op_type = CUSTOM_DOMAIN, ORT_OP_TYPE
+            del node.metadata_props[:]
+        still_used = {i for n in graph.node for i in n.input}
+        for name in claimed_weights - still_used:
+            graph.initializer.remove(initializers[name])
+        opsets = [o for o in model.opset_import if o.domain != "ndp_ep"]
+        if self._layers and not any(o.domain == CUSTOM_DOMAIN for o in opsets):
+            opsets.append(onnx.helper.make_opsetid(CUSTOM_DOMAIN, 1))
+        del model.opset_import[:]
+        model.opset_import.extend(opsets)
+        return model
+
+    def _record(self, layer_index: int, expert_tokens: np.ndarray) -> None:
+        current = getattr(self._local, "routing", None)
+        if current is not None:
+            current[layer_index] = expert_tokens
+
+    # -- ONNX Runtime's API ------------------------------------------------------------------------------
+    def get_inputs(self):
+        return self._session.get_inputs()
+
+    def get_outputs(self):
+        return self._session.get_outputs()
+
+    def get_modelmeta(self):
+        return self._session.get_modelmeta()
+
+    def get_providers(self) -> list[str]:
+        return [PROVIDER_NAME, *self._session.get_providers()]
+
+    def get_session_options(self):
+        return self._session.get_session_options()
+
+    def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list[np.ndarray]:
+        feeds = self._check_feeds(input_feed)
+        self._bridge.install_hook()
+        self._local.routing = {}
+        try:
+            outputs = self._session.run(output_names, feeds, run_options)
+        finally:
+            routing, self._local.routing = self._local.routing, None
+        with self._lock:
+            self._pending.append(({k: tuple(v.shape) for k, v in feeds.items()}, routing))
+        return outputs
+
+    def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(input_feed, Mapping):
+            raise FeedError(f"feeds must be a mapping of input name to array, got {type(input_feed).__name__}")
+        unknown = sorted(set(input_feed) - set(self._inputs))
+        if unknown:
+            raise FeedError(f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._inputs)}")
+        missing = sorted(set(self._inputs) - set(input_feed))
+        if missing:
+            raise FeedError(f"missing input {missing[0]!r}; the model's inputs are {sorted(self._inputs)}")
+        feeds = {}
+        for name, value in input_feed.items():
+            spec = self._inputs[name]
+            array = np.asarray(value)
+            expected = _ORT_TYPES.get(spec.type)
+            if expected is not None and array.dtype != expected:
+                raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {array.dtype.name}")
+            if len(spec.shape) != array.ndim:
+                raise FeedError(
+                    f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {array.shape}"
+                )
+            for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
+                if isinstance(want, int) and want != got:
+                    raise FeedError(f"input {name!r} dimension {axis} must be {want}, got shape {array.shape}")
+            feeds[name] = array
+        return feeds
+
+    # -- reports -----------------------------------------------------------------------------------------
+    @property
+    def reports(self) -> list[RunReport]:
+        """Reports of every run so far, in run order."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            for input_shapes, routing in pending:
+                self._reports.append(self._simulate(len(self._reports), input_shapes, routing))
+            return list(self._reports)
+
+    @property
+    def last_report(self) -> RunReport | None:
+        reports = self.reports
+        return reports[-1] if reports else None
+
+    def _simulate(self, run_index: int, input_shapes, routing: dict[int, np.ndarray]) -> RunReport:
+        layers: list[LayerReport] = []
+        tokens = 0
+        for layer_index in sorted(routing):
+            counts = routing[layer_index]
+            shape = self._layers[layer_index]
+            tokens = int(counts.sum()) // shape.top_k
+        phase = "prefill" if tokens > 1 else "decode"
+        for layer_index in sorted(routing):
+            counts = routing[layer_index]
+            shape = self._layers[layer_index]
+            result = self.simulator.simulate_layer(layer_index, counts.tolist(), phase)
+            resources = sorted({e.resource for e in result.events})
+            layers.append(
+                LayerReport(
+                    index=layer_index,
+                    name=shape.name,
+                    tokens=int(counts.sum()) // shape.top_k,
+                    expert_tokens=tuple(int(c) for c in counts),
+                    latency_s=result.latency_s,
+                    placement=dict(result.placement),
+                    busy_s={r: result.busy_s(r) for r in resources},
+                )
+            )
+        gpu = self._coster.cost(input_shapes)
+        summary = self.simulator.summary() if hasattr(self.simulator, "summary") else {}
+        return RunReport(
+            run_index=run_index,
+            hardware=self.system.name,
+            ndp_units=self.system.num_ndp_units,
+            policy=self.policy,
+            dtype=self.dtype,
+            phase=phase,
+            tokens=tokens,
+            non_expert_gpu_s=gpu.time_s,
+            layers=tuple(layers),
+            simulator=dict(summary) if isinstance(summary, Mapping) else {},
+        )
+
+
+def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    from graph_passes.errors import InvalidModelError
+
+    try:
+        return load_model(model)
+    except InvalidModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def _pack_experts(node: onnx.NodeProto, attrs: dict[str, Any], initializers) -> ShardedExperts:
+    """Stack a claimed node's per-expert, per-shard weights into the kernel's arrays."""
+    num_experts, shards = int(attrs["num_experts"]), int(attrs["shards"])
+    count = num_experts * shards
+    weights = list(node.input[3:])
+
+    def arrays(names: list[str]) -> list[np.ndarray]:
+        out = []
+        for name in names:
+            if name not in initializers:
+                raise ModelLoadError(f"{node.name}: weight {name} is not an initializer")
+            out.append(onnx.numpy_helper.to_array(initializers[name]).astype(np.float32, copy=False))
+        return out
+
+    first = np.stack(arrays(weights[:count])).reshape(num_experts, shards, *initializers[weights[0]].dims)
+    down = np.stack(arrays(weights[count : 2 * count])).reshape(num_experts, shards, *initializers[weights[count]].dims)
+    position = 2 * count
+    first_bias = down_bias = None
+    if int(attrs.get("has_first_bias", 0)):
+        first_bias = np.stack(arrays(weights[position : position + count])).reshape(num_experts, shards, -1)
+        position += count
+    if int(attrs.get("has_down_bias", 0)):
+        down_bias = np.stack(arrays(weights[position : position + num_experts]))
+        position += num_experts
+    if position != len(weights):
+        raise ModelLoadError(f"{node.name}: expected {position} weight inputs, found {len(weights)}")
+    return ShardedExperts(
+        layer=str(attrs["layer"]),
+        num_experts=num_experts,
+        top_k=int(attrs["top_k"]),
+        shards=shards,
+        activation=str(attrs["activation"]),
+        activation_alpha=float(attrs.get("activation_alpha", 1.702)),
+        activation_limit=float(attrs.get("activation_limit", 7.0)),
+        first=np.ascontiguousarray(first),
+        down=np.ascontiguousarray(down),
+        first_bias=first_bias,
+        down_bias=down_bias,
+    )
