@@ -2,8 +2,16 @@
 
 A :class:`MoESimulator` is created once per session (or per trace) and fed one MoE layer invocation at a
 time: which experts were selected and for how many tokens. It returns a :class:`LayerResult` with the
-layer's latency and an event timeline over the resources ``gpu``, ``pcie`` and ``ndp0..ndpN-1``.
-The ORT session and the trace-driven ``bench`` both use this class, so their figures never disagree.
+layer's latency and an event timeline over the resources ``gpu``, ``pcie`` (host to GPU: expert weights and
+NDP outputs), ``pcie_d2h`` (GPU to host: hidden states for the NDP units), ``ndp0..ndpN-1`` and
+``ndp_link``. The ORT session and the trace-driven ``bench`` both use this class, so their figures never
+disagree. The policies are described in :mod:`hw_model.policies`; the default is the complete framework,
+``tp+lb+prefetch``.
+
+State carried across calls: the prefetcher's counts and resident experts (or the LRU cache of the offload
+baseline), cached placements (recomputed when the activation histogram drifts), and counters read by
+:meth:`MoESimulator.summary`. Prefetch copies use PCIe time the layers leave idle; callers that know how
+long the non-expert ops between MoE layers take can hand that time over with :meth:`advance_time_s`.
 """
 
 from __future__ import annotations
@@ -11,30 +19,34 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
-from hw_model.cost import expert_shard_time_s, kernel_time_s
+from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
+from hw_model.policies import NEEDS_NDP, POLICIES, ExpertCosts, PolicyState, run_policy
+from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
+from hw_model.timeline import TimelineEvent
 from hw_model.workload import MoELayerShape
 
 PHASES = ("prefill", "decode")
+DEFAULT_POLICY = "tp+lb+prefetch"
+USABLE_GPU_MEMORY_FRACTION = 0.9  # assumption: allocator slack, CUDA context, activations
+STAGING_FRACTION_OF_GPU_MEMORY = 0.25  # at most this much GPU memory holds on-demand (non-resident) expert copies
 
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    """One busy interval of one resource (``gpu``, ``pcie``, ``ndp0``...)."""
-
-    resource: str
-    start_s: float
-    end_s: float
-    label: str
+__all__ = ["DEFAULT_POLICY", "PHASES", "POLICIES", "LayerResult", "MoESimulator", "TimelineEvent", "gpu_op_time_s"]
 
 
 @dataclass(frozen=True)
 class LayerResult:
-    """What one MoE layer invocation cost and where its experts ran."""
+    """What one MoE layer invocation cost and where its experts ran.
+
+    ``placement`` maps expert id to ``"gpu"``, ``"ndp"`` (tensor-parallel over all units), ``"ndpU"`` (whole on
+    unit U) or ``"split"`` (lower bound). ``extra`` holds ``recomputed`` (1 if the placement was recomputed),
+    ``prefetch_hits``/``prefetch_misses`` of this call, ``prefetch_bytes`` copied in its idle PCIe time.
+    """
 
     layer_index: int
     phase: str
@@ -44,6 +56,8 @@ class LayerResult:
     events: tuple[TimelineEvent, ...]
     bytes_over_host_link: float = 0.0
     extra: Mapping[str, float] = field(default_factory=dict)
+    policy: str = DEFAULT_POLICY
+    reduction: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
@@ -54,20 +68,65 @@ class LayerResult:
 
 
 class MoESimulator:
-    """Simulates MoE layers one invocation at a time under a scheduling policy.
+    """Simulates MoE layers one invocation at a time under a scheduling policy (see :mod:`hw_model.policies`).
 
-    This first policy, ``tp``, runs every activated expert tensor-parallel over all NDP units
-    (each unit takes one shard), then reduces the partial sums over the NDP link.
+    ``gpu_reserved_bytes`` is GPU memory already taken by non-expert weights and the KV cache; what is left
+    (times ``residency_fraction``) is the cap on resident experts for the prefetcher and the LRU cache, with
+    ``STAGING_FRACTION_OF_GPU_MEMORY`` (or one layer's experts, if smaller) kept for on-demand copies.
     """
 
-    def __init__(self, system: SystemSpec, layers: Sequence[MoELayerShape], policy: str = "tp") -> None:
-        if policy != "tp":
-            raise WorkloadError(f"unknown policy {policy!r}")
-        if system.num_ndp_units < 1:
-            raise WorkloadError("policy 'tp' needs at least one NDP unit")
+    def __init__(
+        self,
+        system: SystemSpec,
+        layers: Sequence[MoELayerShape],
+        policy: str = DEFAULT_POLICY,
+        *,
+        gpu_reserved_bytes: float = 0.0,
+        residency_fraction: float = 1.0,
+        drift_threshold: float = 0.25,
+        prefetch_interval_tokens: int = 32,
+        prefetch_decay: float = 0.5,
+    ) -> None:
+        if policy not in POLICIES:
+            raise WorkloadError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+        if policy in NEEDS_NDP and system.num_ndp_units < 1:
+            raise WorkloadError(f"policy {policy!r} needs at least one NDP unit")
+        if not layers:
+            raise WorkloadError("the simulator needs at least one MoE layer")
+        if not 0.0 <= residency_fraction <= 1.0:
+            raise WorkloadError(f"residency_fraction must be in [0, 1], got {residency_fraction}")
+        if gpu_reserved_bytes < 0 or drift_threshold < 0:
+            raise WorkloadError("gpu_reserved_bytes and drift_threshold must be non-negative")
         self.system = system
         self.layers = tuple(layers)
         self.policy = policy
+        largest_layer_bytes = max(layer.num_experts * layer.expert.weight_bytes() for layer in self.layers)
+        largest_expert_bytes = max(layer.expert.weight_bytes() for layer in self.layers)
+        gpu_bytes = system.gpu.memory_capacity_bytes
+        self.staging_cap_bytes = max(
+            min(STAGING_FRACTION_OF_GPU_MEMORY * gpu_bytes, largest_layer_bytes), largest_expert_bytes
+        )
+        free = USABLE_GPU_MEMORY_FRACTION * gpu_bytes - gpu_reserved_bytes - self.staging_cap_bytes
+        self.residency_cap_bytes = max(0.0, free) * residency_fraction
+        self._costs = ExpertCosts(system)
+        self._state = PolicyState(staging_cap_bytes=self.staging_cap_bytes, drift_threshold=drift_threshold)
+        if policy == "tp+lb+prefetch":
+            config = PrefetchConfig(
+                residency_cap_bytes=self.residency_cap_bytes,
+                update_interval_tokens=prefetch_interval_tokens,
+                decay=prefetch_decay,
+            )
+            self._state.prefetcher = ExpertPrefetcher(
+                [layer.num_experts for layer in self.layers],
+                [layer.expert.weight_bytes() for layer in self.layers],
+                config,
+            )
+        elif policy == "gpu-offload":
+            self._state.lru = ExpertLRUCache(self.residency_cap_bytes)
+        self._invocations = {phase: 0 for phase in PHASES}
+        self._latency_s = {phase: 0.0 for phase in PHASES}
+        self._busy_s: dict[str, float] = {}
+        self._host_to_gpu_bytes = 0.0
 
     def simulate_layer(self, layer_index: int, expert_token_counts: Sequence[int], phase: str) -> LayerResult:
         if phase not in PHASES:
@@ -80,38 +139,101 @@ class MoESimulator:
             raise WorkloadError(
                 f"{layer.name}: expected {layer.num_experts} non-negative expert token counts, got {counts.tolist()}"
             )
-        units = self.system.num_ndp_units
-        unit_clock = [0.0] * units
-        events: list[TimelineEvent] = []
-        placement: dict[int, str] = {}
-        for expert_id in np.flatnonzero(counts):
-            tokens = int(counts[expert_id])
-            shard_s = expert_shard_time_s(self.system.ndp_unit, layer.expert, tokens, shards=units)
-            for unit in range(units):
-                start = unit_clock[unit]
-                unit_clock[unit] = start + shard_s
-                events.append(TimelineEvent(f"ndp{unit}", start, unit_clock[unit], f"e{expert_id}/s{unit}"))
-            placement[int(expert_id)] = "ndp"
-        compute_end = max(unit_clock)
-        tokens_total = int(counts.sum() // layer.top_k) if layer.top_k else 0
-        reduce_bytes = layer.expert.partial_sum_bytes(tokens_total) * (units - 1)
-        reduce_s = self.system.ndp_link.transfer_time_s(reduce_bytes) if units > 1 else 0.0
-        if reduce_s > 0:
-            events.append(TimelineEvent("ndp_link", compute_end, compute_end + reduce_s, "reduce partial sums"))
-        # The combined output returns to the GPU for the residual add.
-        out_bytes = tokens_total * layer.expert.hidden * layer.expert.dtype_bytes
-        return_s = self.system.host_link.transfer_time_s(out_bytes)
-        start = compute_end + reduce_s
-        events.append(TimelineEvent("pcie", start, start + return_s, "expert output to GPU"))
+        state = self._state
+        prefetcher = state.prefetcher
+        if prefetcher is not None:
+            prefetcher.before_invocation(layer_index, phase)
+            hits_before, misses_before = prefetcher.hits, prefetcher.misses
+        recomputed_before = state.recomputations
+        outcome = run_policy(self.policy, self.system, self._costs, state, layer_index, layer, counts, phase)
+        timeline = outcome.timeline
+        events = list(timeline.events)
+        extra = dict(outcome.extra)
+        extra["recomputed"] = float(state.recomputations - recomputed_before)
+        if prefetcher is not None:
+            prefetcher.observe(layer_index, counts, phase)
+            extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
+            extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
+            extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
+        latency = timeline.latency_s
+        self._invocations[phase] += 1
+        self._latency_s[phase] += latency
+        for event in events:
+            self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        self._host_to_gpu_bytes += timeline.host_to_gpu_bytes
         return LayerResult(
             layer_index=layer_index,
             phase=phase,
-            tokens=tokens_total,
-            latency_s=start + return_s,
-            placement=placement,
+            tokens=int(-(-int(counts.sum()) // layer.top_k)),
+            latency_s=latency,
+            placement=outcome.placement,
             events=tuple(events),
-            bytes_over_host_link=out_bytes,
+            bytes_over_host_link=timeline.host_to_gpu_bytes + timeline.gpu_to_host_bytes,
+            extra=extra,
+            policy=self.policy,
+            reduction=timeline.reduction,
         )
+
+    def _drain_in_gaps(self, events: list[TimelineEvent], latency_s: float) -> float:
+        """Run queued prefetch copies in the PCIe (host to GPU) gaps of this layer; returns bytes copied."""
+        prefetcher = self._state.prefetcher
+        if prefetcher is None or not prefetcher.queued_bytes:
+            return 0.0
+        busy = sorted((e.start_s, e.end_s) for e in events if e.resource == "pcie")
+        gaps, clock = [], 0.0
+        for start, end in busy:
+            if start > clock:
+                gaps.append((clock, start))
+            clock = max(clock, end)
+        if latency_s > clock:
+            gaps.append((clock, latency_s))
+        bandwidth = self.system.host_link.bandwidth_bytes_per_s
+        copied_total = 0.0
+        for start, end in gaps:
+            copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
+            if copied:
+                events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
+                copied_total += copied
+            if not prefetcher.queued_bytes:
+                break
+        return copied_total
+
+    def advance_time_s(self, seconds: float) -> float:
+        """Time spent outside MoE layers (attention etc.) during which PCIe is idle; prefetch copies use it.
+
+        Returns the bytes copied. Optional: without it prefetches only use the MoE layers' idle PCIe time.
+        """
+        prefetcher = self._state.prefetcher
+        if prefetcher is None or seconds <= 0:
+            return 0.0
+        return sum(step for _, _, step in prefetcher.drain(seconds, self.system.host_link.bandwidth_bytes_per_s))
+
+    def summary(self) -> dict[str, Any]:
+        """Run counters: invocations, expert latency per phase, placement recomputations and reuses,
+        packer decision time (measured wall time, so not deterministic), bytes moved, prefetch or cache stats,
+        busy seconds per resource."""
+        state = self._state
+        times = np.asarray(state.decision_times_s)
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "ndp_units": self.system.num_ndp_units,
+            "invocations_prefill": self._invocations["prefill"],
+            "invocations_decode": self._invocations["decode"],
+            "expert_latency_prefill_s": self._latency_s["prefill"],
+            "expert_latency_decode_s": self._latency_s["decode"],
+            "placement_recomputations": state.recomputations,
+            "placement_reuses": state.reuses,
+            "decision_time_median_s": float(np.median(times)) if times.size else 0.0,
+            "on_demand_weight_bytes": state.on_demand_bytes,
+            "host_to_gpu_bytes": self._host_to_gpu_bytes,
+            "residency_cap_bytes": self.residency_cap_bytes,
+            "busy_s": dict(sorted(self._busy_s.items())),
+        }
+        if state.prefetcher is not None:
+            out.update(state.prefetcher.stats())
+        if state.lru is not None:
+            out.update(state.lru.stats())
+        return out
 
 
 def gpu_op_time_s(system: SystemSpec, flops: float, bytes_moved: float, dtype: str) -> float:

@@ -1,0 +1,147 @@
+"""Event timeline of one MoE layer invocation over the resources GPU, PCIe, NDP units and the DIMM-link.
+
+    pcie_d2h  [act]                                              hidden states to the NDP units
+    ndp0..N   .....[shard][shard][shard]                         each unit runs its jobs in order
+    ndp_link                             [reduce]                TP partial sums to one unit (or not, see below)
+    pcie      [w0][w1][w2]..........[out]                        expert weights to the GPU, NDP outputs back
+    gpu           [e0][e1]   [e2]        [combine]               compute once its weights have arrived
+
+GPU jobs are ordered by Johnson's rule (the optimal order of a two-stage copy-then-compute flow shop), so
+weight copies overlap GPU compute. NDP partial outputs are reduced where it is cheaper: over the DIMM-link to
+one unit and then one PCIe copy, or each unit copying its partial output to the GPU, which adds them.
+The layer ends when the GPU has combined every expert's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hw_model.cost import kernel_time_s
+from hw_model.hardware import SystemSpec
+from hw_model.workload import MoELayerShape
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One busy interval of one resource (``gpu``, ``pcie``, ``pcie_d2h``, ``ndp0``..., ``ndp_link``)."""
+
+    resource: str
+    start_s: float
+    end_s: float
+    label: str
+
+
+@dataclass(frozen=True)
+class GpuJob:
+    """Expert work on the GPU: copy its weights (``transfer_s``, 0 when resident), then compute."""
+
+    label: str
+    transfer_s: float
+    compute_s: float
+    transfer_bytes: float
+
+
+@dataclass(frozen=True)
+class LayerTimeline:
+    events: tuple[TimelineEvent, ...]
+    latency_s: float
+    host_to_gpu_bytes: float
+    gpu_to_host_bytes: float
+    reduction: str
+
+
+def johnson_order(jobs: list[GpuJob]) -> list[GpuJob]:
+    """Johnson's rule for a two-machine flow shop (copy, then compute): minimises the GPU side's makespan."""
+    first = sorted((j for j in jobs if j.transfer_s <= j.compute_s), key=lambda j: j.transfer_s)
+    last = sorted((j for j in jobs if j.transfer_s > j.compute_s), key=lambda j: -j.compute_s)
+    return first + last
+
+
+def build_layer_timeline(
+    system: SystemSpec,
+    layer: MoELayerShape,
+    tokens: int,
+    unit_jobs: list[list[tuple[str, float]]],
+    unit_tokens: list[int],
+    gpu_jobs: list[GpuJob],
+    tensor_parallel: bool,
+) -> LayerTimeline:
+    """Lay out one invocation. ``unit_jobs[u]`` are (label, seconds) run in order on NDP unit ``u``;
+    ``unit_tokens[u]`` is how many token rows unit ``u``'s partial output has; ``tensor_parallel`` says whether
+    the units' partial outputs are sums over the same rows (reducible over the DIMM-link)."""
+    events: list[TimelineEvent] = []
+    row_bytes = layer.expert.hidden * layer.expert.dtype_bytes
+    link = system.host_link
+    active_units = [u for u, jobs in enumerate(unit_jobs) if jobs]
+    d2h_bytes = 0.0
+    ndp_start = 0.0
+    if active_units:
+        d2h_bytes = tokens * row_bytes
+        ndp_start = link.transfer_time_s(d2h_bytes)
+        events.append(TimelineEvent("pcie_d2h", 0.0, ndp_start, "hidden states to NDP"))
+
+    pcie_clock = 0.0
+    gpu_clock = 0.0
+    h2d_bytes = 0.0
+    for job in johnson_order(gpu_jobs):
+        ready = 0.0
+        if job.transfer_s > 0:
+            events.append(TimelineEvent("pcie", pcie_clock, pcie_clock + job.transfer_s, f"{job.label} weights"))
+            pcie_clock += job.transfer_s
+            h2d_bytes += job.transfer_bytes
+            ready = pcie_clock
+        start = max(gpu_clock, ready)
+        gpu_clock = start + job.compute_s
+        events.append(TimelineEvent("gpu", start, gpu_clock, job.label))
+
+    unit_end: dict[int, float] = {}
+    for unit in active_units:
+        clock = ndp_start
+        for label, seconds in unit_jobs[unit]:
+            events.append(TimelineEvent(f"ndp{unit}", clock, clock + seconds, label))
+            clock += seconds
+        unit_end[unit] = clock
+
+    outputs_ready = 0.0
+    reduction = "none"
+    if active_units:
+        # Option A: each unit copies its partial output to the GPU (PCIe queue after the weight copies).
+        clock_a = pcie_clock
+        copies_a = []
+        for unit in sorted(active_units, key=lambda u: unit_end[u]):
+            start = max(clock_a, unit_end[unit])
+            duration = link.transfer_time_s(unit_tokens[unit] * row_bytes)
+            copies_a.append((unit, start, start + duration))
+            clock_a = start + duration
+        option_a_end = clock_a
+        option_b_end = float("inf")
+        if tensor_parallel and len(active_units) > 1:
+            # Option B: reduce the partial sums over the DIMM-link into one unit, then one PCIe copy.
+            reduce_start = max(unit_end.values())
+            reduce_s = (len(active_units) - 1) * system.ndp_link.transfer_time_s(tokens * row_bytes)
+            copy_start = max(pcie_clock, reduce_start + reduce_s)
+            option_b_end = copy_start + link.transfer_time_s(tokens * row_bytes)
+        if option_b_end < option_a_end:
+            reduction = "dimm-link"
+            events.append(TimelineEvent("ndp_link", reduce_start, reduce_start + reduce_s, "reduce partial sums"))
+            events.append(TimelineEvent("pcie", copy_start, option_b_end, "NDP output to GPU"))
+            h2d_bytes += tokens * row_bytes
+            outputs_ready = option_b_end
+        else:
+            reduction = "gpu"
+            for unit, start, end in copies_a:
+                events.append(TimelineEvent("pcie", start, end, f"ndp{unit} output to GPU"))
+                h2d_bytes += unit_tokens[unit] * row_bytes
+            outputs_ready = option_a_end
+
+    # The weighted sum of the top-k expert outputs (and of NDP partial sums) on the GPU.
+    combine_s = kernel_time_s(
+        system.gpu,
+        2.0 * tokens * layer.top_k * layer.expert.hidden,
+        (layer.top_k + 1) * tokens * row_bytes,
+        layer.expert.dtype,
+        kernels=1,
+    )
+    start = max(gpu_clock, outputs_ready)
+    events.append(TimelineEvent("gpu", start, start + combine_s, "combine"))
+    return LayerTimeline(tuple(events), start + combine_s, h2d_bytes, d2h_bytes, reduction)
