@@ -1,0 +1,59 @@
+"""The diff of a real ndp-ep conversion of sample_models/moe_block.onnx (made by graph_passes.convert)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from ndp_ep.cli import main
+from ndp_ep.diff import diff_models
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_models" / "moe_block.onnx"
+SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not SAMPLE.is_file():
+        pytest.skip(f"{SAMPLE} is absent (built by sample_models/build_samples.py)")
+    convert_module = pytest.importorskip("graph_passes.convert", reason="graph_passes.convert is not available")
+    from graph_passes.rewrite import save_rewritten
+
+    rewritten, report = convert_module.convert(str(SAMPLE), shards=SHARDS)
+    if not report.blocks:
+        pytest.skip("the converter rewrote no block of moe_block.onnx")
+    target = tmp_path_factory.mktemp("converted") / "moe_block.ndp.onnx"
+    save_rewritten(rewritten, target)
+    return target
+
+
+def test_converted_sample_shows_each_block_with_its_shards(converted):
+    result = diff_models(SAMPLE, converted)
+    assert not result.equivalent
+    model_b = onnx.load(str(converted), load_external_data=False)
+    sharded = [n for n in model_b.graph.node if n.op_type == "ShardedMoEExperts" and n.domain == "ndp_ep"]
+    assert len(result.moe_blocks) == len(sharded) >= 1
+    for block, node in zip(result.moe_blocks, sharded):
+        props = {p.key: p.value for p in node.metadata_props}
+        listed = json.loads(props["ndp_ep.replaced_nodes"])
+        assert block.replaced_source == "metadata" and sorted(r.name for r in block.replaced_nodes) == sorted(listed)
+        assert block.shards == SHARDS and block.num_experts and block.top_k
+        splits = [i for i in block.initializers if i.status == "split"]
+        expected_tail = f"{block.num_experts} experts × {SHARDS} shards of"
+        assert len(splits) >= 2 and all(expected_tail in i.summary for i in splits)
+        assert all(i.a_bytes == i.b_bytes for i in splits)
+    blocks = {b.block for b in result.moe_blocks}
+    # Nothing outside the blocks changed: every removed/added node is accounted for by a block.
+    assert all(n.block in blocks for n in result.nodes if n.status in ("removed", "added"))
+    assert result.node_counts["changed"] == 0
+    assert [(o.domain, o.b) for o in result.opsets] == [("ndp_ep", 1)]
+
+
+def test_converted_sample_cli_text_and_exit_code(converted, capsys):
+    assert main(["diff", str(SAMPLE), str(converted)]) == 1
+    out = capsys.readouterr().out
+    assert "MoE blocks rewritten by ndp-ep (1)" in out and "→ 1 ndp_ep::ShardedMoEExperts" in out
+    assert f"× {SHARDS} shards of" in out
