@@ -36,7 +36,7 @@ def test_converted_sample_shows_each_block_with_its_shards(converted):
     model_b = onnx.load(str(converted), load_external_data=False)
     sharded = [n for n in model_b.graph.node if n.op_type == "ShardedMoEExperts" and n.domain == "ndp_ep"]
     assert len(result.moe_blocks) == len(sharded) >= 1
-    for block, node in zip(result.moe_blocks, sharded):
+    for block, node in zip(result.moe_blocks, sharded, strict=True):
         props = {p.key: p.value for p in node.metadata_props}
         listed = json.loads(props["ndp_ep.replaced_nodes"])
         assert block.replaced_source == "metadata" and sorted(r.name for r in block.replaced_nodes) == sorted(listed)
