@@ -163,3 +163,73 @@ def test_metadata_json_is_read_defensively(tmp_path):
     onnx.save(b, tmp_path / "b.onnx")
     (block,) = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx").moe_blocks
     assert block.placement is None and block.top_k == json.loads(sharded.metadata_props[1].value)["top_k"]
+
+
+def test_fused_moe_rewrite_with_biases_maps_fc_weights_to_shards(tmp_path):
+    """A com.microsoft::MoE node with fc1/fc2 weights and biases, rewritten with bias shards."""
+    experts, hidden, ffn, shards, block = 4, 16, 24, 2, "layers.0.moe"
+    rng = np.random.default_rng(3)
+    fc1 = rng.standard_normal((experts, 2 * ffn, hidden)).astype(np.float32)
+    fc1_bias = rng.standard_normal((experts, 2 * ffn)).astype(np.float32)
+    fc2 = rng.standard_normal((experts, hidden, ffn)).astype(np.float32)
+    fc2_bias = rng.standard_normal((experts, hidden)).astype(np.float32)
+    router = numpy_helper.from_array(
+        rng.standard_normal((experts, hidden)).astype(np.float32), f"{block}.router.weight"
+    )
+    gemm = helper.make_node("Gemm", ["x", router.name], ["logits"], name=f"{block}/router/Gemm", transB=1)
+    io = (
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, hidden])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5, hidden])],
+    )
+    weights_a = [numpy_helper.from_array(t, f"{block}.{n}") for t, n in ((fc1, "fc1"), (fc1_bias, "fc1_bias"))]
+    weights_a += [numpy_helper.from_array(t, f"{block}.{n}") for t, n in ((fc2, "fc2"), (fc2_bias, "fc2_bias"))]
+    fused = helper.make_node(
+        "MoE", ["x", "logits", *(w.name for w in weights_a)], ["y"], name=f"{block}/MoE", domain="com.microsoft", k=2
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    a = helper.make_model(
+        helper.make_graph([gemm, fused], "a", *io, initializer=[router, *weights_a]), opset_imports=opsets
+    )
+
+    step, shard_inits = ffn // shards, []
+    for e in range(experts):
+        for s in range(shards):
+            cols = np.r_[s * step : (s + 1) * step, ffn + s * step : ffn + (s + 1) * step]
+            prefix = f"{block}.experts.{e}.shard{s}"
+            shard_inits.append(numpy_helper.from_array(np.ascontiguousarray(fc1[e][cols].T), f"{prefix}.gate_up"))
+            shard_inits.append(
+                numpy_helper.from_array(np.ascontiguousarray(fc1_bias[e][cols]), f"{prefix}.gate_up_bias")
+            )
+            shard_inits.append(
+                numpy_helper.from_array(np.ascontiguousarray(fc2[e][:, s * step : (s + 1) * step].T), f"{prefix}.down")
+            )
+        shard_inits.append(numpy_helper.from_array(fc2_bias[e], f"{block}.experts.{e}.down_bias"))
+    topk = [
+        helper.make_node("TopK", ["logits", "k"], ["rw", "ids"], name=f"{block}/ndp_ep/router/TopK"),
+    ]
+    inputs = ["x", "ids", "rw", *(t.name for t in shard_inits)]
+    sharded = helper.make_node(
+        "ShardedMoEExperts", inputs, ["y"], name=f"{block}/ShardedMoEExperts", domain="ndp_ep",
+        layer=block, num_experts=experts, top_k=2, shards=shards, hidden=hidden, ffn=ffn,
+    )  # fmt: skip
+    entry = sharded.metadata_props.add()
+    entry.key, entry.value = "ndp_ep.replaced_nodes", json.dumps([f"{block}/MoE"])
+    k = numpy_helper.from_array(np.array([2], dtype=np.int64), "k")
+    b = helper.make_model(
+        helper.make_graph([gemm, *topk, sharded], "b", *io, initializer=[router, k, *shard_inits]),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ndp_ep", 1)],
+    )
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    result = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx")
+    (block_diff,) = result.moe_blocks
+    assert [r.name for r in block_diff.replaced_nodes] == [f"{block}/MoE"]
+    assert sorted(r.op_type for r in block_diff.new_nodes) == ["ShardedMoEExperts", "TopK"]
+    assert [i.summary for i in block_diff.initializers] == [
+        f"{block} experts gate_up [4, 48, 16] → 4 experts × 2 shards of [16, 24]",
+        f"{block} experts gate_up_bias [4, 48] → 4 experts × 2 shards of [24]",
+        f"{block} experts down [4, 16, 24] → 4 experts × 2 shards of [12, 16]",
+        f"{block} experts down_bias [4, 16] → 4 experts of [16]",
+    ]
+    assert {(o.domain, o.a, o.b) for o in result.opsets} == {("com.microsoft", 1, None), ("ndp_ep", None, 1)}
+    assert result.initializer_counts["removed"] == 0 and result.initializer_counts["added"] == 1  # the TopK's k
