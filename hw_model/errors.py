@@ -11,3 +11,7 @@ class HardwareConfigError(HwModelError):
 
 class WorkloadError(HwModelError):
     """A workload (model shape, routing trace) is inconsistent."""
+
+
+class CalibrationDataError(HwModelError):
+    """A measured-timing CSV (``ndp-ep validate --data``) is missing, malformed or has an unknown row kind."""

@@ -51,20 +51,54 @@ def _validate_flops(where: str, table: Mapping[str, float]) -> None:
 
 @dataclass(frozen=True)
 class ComputeSpec:
-    """Anything that runs kernels: a roofline (peak FLOP/s per dtype, memory bandwidth) and a fixed cost."""
+    """Anything that runs kernels: a roofline (peak FLOP/s per dtype, memory bandwidth) and fixed costs.
+
+    The cost form (see :mod:`hw_model.cost`) is shared by every device; the fields below only set its
+    constants. Peaks are vendor figures; ``achievable_*_fraction`` scale them to what a large, well-shaped
+    kernel reaches (measured ceilings); the remaining fields describe small-kernel behaviour:
+
+    - ``kernel_overhead_s``: fixed cost of one kernel launched from a captured graph (launch gap + the
+      shortest possible kernel);
+    - ``reduction_latency_s``: extra fixed cost of a matrix product per doubling of its reduction length K;
+    - ``gemm_tile_m``: the row-tile a matrix-product kernel pads the token count M up to (1 = no padding);
+      a single-row product (M = 1) runs as a matrix-vector kernel and is never padded;
+    - ``gemm_fixed_k_elements``: per-tile prologue/epilogue cost expressed as that many extra reduction steps
+      (compute efficiency of a product with reduction length K is ``K / (K + gemm_fixed_k_elements)``);
+    - ``launch_overhead_eager_s``: host time to launch one operator eagerly from Python;
+    - ``sync_overhead_s``: one host<->device round trip (an event-timed region, a ``nonzero`` that syncs).
+    """
 
     name: str
     peak_flops_per_s: Mapping[str, float]
     memory_bandwidth_bytes_per_s: float
     memory_capacity_bytes: float
     kernel_overhead_s: float
+    achievable_flops_fraction: float = 1.0
+    achievable_bandwidth_fraction: float = 1.0
+    reduction_latency_s: float = 0.0
+    gemm_tile_m: int = 1
+    gemm_fixed_k_elements: float = 0.0
+    launch_overhead_eager_s: float = 0.0
+    sync_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
         _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
         _require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
         _require_positive(f"{self._section}.memory_capacity_bytes", self.memory_capacity_bytes)
-        _require_positive(f"{self._section}.kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
+        for name in ("kernel_overhead_s", "reduction_latency_s", "gemm_fixed_k_elements"):
+            _require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
+        for name in ("launch_overhead_eager_s", "sync_overhead_s"):
+            _require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
+        for name in ("achievable_flops_fraction", "achievable_bandwidth_fraction"):
+            value = getattr(self, name)
+            _require_positive(f"{self._section}.{name}", value)
+            if value > 1:
+                raise HardwareConfigError(f"{self._section}.{name} must be in (0, 1], got {value!r}")
+        if not isinstance(self.gemm_tile_m, int) or isinstance(self.gemm_tile_m, bool) or self.gemm_tile_m < 1:
+            raise HardwareConfigError(
+                f"{self._section}.gemm_tile_m must be a positive integer, got {self.gemm_tile_m!r}"
+            )
 
     _section = "device"
 
@@ -73,6 +107,15 @@ class ComputeSpec:
         if dtype in self.peak_flops_per_s:
             return self.peak_flops_per_s[dtype]
         return min(self.peak_flops_per_s.values())
+
+    def achievable_flops_per_s(self, dtype: str) -> float:
+        """FLOP/s a large matrix product of ``dtype`` reaches (peak x ``achievable_flops_fraction``)."""
+        return self.flops_per_s(dtype) * self.achievable_flops_fraction
+
+    @property
+    def achievable_bandwidth_bytes_per_s(self) -> float:
+        """Memory bandwidth a streaming kernel reaches (peak x ``achievable_bandwidth_fraction``)."""
+        return self.memory_bandwidth_bytes_per_s * self.achievable_bandwidth_fraction
 
 
 @dataclass(frozen=True)
@@ -101,13 +144,23 @@ class HostLinkSpec:
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    pageable_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         _require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
+        if self.pageable_bandwidth_bytes_per_s is not None:
+            _require_positive("host_link.pageable_bandwidth_bytes_per_s", self.pageable_bandwidth_bytes_per_s)
 
-    def transfer_time_s(self, num_bytes: float) -> float:
-        return 0.0 if num_bytes <= 0 else self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+    def transfer_time_s(self, num_bytes: float, pinned: bool = True) -> float:
+        """``latency + bytes / bandwidth``; pageable host memory uses ``pageable_bandwidth_bytes_per_s``
+        (the driver stages it through a pinned buffer) when the preset gives one."""
+        if num_bytes <= 0:
+            return 0.0
+        bandwidth = self.bandwidth_bytes_per_s
+        if not pinned and self.pageable_bandwidth_bytes_per_s is not None:
+            bandwidth = self.pageable_bandwidth_bytes_per_s
+        return self.latency_s + num_bytes / bandwidth
 
 
 @dataclass(frozen=True)
@@ -175,29 +228,33 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-_SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "gpu": (
-        GpuSpec,
-        ("name", "peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_capacity_bytes", "kernel_overhead_s"),
-    ),
-    "ndp_unit": (
-        NdpUnitSpec,
-        (
-            "name",
-            "peak_flops_per_s",
-            "memory_bandwidth_bytes_per_s",
-            "memory_capacity_bytes",
-            "kernel_overhead_s",
-            "buffer_bytes",
-        ),
-    ),
-    "host_link": (HostLinkSpec, ("bandwidth_bytes_per_s", "latency_s")),
-    "ndp_link": (NdpLinkSpec, ("bandwidth_bytes_per_s", "latency_s")),
+_COMPUTE_REQUIRED = (
+    "name",
+    "peak_flops_per_s",
+    "memory_bandwidth_bytes_per_s",
+    "memory_capacity_bytes",
+    "kernel_overhead_s",
+)
+_COMPUTE_OPTIONAL = (
+    "achievable_flops_fraction",
+    "achievable_bandwidth_fraction",
+    "reduction_latency_s",
+    "gemm_tile_m",
+    "gemm_fixed_k_elements",
+    "launch_overhead_eager_s",
+    "sync_overhead_s",
+)
+# section -> (class, required fields, optional fields)
+_SECTIONS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
+    "gpu": (GpuSpec, _COMPUTE_REQUIRED, _COMPUTE_OPTIONAL),
+    "ndp_unit": (NdpUnitSpec, _COMPUTE_REQUIRED, (*_COMPUTE_OPTIONAL, "buffer_bytes")),
+    "host_link": (HostLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ("pageable_bandwidth_bytes_per_s",)),
+    "ndp_link": (NdpLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ()),
 }
 
 
 def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
-    cls, required = _SECTIONS[key]
+    cls, required, optional = _SECTIONS[key]
     if not isinstance(table, dict):
         raise HardwareConfigError(f"[{key}] must be a table")
     values: dict[str, Any] = {}
@@ -205,10 +262,11 @@ def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
         if name.endswith("_source"):
             sources[f"{key}.{name[: -len('_source')]}"] = str(value)
             continue
-        if name not in required:
-            raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {', '.join(required)})")
+        if name not in required and name not in optional:
+            known = ", ".join((*required, *optional))
+            raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {known})")
         values[name] = value
-    missing = [name for name in required if name not in values and name != "buffer_bytes"]
+    missing = [name for name in required if name not in values]
     if missing:
         raise HardwareConfigError(f"{key}.{missing[0]}: missing field")
     if "peak_flops_per_s" in values:
