@@ -1,0 +1,685 @@
+"""Detection rule for the TorchScript exporter's MoE forms (``torch.onnx.export(..., dynamo=False)``).
+
+1. ``experts_implementation="batched_mm"`` with dynamic axes. Stacked weights are selected with ``Gather``
+   (not ``GatherND``), the hidden state is repeated per top-k slot with a ``Tile`` whose repeats are built at
+   run time from a ``OneHot`` shape trick, and the gate/up chunk is two ``Slice`` nodes whose bounds are
+   computed from ``Shape`` (so shape inference leaves them unknown)::
+
+      ids[T,K] ─ Reshape[-1] ─ f[T*K] ─┬─ Gather(W1[E,..], f) ─┐            ┌─ Gather(W2[E,..], f)
+      x[T,H] ─ Unsqueeze[1] ─ Tile(Reshape(OneHot([1],3,[1,K]))) ─ Flatten(2) ─ Unsqueeze ─ MatMul ─ Squeeze
+             [─ Add(Gather(b1, f))] ─ act (Split | Slice pair ─ SiLU-GLU | clamped SwiGLU | Relu | ...) ─
+             Unsqueeze ─ MatMul(W2 sel) ─ Squeeze [─ Add(Gather(b2, f))] ─ Mul(Unsqueeze(Reshape(rw[T,K], -1)))
+             ─ Reshape[T,K,H] ─ ReduceSum(axis 1) [─ Cast] ─ y[T,H]
+
+   Every step is checked structurally (the small shape computations are evaluated with
+   :class:`ShapeEvaluator`): the selection indices are exactly the flattened top-k ids, the repeat count and
+   the combine's ``K`` equal the top-k width, the selected weights reach their ``MatMul`` unmodified, the
+   activation is one of the plan's, and the combine is the routing-weighted sum over the ``K`` axis.
+   Only ``Gather`` selections are claimed here; ``GatherND`` (dynamo) blocks are left to the general rule.
+
+2. ``experts_implementation="eager"``: the Python loop over the experts hit is unrolled at trace time::
+
+      ids ─ OneHot ─ Transpose ─ ReduceSum ─ Greater ─ NonZero ─ (per expert hit while tracing:
+            Gather(mask, ·) ─ NonZero ─ Gather(x) ─ MatMul(W[e]) ─ ... ─ ScatterElements ─ Add)
+
+   Such a graph is only right for inputs that hit the same number of experts as the tracing input, so it is
+   reported as a :class:`Skip` with the number of unrolled expert branches, never rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+
+from graph_passes.graph_index import GraphIndex
+from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+
+EAGER_REASON = "eager export unrolled only the experts hit while tracing"
+MAX_EVAL_DEPTH = 40
+
+
+def _std(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx")
+
+
+class ShapeEvaluator:
+    """Evaluates the small integer computations exporters build from ``Shape`` (slice bounds, repeats).
+
+    Unknown (symbolic) dims are ``None`` inside a ``Shape`` result; any arithmetic touching them gives None.
+    """
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self._memo: dict[str, np.ndarray | None] = {}
+
+    def value(self, name: str, depth: int = 0) -> np.ndarray | None:
+        if name in self._memo:
+            return self._memo[name]
+        result = None if depth > MAX_EVAL_DEPTH else self._compute(name, depth)
+        self._memo[name] = result
+        return result
+
+    def ints(self, name: str) -> list[int] | None:
+        """The value as a list of Python ints, or None if unknown or not integral."""
+        array = self.value(name)
+        if array is None:
+            return None
+        flat = np.asarray(array).reshape(-1).tolist()
+        if any(v is None for v in flat):
+            return None
+        try:
+            return [int(v) for v in flat]
+        except (TypeError, ValueError):
+            return None
+
+    def _compute(self, name: str, depth: int) -> np.ndarray | None:
+        constant = self.index.constant(name)
+        if constant is not None:
+            return constant
+        node = self.index.producer.get(name)
+        if node is None or not _std(node):
+            return None
+        try:
+            return self._apply(node, name, depth)
+        except (TypeError, ValueError, IndexError):
+            return None
+
+    def _apply(self, node: onnx.NodeProto, name: str, depth: int) -> np.ndarray | None:
+        op = node.op_type
+        index = self.index
+        if op == "Shape":
+            shape = index.shape(node.input[0])
+            if shape is None:
+                return None
+            dims = [d if isinstance(d, int) else None for d in shape]
+            start = index.attr(node, "start", 0)
+            end = index.attr(node, "end", len(dims))
+            return np.array(dims[start:end], dtype=object)
+        args = [self.value(i, depth + 1) if i else None for i in node.input]
+        if op in ("Identity", "Cast"):
+            if args[0] is None:
+                return None
+            return args[0] if op == "Identity" or args[0].dtype == object else args[0].astype(_np_type(node))
+        if op == "Gather":
+            data, idx = args
+            if data is None or idx is None:
+                return None
+            return np.take(data, np.asarray(idx, dtype=np.int64), axis=index.attr(node, "axis", 0))
+        if op == "Slice":
+            data, starts, ends = args[0], args[1], args[2]
+            axes = args[3] if len(args) > 3 and args[3] is not None else np.arange(len(starts))
+            steps = args[4] if len(args) > 4 and args[4] is not None else np.ones(len(starts), dtype=np.int64)
+            if data is None or starts is None or ends is None:
+                return None
+            slices = [slice(None)] * data.ndim
+            for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
+                slices[int(axis)] = slice(int(start), int(end), int(step))
+            return data[tuple(slices)]
+        if op == "Concat":
+            if any(a is None for a in args):
+                return None
+            return np.concatenate([np.atleast_1d(a) for a in args], axis=index.attr(node, "axis", 0))
+        if op in ("Unsqueeze", "Squeeze", "Reshape"):
+            data = args[0]
+            if data is None:
+                return None
+            if op == "Reshape":
+                target = self.ints(node.input[1])
+                return (
+                    None
+                    if target is None
+                    else np.reshape(data, [d if d != 0 else data.shape[i] for i, d in enumerate(target)])
+                )
+            axes = self.ints(node.input[1]) if len(node.input) > 1 else index.attr(node, "axes")
+            if op == "Squeeze":
+                return np.squeeze(data, axis=tuple(axes)) if axes else np.squeeze(data)
+            result = data
+            for axis in sorted(a % (data.ndim + len(axes)) for a in axes):
+                result = np.expand_dims(result, axis)
+            return result
+        if op in ("Add", "Sub", "Mul", "Div"):
+            left, right = args
+            if left is None or right is None:
+                return None
+            if op == "Add":
+                return left + right
+            if op == "Sub":
+                return left - right
+            if op == "Mul":
+                return left * right
+            integral = all(np.asarray(a).dtype.kind in "iuO" for a in (left, right))
+            return left // right if integral else left / right
+        if op == "OneHot":
+            indices, depth_value, values = args
+            if indices is None or depth_value is None or values is None:
+                return None
+            count = int(np.asarray(depth_value).reshape(-1)[0])
+            out = np.full(np.asarray(indices).shape + (count,), values[0], dtype=object)
+            for pos, i in np.ndenumerate(np.asarray(indices)):
+                out[pos + (int(i) % count,)] = values[1]
+            axis = index.attr(node, "axis", -1)
+            return np.moveaxis(out, -1, axis) if axis != -1 else out
+        return None
+
+
+def _np_type(node: onnx.NodeProto) -> type:
+    to = onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "to"))
+    return onnx.helper.tensor_dtype_to_np_dtype(to)
+
+
+class _NoMatch(Exception):
+    """Structural mismatch inside one candidate block; carries the skip reason."""
+
+
+class OneHotExpertsRule:
+    """TorchScript-exporter MoE blocks (``Gather``-selected stacked experts) and eager-unrolled blocks."""
+
+    name = "onehot_experts"
+
+    def find(self, index: GraphIndex) -> list[MoEBlockPlan | Skip]:
+        results: list[MoEBlockPlan | Skip] = list(find_eager_unrolled(index))
+        evaluator = ShapeEvaluator(index)
+        groups: dict[str, list[onnx.NodeProto]] = {}
+        for node in index.nodes_of_type("Gather"):
+            if index.attr(node, "axis", 0) != 0 or len(node.input) < 2:
+                continue
+            weight_shape = index.initializer_shape(node.input[0])
+            ids_shape = index.shape(node.input[1])
+            if weight_shape is None or len(weight_shape) not in (2, 3) or ids_shape is None or len(ids_shape) != 1:
+                continue
+            if index.constant(node.input[1]) is not None:
+                continue
+            groups.setdefault(node.input[1], []).append(node)
+        for flat_ids, selections in groups.items():
+            if not any(len(index.initializer_shape(s.input[0])) == 3 for s in selections):
+                continue
+            where = _scope(selections[0].name) or selections[0].name
+            try:
+                results.append(_match_block(index, evaluator, flat_ids, selections, self.name))
+            except _NoMatch as reason:
+                results.append(Skip(where, str(reason)))
+        return results
+
+
+def _scope(node_name: str) -> str:
+    """``/model/layers.0/mlp/experts/Gather_1`` -> ``model.layers.0.mlp``."""
+    parts = [p for p in node_name.split("/") if p]
+    if "experts" in parts:
+        parts = parts[: parts.index("experts")]
+    elif parts:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _single(index: GraphIndex, value: str, op_types: Iterable[str], what: str) -> onnx.NodeProto:
+    users = index.consumers.get(value, [])
+    if value in index.graph_outputs or len(users) != 1 or users[0].op_type not in op_types or not _std(users[0]):
+        ops = ", ".join(u.op_type for u in users) or "nothing"
+        raise _NoMatch(f"{what} ({value}) feeds {ops}, expected one {'/'.join(op_types)}")
+    return users[0]
+
+
+def _other_input(node: onnx.NodeProto, value: str) -> str:
+    others = [i for i in node.input if i != value]
+    if len(others) != 1:
+        raise _NoMatch(f"{node.name}: expected a binary op with {value} on one side")
+    return others[0]
+
+
+def _through(index: GraphIndex, value: str, op_types: tuple[str, ...]) -> str:
+    """Follow ``value`` upstream through single-input layout ops of the given types."""
+    while True:
+        node = index.producer.get(value)
+        if node is None or node.op_type not in op_types or not _std(node):
+            return value
+        value = node.input[0]
+
+
+def _match_block(
+    index: GraphIndex, ev: ShapeEvaluator, flat_ids: str, selections: list[onnx.NodeProto], rule: str
+) -> MoEBlockPlan:
+    # -- the selection indices are the row-major flattening of a [T, K] top-k id tensor
+    reshape = index.producer.get(flat_ids)
+    if reshape is None or reshape.op_type != "Reshape" or ev.ints(reshape.input[1]) != [-1]:
+        raise _NoMatch(f"expert weights are gathered by {flat_ids}, which is not a flattened [T, K] id tensor")
+    ids_value = _through(index, reshape.input[0], ("Cast",))
+    topk = index.producer.get(ids_value)
+    if topk is None or topk.op_type != "TopK" or len(topk.output) < 2 or topk.output[1] != ids_value:
+        raise _NoMatch(f"expert ids {ids_value} are not the indices output of a TopK")
+    top_k_values = ev.ints(topk.input[1])
+    if top_k_values is None or len(top_k_values) != 1:
+        raise _NoMatch("top-k count is not a constant")
+    top_k = top_k_values[0]
+    topk_axis = index.attr(topk, "axis", -1)
+    ids_shape = index.shape(ids_value)
+    if ids_shape is None or len(ids_shape) != 2 or topk_axis not in (-1, 1):
+        raise _NoMatch(f"expert ids {ids_value} are not a [tokens, top_k] tensor")
+
+    weights = {s.name: s for s in selections if len(index.initializer_shape(s.input[0])) == 3}
+    biases = {s.output[0]: s for s in selections if len(index.initializer_shape(s.input[0])) == 2}
+    if len(weights) != 2:
+        raise _NoMatch(f"expected 2 stacked expert matrices gathered by the expert ids, found {len(weights)}")
+    projections = [_projection(index, s, biases) for s in weights.values()]
+    # the down projection consumes what the first projection produced
+    first, second = projections
+    if first["x_source"] in index.upstream(second["x_source"]) | {second["x_source"]} and False:
+        pass
+    if _depends_on(index, first["x_source"], second["out_node"]):
+        first, second = second, first
+    if not _depends_on(index, second["x_source"], first["out_node"]):
+        raise _NoMatch("the two gathered matrices are not chained (first projection -> activation -> second)")
+    num_experts = index.initializer_shape(first["weight"])[0]
+    if index.initializer_shape(second["weight"])[0] != num_experts:
+        raise _NoMatch("gathered expert matrices disagree on the expert count")
+    if not 0 < top_k <= num_experts:
+        raise _NoMatch(f"top_k {top_k} is not in 1..{num_experts}")
+
+    # -- the first projection's input is the hidden state repeated once per top-k slot
+    hidden_value = _repeated_hidden(index, ev, first["x_source"], top_k)
+    hidden = first["in_dim"]
+
+    # -- the activation between the projections
+    activation, act_weights, alpha, limit = _activation(index, ev, first["out"], second["x_source"], first)
+    ffn = second["in_dim"]
+    if act_weights["gate"] is None and first["out_dim"] != ffn:
+        raise _NoMatch(f"first projection width {first['out_dim']} differs from the down projection's {ffn}")
+    if act_weights["gate"] is not None and first["out_dim"] != 2 * ffn:
+        raise _NoMatch(f"gated first projection width {first['out_dim']} is not twice the ffn {ffn}")
+    if second["out_dim"] != hidden:
+        raise _NoMatch(f"down projection width {second['out_dim']} differs from the hidden size {hidden}")
+
+    # -- the combine: y_e * rw[:, :, None] summed over the K axis
+    output_value, routing_value = _combine(index, ev, second["out"], top_k, hidden)
+    if routing_value == ids_value:
+        raise _NoMatch("the combine weights the experts by their ids")
+
+    def matrix(projection: dict, columns: str) -> StackedMatrix:
+        return StackedMatrix(projection["weight"], projection["layout"], columns=columns)
+
+    def bias(projection: dict, columns: str) -> StackedBias | None:
+        return StackedBias(projection["bias"], columns) if projection["bias"] else None
+
+    if act_weights["gate"] is None:
+        expert_weights = ExpertWeights(
+            up=matrix(first, "all"),
+            down=matrix(second, "all"),
+            up_bias=bias(first, "all"),
+            down_bias=bias(second, "all"),
+        )
+    else:
+        expert_weights = ExpertWeights(
+            up=matrix(first, act_weights["up"]),
+            gate=matrix(first, act_weights["gate"]),
+            down=matrix(second, "all"),
+            up_bias=bias(first, act_weights["up"]),
+            gate_bias=bias(first, act_weights["gate"]),
+            down_bias=bias(second, "all"),
+        )
+    stop = {hidden_value, ids_value, routing_value}
+    region = index.upstream(output_value, stop=stop)
+    region -= index.upstream(hidden_value) | index.upstream(ids_value) | index.upstream(routing_value)
+    replaced = _dead_after_rewrite(index, region, output_value)
+    name = _scope(next(iter(weights.values())).name) or _weight_scope(first["weight"]) or f"moe.{first['weight']}"
+    return MoEBlockPlan(
+        name=name,
+        rule=rule,
+        hidden_value=hidden_value,
+        expert_ids_value=ids_value,
+        routing_weights_value=routing_value,
+        output_value=output_value,
+        num_experts=num_experts,
+        top_k=top_k,
+        hidden=hidden,
+        ffn=ffn,
+        activation=activation,
+        weights=expert_weights,
+        replaced_nodes=tuple(sorted(replaced)),
+        activation_alpha=alpha,
+        activation_limit=limit,
+        notes=("TorchScript batched_mm export (Gather-selected stacked experts)",),
+    )
+
+
+def _weight_scope(weight: str) -> str:
+    match = re.match(r"(.+?)\.experts\.", weight)
+    return match.group(1) if match else ""
+
+
+def _depends_on(index: GraphIndex, value: str, node: onnx.NodeProto) -> bool:
+    return node.name in index.upstream(value)
+
+
+def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, onnx.NodeProto]) -> dict:
+    """``MatMul`` of a gathered ``[E, a, b]`` weight with the (un)squeezed activation, plus an optional bias."""
+    weight = selection.input[0]
+    _, rows, cols = index.initializer_shape(weight)
+    matmul = _single(index, selection.output[0], ("MatMul",), f"gathered expert weight {weight}")
+    other = _other_input(matmul, selection.output[0])
+    unsqueeze = index.producer.get(other)
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+        raise _NoMatch(f"{matmul.name}: the activation operand is not an unsqueezed [N, features] tensor")
+    if matmul.input[0] == selection.output[0]:  # W[e] @ x[:, None]: W is [out, in]
+        layout, out_dim, in_dim, squeeze_axes = "out_in", rows, cols, (-1, 2)
+    else:  # x[None, :] @ W[e]: W is [in, out]
+        layout, out_dim, in_dim, squeeze_axes = "in_out", cols, rows, (-2, 1)
+    evaluator = ShapeEvaluator(index)
+    axes = evaluator.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
+    if axes is None or len(axes) != 1 or axes[0] not in squeeze_axes:
+        raise _NoMatch(f"{matmul.name}: unexpected unsqueeze axes {axes} for a {layout} batched matmul")
+    squeeze = _single(index, matmul.output[0], ("Squeeze",), f"{matmul.name} output")
+    sq_axes = evaluator.ints(squeeze.input[1]) if len(squeeze.input) > 1 else index.attr(squeeze, "axes")
+    if sq_axes is None or len(sq_axes) != 1 or sq_axes[0] not in squeeze_axes:
+        raise _NoMatch(f"{squeeze.name}: unexpected squeeze axes {sq_axes}")
+    out = squeeze.output[0]
+    out_node = squeeze
+    bias_name = ""
+    users = index.consumers.get(out, [])
+    if len(users) == 1 and users[0].op_type == "Add":
+        bias_value = _other_input(users[0], out)
+        if bias_value in biases:
+            bias_name = biases[bias_value].input[0]
+            if index.initializer_shape(bias_name)[1] != out_dim:
+                raise _NoMatch(f"bias {bias_name} width differs from the projection's {out_dim}")
+            out, out_node = users[0].output[0], users[0]
+    return {
+        "weight": weight,
+        "layout": layout,
+        "in_dim": in_dim,
+        "out_dim": out_dim,
+        "x_source": unsqueeze.input[0],
+        "out": out,
+        "out_node": out_node,
+        "bias": bias_name,
+        "matmul": matmul,
+    }
+
+
+def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> str:
+    """``Flatten(Tile(Unsqueeze(x, 1), [1, K, 1]), 2)`` or ``Reshape(Expand(Unsqueeze(x, 1), [.., K, ..]))``."""
+    node = index.producer.get(value)
+    if node is None or node.op_type not in ("Flatten", "Reshape"):
+        raise _NoMatch(f"expert input {value} is not the hidden state repeated per top-k slot")
+    if node.op_type == "Flatten" and index.attr(node, "axis", 1) != 2:
+        raise _NoMatch(f"{node.name}: flatten axis is not 2")
+    if node.op_type == "Reshape":
+        target = ev.ints(node.input[1])
+        if target is None or len(target) != 2 or target[0] not in (-1, 0):
+            raise _NoMatch(f"{node.name}: does not flatten the [T, K, H] repeat")
+    repeat = index.producer.get(node.input[0])
+    if repeat is None or repeat.op_type not in ("Tile", "Expand"):
+        raise _NoMatch(f"expert input {value} is not a Tile/Expand repeat of the hidden state")
+    pattern = ev.ints(repeat.input[1])
+    if repeat.op_type == "Tile":
+        if pattern != [1, top_k, 1]:
+            raise _NoMatch(f"{repeat.name}: repeats {pattern} are not [1, {top_k}, 1]")
+    elif pattern is None or len(pattern) != 3 or pattern[1] != top_k:
+        out_shape = index.shape(repeat.output[0])
+        if out_shape is None or len(out_shape) != 3 or out_shape[1] != top_k:
+            raise _NoMatch(f"{repeat.name}: does not repeat the hidden state {top_k} times")
+    unsqueeze = index.producer.get(repeat.input[0])
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+        raise _NoMatch(f"{repeat.name}: input is not the unsqueezed hidden state")
+    axes = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
+    if axes != [1]:
+        raise _NoMatch(f"{unsqueeze.name}: hidden state unsqueezed on axes {axes}, expected [1]")
+    hidden_value = unsqueeze.input[0]
+    shape = index.shape(hidden_value)
+    if shape is None or len(shape) != 2:
+        raise _NoMatch(f"hidden state {hidden_value} is not a [T, H] tensor")
+    return hidden_value
+
+
+def _slice_columns(index: GraphIndex, ev: ShapeEvaluator, node: onnx.NodeProto, width: int) -> tuple[int, int, int]:
+    """``(start, stop, step)`` of a last-axis Slice over a ``width``-wide tensor."""
+    if node.op_type != "Slice" or len(node.input) < 3:
+        raise _NoMatch(f"{node.name}: expected a Slice of the first projection")
+    starts, ends = ev.ints(node.input[1]), ev.ints(node.input[2])
+    axes = ev.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else [0]
+    steps = ev.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+    if None in (starts, ends, axes, steps) or len(starts) != 1 or axes[0] not in (-1, 1):
+        raise _NoMatch(f"{node.name}: slice bounds are not constant on the feature axis")
+    return slice(starts[0], ends[0], steps[0]).indices(width)
+
+
+def _split_halves(index: GraphIndex, ev: ShapeEvaluator, value: str, width: int) -> dict[str, str]:
+    """Map each value that is a column selection of ``value`` to its plan column name."""
+    halves: dict[str, str] = {}
+    for user in index.consumers.get(value, []):
+        if user.op_type == "Shape":  # the TorchScript chunk computes its slice bounds from the shape
+            continue
+        if user.op_type == "Split":
+            axis = index.attr(user, "axis", 0)
+            if axis not in (-1, 1) or len(user.output) != 2:
+                raise _NoMatch(f"{user.name}: not a two-way split of the feature axis")
+            sizes = ev.ints(user.input[1]) if len(user.input) > 1 and user.input[1] else [width // 2] * 2
+            if sizes != [width // 2, width // 2] or width % 2:
+                raise _NoMatch(f"{user.name}: split sizes {sizes} are not two halves of {width}")
+            halves[user.output[0]] = "first_half"
+            halves[user.output[1]] = "second_half"
+        elif user.op_type == "Slice":
+            start, stop, step = _slice_columns(index, ev, user, width)
+            half = width // 2
+            reading = {
+                (0, half, 1): "first_half",
+                (half, width, 1): "second_half",
+                (0, width, 2): "even",
+                (1, width, 2): "odd",
+            }.get((start, stop if step == 1 else width, step))
+            if step == 2 and stop < width - 1:
+                reading = None
+            if reading is None:
+                raise _NoMatch(f"{user.name}: slice {start}:{stop}:{step} is not a gate/up half of {width}")
+            halves[user.output[0]] = reading
+        else:
+            raise _NoMatch(f"first projection output feeds {user.op_type}, expected Split or Slice")
+    return halves
+
+
+def _producer(index: GraphIndex, value: str, op_type: str) -> onnx.NodeProto | None:
+    node = index.producer.get(value)
+    return node if node is not None and node.op_type == op_type and _std(node) else None
+
+
+def _scalar(index: GraphIndex, value: str) -> float | None:
+    constant = index.constant(value) if value else None
+    if constant is None or constant.size != 1:
+        return None
+    return float(constant.reshape(-1)[0])
+
+
+def _silu_of(index: GraphIndex, value: str) -> str | None:
+    """``x`` if ``value = x * sigmoid(x)``."""
+    mul = _producer(index, value, "Mul")
+    if mul is None:
+        return None
+    for a, b in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+        sig = _producer(index, b, "Sigmoid")
+        if sig is not None and sig.input[0] == a:
+            return a
+    return None
+
+
+def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: dict):
+    """Recognise ``act = f(h)``; returns (activation, {"gate", "up"} columns, alpha, limit)."""
+    plain = {"gate": None, "up": None}
+    relu = _producer(index, act, "Relu")
+    if relu is not None and relu.input[0] == h:
+        return "relu", plain, 1.702, 7.0
+    if _silu_of(index, act) == h:
+        return "silu", plain, 1.702, 7.0
+    gelu = _producer(index, act, "Gelu")
+    if gelu is not None and gelu.input[0] == h:
+        approximate = index.attr(gelu, "approximate", "none")
+        approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+        return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, 1.702, 7.0
+    halves = _split_halves(index, ev, h, first["out_dim"])
+    if len(halves) != 2:
+        raise _NoMatch("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
+    mul = _producer(index, act, "Mul")
+    if mul is None:
+        raise _NoMatch(f"expert activation output {act} is not a gated product")
+    for a, b in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+        gate = _silu_of(index, a)
+        if gate in halves and b in halves and gate != b:  # silu(g) * u
+            return "silu_glu", {"gate": halves[gate], "up": halves[b]}, 1.702, 7.0
+        swiglu = _clamped_swiglu(index, a, b, halves)
+        if swiglu is not None:
+            return "swiglu_clamp", swiglu[0], swiglu[1], swiglu[2]
+    raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u or GPT-OSS clamped SwiGLU)")
+
+
+def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[str, str]):
+    """``(clip(u, -L, L) + 1) * (g' * sigmoid(alpha * g'))`` with ``g' = clip(g, max=L)``."""
+    add = _producer(index, up_plus_one, "Add")
+    glu_mul = _producer(index, glu, "Mul")
+    if add is None or glu_mul is None:
+        return None
+    clip_u_value = next((i for i in add.input if _producer(index, i, "Clip") is not None), None)
+    one = _scalar(index, next((i for i in add.input if i != clip_u_value), ""))
+    if clip_u_value is None or one != 1.0:
+        return None
+    clip_u = _producer(index, clip_u_value, "Clip")
+    u_low = _scalar(index, clip_u.input[1] if len(clip_u.input) > 1 else "")
+    u_high = _scalar(index, clip_u.input[2] if len(clip_u.input) > 2 else "")
+    for g_clipped, sig_value in ((glu_mul.input[0], glu_mul.input[1]), (glu_mul.input[1], glu_mul.input[0])):
+        sig = _producer(index, sig_value, "Sigmoid")
+        clip_g = _producer(index, g_clipped, "Clip")
+        if sig is None or clip_g is None:
+            continue
+        scaled = _producer(index, sig.input[0], "Mul")
+        if scaled is None or g_clipped not in scaled.input:
+            continue
+        alpha = _scalar(index, _other_input(scaled, g_clipped))
+        g_low = clip_g.input[1] if len(clip_g.input) > 1 else ""
+        g_high = _scalar(index, clip_g.input[2] if len(clip_g.input) > 2 else "")
+        if alpha is None or g_low or g_high is None:
+            continue
+        if u_low != -g_high or u_high != g_high:
+            return None
+        g_half, u_half = halves.get(clip_g.input[0]), halves.get(clip_u.input[0])
+        if g_half is None or u_half is None or g_half == u_half:
+            return None
+        return {"gate": g_half, "up": u_half}, alpha, g_high
+    return None
+
+
+def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int, hidden: int) -> tuple[str, str]:
+    """``ReduceSum_k(Reshape(expert_out * rw_col, [T, K, H]))``; returns (output value, routing weights [T,K])."""
+    mul = _single(index, expert_out, ("Mul",), "expert output")
+    rw_col = _other_input(mul, expert_out)
+    unsqueeze = _producer(index, rw_col, "Unsqueeze")
+    flat = _producer(index, unsqueeze.input[0], "Reshape") if unsqueeze is not None else None
+    if flat is None or ev.ints(flat.input[1]) != [-1]:
+        raise _NoMatch(
+            "combine is not the routing-weighted sum: the expert outputs are not multiplied by the "
+            "flattened [T, K] routing weights"
+        )
+    routing_value = _through(index, flat.input[0], ("Cast",))
+    rw_shape = index.shape(routing_value)
+    if rw_shape is None or len(rw_shape) != 2 or rw_shape[-1] not in (top_k, None) and isinstance(rw_shape[-1], int):
+        raise _NoMatch(f"routing weights {routing_value} are not a [T, {top_k}] tensor")
+    reshape = _single(index, mul.output[0], ("Reshape",), "weighted expert output")
+    target = ev.ints(reshape.input[1])
+    out_shape = index.shape(reshape.output[0])
+    k_dim = (
+        target[1]
+        if target is not None and len(target) == 3
+        else (out_shape[1] if out_shape is not None and len(out_shape) == 3 else None)
+    )
+    if k_dim != top_k:
+        raise _NoMatch(f"{reshape.name}: weighted outputs are not regrouped as [T, {top_k}, H]")
+    reduce = _single(index, reshape.output[0], ("ReduceSum",), "regrouped expert outputs")
+    axes = ev.ints(reduce.input[1]) if len(reduce.input) > 1 and reduce.input[1] else index.attr(reduce, "axes")
+    if axes not in ([1], [-2]) or index.attr(reduce, "keepdims", 1) != 0:
+        raise _NoMatch(f"{reduce.name}: does not sum over the top-k axis")
+    output_value = reduce.output[0]
+    users = index.consumers.get(output_value, [])
+    if (
+        len(users) == 1
+        and users[0].op_type == "Cast"
+        and output_value not in index.graph_outputs
+        and index.attr(users[0], "to") == onnx.TensorProto.FLOAT
+    ):
+        output_value = users[0].output[0]
+    return output_value, routing_value
+
+
+def _dead_after_rewrite(index: GraphIndex, region: set[str], output_value: str) -> set[str]:
+    """Nodes of ``region`` whose every output is consumed only inside the region (or is the block output)."""
+    alive = set(region)
+    changed = True
+    while changed:
+        changed = False
+        for name in list(alive):
+            node = index.node_by_name[name]
+            for out in node.output:
+                if out == output_value or not out:
+                    continue
+                if out in index.graph_outputs or any(u.name not in alive for u in index.consumers.get(out, [])):
+                    alive.discard(name)
+                    changed = True
+                    break
+    return alive
+
+
+# ---------------------------------------------------------------- eager-unrolled detection
+
+
+def find_eager_unrolled(index: GraphIndex) -> list[Skip]:
+    """One :class:`Skip` per expert mask (``OneHot`` of router ids) whose expert loop was unrolled."""
+    routers = {n.output[1] for n in index.nodes_of_type("TopK") if len(n.output) > 1}
+    routers |= {n.output[0] for n in index.nodes_of_type("ArgMax")}
+    scatters_by_mask: dict[str, list[str]] = {}
+    for scatter in list(index.nodes_of_type("ScatterElements")) + list(index.nodes_of_type("ScatterND")):
+        if len(scatter.input) < 2:
+            continue
+        # the nearest one-hot of router ids upstream of the scatter indices is this block's expert mask
+        seen_nonzero = False
+        for node in _upstream_nearest_first(index, scatter.input[1], stop=routers):
+            seen_nonzero = seen_nonzero or node.op_type == "NonZero"
+            if node.op_type == "OneHot" and _router_derived(index, routers, node.name):
+                if seen_nonzero:
+                    scatters_by_mask.setdefault(node.name, []).append(scatter.name)
+                break
+    skips = []
+    for mask_name, scatters in scatters_by_mask.items():
+        branches = len(scatters)
+        mask = index.node_by_name[mask_name]
+        depth = ShapeEvaluator(index).ints(mask.input[1]) if len(mask.input) > 1 else None
+        classes = f" of a {depth[0]}-class expert mask" if depth else ""
+        where = _scope(scatters[0]) or mask_name
+        skips.append(
+            Skip(
+                where,
+                f"{EAGER_REASON}: {branches} unrolled expert branch(es){classes} (a loop over NonZero of the "
+                "one-hot expert mask, accumulated with ScatterElements); other inputs drop experts or fail. "
+                "Re-export with experts_implementation='batched_mm'.",
+            )
+        )
+    return skips
+
+
+def _upstream_nearest_first(index: GraphIndex, value: str, stop: set[str]) -> Iterable[onnx.NodeProto]:
+    """Producers upstream of ``value`` in breadth-first order (nearest first), not crossing ``stop`` values."""
+    seen: set[str] = set()
+    frontier = [value]
+    while frontier:
+        next_frontier: list[str] = []
+        for current in frontier:
+            node = index.producer.get(current)
+            if current in stop or node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            yield node
+            next_frontier.extend(i for i in node.input if i)
+        frontier = next_frontier
+
+
+def _router_derived(index: GraphIndex, routers: set[str], mask_name: str) -> set[str]:
+    """Values equal to router ids up to casts/reshapes, seen from the OneHot's input."""
+    mask = index.node_by_name[mask_name]
+    value = _through(index, mask.input[0], ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity"))
+    return {mask.input[0]} if value in routers else set()
