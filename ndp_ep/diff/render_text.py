@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
 
@@ -35,6 +36,20 @@ def human_bytes(count: int) -> str:
             return ("-" if count < 0 else "") + text
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def placement_text(placement: Mapping[str, Any] | None, max_value_chars: int = 48) -> str:
+    """'device ndp+gpu · ndp_units 4 · shard_to_ndp_unit [0, 1, 2, 3]' (long strings cut with …)."""
+    if placement is None:
+        return "not annotated"
+    parts = []
+    for key in sorted(placement):
+        value = placement[key]
+        text = value if isinstance(value, str) else json.dumps(value)
+        if len(text) > max_value_chars:
+            text = text[: max_value_chars - 1] + "…"
+        parts.append(f"{key} {text}")
+    return " · ".join(parts)
 
 
 def op_histogram(refs: Iterable[NodeRef]) -> str:
@@ -91,8 +106,7 @@ def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
     if block.activation:
         facts.append(f"activation {block.activation}")
     out.line("    " + " · ".join(facts))
-    placement = json.dumps(dict(block.placement), sort_keys=True) if block.placement is not None else "not annotated"
-    out.line(f"    placement: {placement}")
+    out.line(f"    placement: {placement_text(block.placement)}")
     if block.replaced_source == "inferred":
         out.line("    " + out.paint("replaced nodes inferred from names (no ndp_ep.replaced_nodes metadata)", "dim"))
     if block.missing_replaced_nodes:

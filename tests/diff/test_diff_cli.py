@@ -89,7 +89,7 @@ def test_text_output_of_rewrite_reads_like_a_person_would_say_it(sample_pairs, c
     assert "moe0: 10 nodes (" in out and "→ 1 ndp_ep::ShardedMoEExperts, 2 Concat" in out
     assert "experts 4 · top-k 2 · shards 2 · hidden 8 · ffn 4 · activation silu" in out
     assert "experts gate_up [4, 8, 8] → 4 experts × 2 shards of [8, 4]" in out
-    assert 'placement: {"device": "ndp", "units": [0, 1]}' in out
+    assert "placement: device ndp · units [0, 1]" in out
     assert "Opsets: + ndp_ep 1" in out
 
 
