@@ -24,8 +24,8 @@ import onnxruntime as ort
 
 from graph_passes.convert import ConversionReport, convert, load_model
 from graph_passes.rewrite import materialize_with_store
-from hw_model.hardware import SystemSpec, load_system
-from hw_model.simulator import MoESimulator
+from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
+from hw_model.simulator import DEFAULT_POLICY, MoESimulator
 from hw_model.workload import ExpertShape, MoELayerShape
 from ndp_ep.costing import NonExpertCoster
 from ndp_ep.errors import FeedError, ModelLoadError
@@ -95,8 +95,11 @@ class InferenceSession:
         self._layer_names: list[str] = []
         bridge = python_op_bridge()
         ort_model = self._prepare_for_ort(converted, bridge)
-        self.simulator = MoESimulator(self.system, self._layers, **({"policy": policy} if policy else {}))
-        self.policy = getattr(self.simulator, "policy", policy or "default")
+        self.policy = policy or DEFAULT_POLICY
+        reserved = self._non_expert_weight_bytes(ort_model)
+        self.simulator = (
+            MoESimulator(self.system, self._layers, self.policy, gpu_reserved_bytes=reserved) if self._layers else None
+        )
         annotate_placement(converted, self.system, self.policy)
         self.converted_model = converted
         self._coster = NonExpertCoster(converted, self.system, dtype)
@@ -151,6 +154,11 @@ class InferenceSession:
         del model.opset_import[:]
         model.opset_import.extend(opsets)
         return model
+
+    def _non_expert_weight_bytes(self, ort_model: onnx.ModelProto) -> float:
+        """GPU memory the non-expert weights take at the simulated dtype (not available to experts)."""
+        elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in ort_model.graph.initializer)
+        return float(elements * DTYPE_BYTES[self.dtype])
 
     def _record(self, layer_index: int, expert_tokens: np.ndarray) -> None:
         current = getattr(self._local, "routing", None)
@@ -234,7 +242,10 @@ class InferenceSession:
             shape = self._layers[layer_index]
             tokens = int(counts.sum()) // shape.top_k
         phase = "prefill" if tokens > 1 else "decode"
+        gpu = self._coster.cost(input_shapes)
         for layer_index in sorted(routing):
+            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
+            self.simulator.advance_time_s(gpu.time_s / len(routing))
             counts = routing[layer_index]
             shape = self._layers[layer_index]
             result = self.simulator.simulate_layer(layer_index, counts.tolist(), phase)
@@ -250,8 +261,7 @@ class InferenceSession:
                     busy_s={r: result.busy_s(r) for r in resources},
                 )
             )
-        gpu = self._coster.cost(input_shapes)
-        summary = self.simulator.summary() if hasattr(self.simulator, "summary") else {}
+        summary = self.simulator.summary() if self.simulator is not None else {}
         return RunReport(
             run_index=run_index,
             hardware=self.system.name,
@@ -262,7 +272,7 @@ class InferenceSession:
             tokens=tokens,
             non_expert_gpu_s=gpu.time_s,
             layers=tuple(layers),
-            simulator=dict(summary) if isinstance(summary, Mapping) else {},
+            simulator=summary,
         )
 
 
