@@ -15,8 +15,8 @@ from __future__ import annotations
 import html
 import json
 
-from ndp_ep.diff.render_text import human_bytes, op_histogram
-from ndp_ep.diff.result import ModelDiff, MoEBlockDiff, Region
+from ndp_ep.diff.render_text import human_bytes, op_histogram, placement_text
+from ndp_ep.diff.result import InitializerDiff, ModelDiff, MoEBlockDiff, Region
 from ndp_ep.diff.svg import draw_region_side
 
 MAX_HTML_REGIONS = 60
@@ -95,14 +95,22 @@ def _block_section(block: MoEBlockDiff, region: Region | None) -> str:
         ("hidden", block.hidden),
         ("ffn", block.ffn),
         ("activation", block.activation),
-        ("placement", json.dumps(dict(block.placement), sort_keys=True) if block.placement else "not annotated"),
+        ("placement", placement_text(block.placement, max_value_chars=200)),
         ("replaced nodes from", block.replaced_source),
     ]
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e('?' if v is None else v)}</td></tr>" for k, v in facts)
-    inits = "".join(
-        f"<li><code>{_e(i.summary)}</code> ({_e(human_bytes(i.a_bytes))} → {_e(human_bytes(i.b_bytes))})</li>"
-        for i in block.initializers
-    )
+
+    def item(i: InitializerDiff) -> str:
+        return f"<li><code>{_e(i.summary)}</code> ({_e(human_bytes(i.a_bytes))} → {_e(human_bytes(i.b_bytes))})</li>"
+
+    inits = "".join(item(i) for i in block.initializers if i.status == "split")
+    others = [i for i in block.initializers if i.status != "split"]
+    if others:
+        inits += (
+            f'<li><details class="other-inits"><summary>{len(others)} other initializers of the block '
+            f"({', '.join(sorted({i.status for i in others}))})</summary><ul>{''.join(item(i) for i in others)}</ul>"
+            "</details></li>"
+        )
     head = (
         f"{_e(block.block)}: {len(block.replaced_nodes)} nodes ({_e(op_histogram(block.replaced_nodes))}) → "
         f"{_e(op_histogram(block.new_nodes))}"
