@@ -1,15 +1,141 @@
-"""`ndp-ep bench`: not yet implemented (placeholder for its issue)."""
+"""`ndp-ep bench`: trace-driven comparison of the scheduling policies on a GPU + NDP platform.
+
+Prints the end-to-end latency table (model x NDP count x policy, speedup over the MoNDE-style baseline) and
+the sweeps on stdout, a progress bar on stderr, and writes PNG plots to ``--out`` (matplotlib, the ``plot``
+extra) and the table as JSON records with ``--json``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-HELP = "(bench: in progress)"
+HELP = "compare MoE scheduling policies (ours vs baselines) on simulated GPU + NDP hardware from routing traces"
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or a TOML file")
+    parser.add_argument("--ndp-units", type=_int_list, default=(2, 4, 6), help="NDP-unit counts, e.g. 2,4,6")
+    parser.add_argument(
+        "--models",
+        type=_str_list,
+        default=None,
+        help="comma-separated models (mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b); default all",
+    )
+    parser.add_argument("--policies", type=_str_list, default=None, help="comma-separated policies; default all")
+    parser.add_argument(
+        "--skew",
+        default="typical",
+        help="skew level(s) low,typical,high calibrated per model (the first is the main table's; the others are "
+        "swept at 4 NDP units), or one Zipf exponent for every model",
+    )
+    parser.add_argument("--locality", type=float, default=0.0, help="temporal locality of the synthetic trace (0-1)")
+    parser.add_argument(
+        "--shift-at", type=float, default=0.5, help="fraction of decode after which the domain shifts; -1: none"
+    )
+    parser.add_argument("--trace", default=None, help="routing trace file (.npz/.json) instead of synthetic traces")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench_out", help="directory for PNG plots and sweeps.json")
+    parser.add_argument("--json", default=None, help="also write the main table as JSON records to this file")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel worker processes")
+    parser.add_argument("--no-sweeps", action="store_true", help="only the main table")
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument("--quick", action="store_true", help="tiny run (32 prompt + 8 generated tokens, no sweeps)")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("ndp-ep bench is not implemented yet")
+    from pathlib import Path
+
+    from hw_model.bench import (
+        BenchConfig,
+        ProgressBar,
+        format_sweeps,
+        format_table,
+        make_plots,
+        quick_config,
+        records_for_json,
+        run_bench,
+        write_json_atomic,
+    )
+    from hw_model.errors import WorkloadError
+    from hw_model.hardware import load_system
+    from hw_model.models import MODELS
+    from hw_model.policies import POLICIES
+    from hw_model.traces import DEFAULT_SKEW_LEVELS
+
+    load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
+    skew_levels: tuple[str, ...] = ("typical", "low", "high")
+    skew_override = None
+    parts = _str_list(args.skew)
+    if all(p in DEFAULT_SKEW_LEVELS for p in parts):
+        skew_levels = parts if len(parts) > 1 else (parts[0], *[lv for lv in ("low", "high") if lv != parts[0]])
+        if args.skew != "typical" and len(parts) == 1:
+            skew_levels = parts
+    else:
+        try:
+            skew_override = float(args.skew)
+        except ValueError:
+            raise WorkloadError(
+                f"--skew must be levels from {', '.join(DEFAULT_SKEW_LEVELS)} or a number, got {args.skew!r}"
+            ) from None
+        skew_levels = ("typical",)
+    if args.jobs < 1:
+        raise WorkloadError("--jobs must be at least 1")
+    default_units = 4 if 4 in args.ndp_units else args.ndp_units[0]
+    config = BenchConfig(
+        hw=args.hw,
+        ndp_units=args.ndp_units,
+        models=args.models or tuple(MODELS),
+        policies=args.policies or POLICIES,
+        skew_levels=skew_levels,
+        skew_override=skew_override,
+        locality=args.locality,
+        shift_at=None if args.shift_at < 0 else args.shift_at,
+        trace_file=args.trace,
+        seed=args.seed,
+        sweeps=not args.no_sweeps,
+        default_units=default_units,
+    )
+    if args.quick:
+        config = quick_config(config)
+    if args.trace:
+        from hw_model.traces import load_trace
+
+        load_trace(args.trace)
+    records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
+    print(format_table(records))
+    sweeps = format_sweeps(records)
+    if sweeps:
+        print(sweeps)
+    out_dir = Path(args.out)
+    if not args.quick or not args.no_plots:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "sweeps.json", [r for r in records if r["section"] != "main"])
+    if args.json:
+        write_json_atomic(args.json, records_for_json(records))
+    if not args.no_plots:
+        try:
+            written = make_plots(records, gantt, out_dir, default_units)
+        except ImportError:
+            print("ndp-ep bench: matplotlib is not installed, plots skipped (pip install 'ndp-ep[plot]')", file=sys.stderr)
+        else:
+            print(f"\nplots: {', '.join(str(p) for p in written)}")
+    return 0
