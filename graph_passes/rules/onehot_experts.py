@@ -15,7 +15,8 @@
    :class:`ShapeEvaluator`): the selection indices are exactly the flattened top-k ids, the repeat count and
    the combine's ``K`` equal the top-k width, the selected weights reach their ``MatMul`` unmodified, the
    activation is one of the plan's, and the combine is the routing-weighted sum over the ``K`` axis.
-   Only ``Gather`` selections are claimed here; ``GatherND`` (dynamo) blocks are left to the general rule.
+   Only ``Gather`` selections are claimed by default; the dynamo exporter's ``GatherND(W, Unsqueeze(f, -1))``
+   form is matched the same way when the rule is built with ``claim_gathernd=True``.
 
 2. ``experts_implementation="eager"``: the Python loop over the experts hit is unrolled at trace time::
 
@@ -179,20 +180,17 @@ class OneHotExpertsRule:
 
     name = "onehot_experts"
 
+    def __init__(self, claim_gathernd: bool = False) -> None:
+        # GatherND selections are the dynamo exporter's form, left to the general gathered-experts rule unless
+        # asked for (this matcher handles them too; tests prove it on the dynamo fixtures).
+        self.claim_gathernd = claim_gathernd
+
     def find(self, index: GraphIndex) -> list[MoEBlockPlan | Skip]:
         results: list[MoEBlockPlan | Skip] = list(find_eager_unrolled(index))
         evaluator = ShapeEvaluator(index)
         groups: dict[str, list[onnx.NodeProto]] = {}
-        for node in index.nodes_of_type("Gather"):
-            if index.attr(node, "axis", 0) != 0 or len(node.input) < 2:
-                continue
-            weight_shape = index.initializer_shape(node.input[0])
-            ids_shape = index.shape(node.input[1])
-            if weight_shape is None or len(weight_shape) not in (2, 3) or ids_shape is None or len(ids_shape) != 1:
-                continue
-            if index.constant(node.input[1]) is not None:
-                continue
-            groups.setdefault(node.input[1], []).append(node)
+        for node in _selections(index, evaluator, self.claim_gathernd):
+            groups.setdefault(_flat_ids_of(index, node), []).append(node)
         for flat_ids, selections in groups.items():
             if not any(len(index.initializer_shape(s.input[0])) == 3 for s in selections):
                 continue
@@ -202,6 +200,36 @@ class OneHotExpertsRule:
             except _NoMatch as reason:
                 results.append(Skip(where, str(reason)))
         return results
+
+
+def _selections(index: GraphIndex, ev: ShapeEvaluator, with_gathernd: bool) -> list[onnx.NodeProto]:
+    """Gather(axis 0) / GatherND(batch_dims 0) of a stacked ``[E, ...]`` initializer by a dynamic id vector."""
+    found = []
+    for node in index.graph.node:
+        if not _std(node) or len(node.input) < 2 or index.constant(node.input[1]) is not None:
+            continue
+        weight_shape = index.initializer_shape(node.input[0])
+        if weight_shape is None or len(weight_shape) not in (2, 3):
+            continue
+        if node.op_type == "Gather" and index.attr(node, "axis", 0) == 0:
+            ids_shape = index.shape(node.input[1])
+            if ids_shape is not None and len(ids_shape) == 1:
+                found.append(node)
+        elif with_gathernd and node.op_type == "GatherND" and index.attr(node, "batch_dims", 0) == 0:
+            unsqueeze = index.producer.get(node.input[1])
+            if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+                continue
+            axes = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
+            ids_shape = index.shape(unsqueeze.input[0])
+            if axes in ([1], [-1]) and ids_shape is not None and len(ids_shape) == 1:
+                found.append(node)
+    return found
+
+
+def _flat_ids_of(index: GraphIndex, selection: onnx.NodeProto) -> str:
+    if selection.op_type == "GatherND":
+        return index.producer[selection.input[1]].input[0]
+    return selection.input[1]
 
 
 def _scope(node_name: str) -> str:
@@ -265,8 +293,6 @@ def _match_block(
     projections = [_projection(index, s, biases) for s in weights.values()]
     # the down projection consumes what the first projection produced
     first, second = projections
-    if first["x_source"] in index.upstream(second["x_source"]) | {second["x_source"]} and False:
-        pass
     if _depends_on(index, first["x_source"], second["out_node"]):
         first, second = second, first
     if not _depends_on(index, second["x_source"], first["out_node"]):
@@ -322,7 +348,13 @@ def _match_block(
     region = index.upstream(output_value, stop=stop)
     region -= index.upstream(hidden_value) | index.upstream(ids_value) | index.upstream(routing_value)
     replaced = _dead_after_rewrite(index, region, output_value)
-    name = _scope(next(iter(weights.values())).name) or _weight_scope(first["weight"]) or f"moe.{first['weight']}"
+    selection = next(iter(weights.values()))
+    name = (
+        _torch_scope_block(index, selection)
+        or _weight_scope(first["weight"])
+        or (_scope(selection.name) if "/" in selection.name else "")
+        or f"moe.{first['weight']}"
+    )
     return MoEBlockPlan(
         name=name,
         rule=rule,
@@ -384,6 +416,7 @@ def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, 
             if index.initializer_shape(bias_name)[1] != out_dim:
                 raise _NoMatch(f"bias {bias_name} width differs from the projection's {out_dim}")
             out, out_node = users[0].output[0], users[0]
+    out, out_node = _skip_noop_unsqueeze_squeeze(index, evaluator, out, out_node)
     return {
         "weight": weight,
         "layout": layout,
@@ -395,6 +428,37 @@ def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, 
         "bias": bias_name,
         "matmul": matmul,
     }
+
+
+def _skip_noop_unsqueeze_squeeze(
+    index: GraphIndex, ev: ShapeEvaluator, value: str, node: onnx.NodeProto
+) -> tuple[str, onnx.NodeProto]:
+    """Follow ``Unsqueeze(axes=a) -> Squeeze(axes=a)`` pairs (exporter no-ops) downstream of ``value``."""
+    while True:
+        users = index.consumers.get(value, [])
+        if len(users) != 1 or users[0].op_type != "Unsqueeze" or value in index.graph_outputs:
+            return value, node
+        unsqueeze = users[0]
+        after = index.consumers.get(unsqueeze.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Squeeze":
+            return value, node
+        squeeze = after[0]
+        axes_in = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
+        axes_out = ev.ints(squeeze.input[1]) if len(squeeze.input) > 1 else index.attr(squeeze, "axes")
+        if axes_in is None or axes_in != axes_out:
+            return value, node
+        value, node = squeeze.output[0], squeeze
+
+
+def _torch_scope_block(index: GraphIndex, node: onnx.NodeProto) -> str:
+    """``model.model.layers.0.mlp`` from the dynamo exporter's ``pkg.torch.onnx.name_scopes`` metadata."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            for scope in reversed(re.findall(r"[\w.]+", prop.value)):
+                match = re.fullmatch(r"(.+)\.experts", scope)
+                if match:
+                    return match.group(1)
+    return ""
 
 
 def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> str:
