@@ -2,7 +2,8 @@
 
 Phases (each only touches nodes the previous ones left unmatched)::
 
-    1. name        unique, non-empty node names present in both graphs
+    1. name        unique, non-empty node names present in both graphs with the same operator (a name
+                   pair whose operator differs is kept for last, in case generated names shifted)
     2. structure   Weisfeiler-Lehman subgraph hashes (networkx) over the dataflow graph, whose initial node
                    labels are (op, domain, attributes, where each input comes from); a hash unique on both
                    sides pairs two nodes, deepest iteration first
@@ -149,10 +150,17 @@ def match_nodes(
         return {n.name: n.index for n in snapshot.nodes if n.name and counts[n.name] == 1}
 
     names_a, names_b = unique_names(a), unique_names(b)
+    # Same name but another operator: generated names ("node_12") may have shifted, so let structure decide
+    # first and pair these by name only if both are still unmatched at the end.
+    deferred: dict[int, int] = {}
     for name, ia in names_a.items():
         if name in names_b:
-            a_to_b[ia] = names_b[name]
-            basis[ia] = "name"
+            ib = names_b[name]
+            if (a.nodes[ia].op_type, a.nodes[ia].domain) == (b.nodes[ib].op_type, b.nodes[ib].domain):
+                a_to_b[ia] = ib
+                basis[ia] = "name"
+            else:
+                deferred[ia] = ib
     if len(a_to_b) == len(a.nodes) == len(b.nodes):
         return NodeMatching(MappingProxyType(a_to_b), MappingProxyType(basis))
 
@@ -190,6 +198,9 @@ def match_nodes(
     coarse = (ops_a.__getitem__, ops_b.__getitem__)
     for keys in ((exact,), (exact, coarse)):
         _propagate(a, b, index_a, index_b, a_to_b, matched_b, reserved, keys, record)
+    for ia, ib in deferred.items():
+        if ia not in a_to_b and ib not in matched_b:
+            record(ia, ib, "name")
     return NodeMatching(MappingProxyType(a_to_b), MappingProxyType(basis))
 
 

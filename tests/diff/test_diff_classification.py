@@ -233,3 +233,66 @@ def test_fused_moe_rewrite_with_biases_maps_fc_weights_to_shards(tmp_path):
     ]
     assert {(o.domain, o.a, o.b) for o in result.opsets} == {("com.microsoft", 1, None), ("ndp_ep", None, 1)}
     assert result.initializer_counts["removed"] == 0 and result.initializer_counts["added"] == 1  # the TopK's k
+
+
+def _save_pair(tmp_path, a: onnx.ModelProto, b: onnx.ModelProto):
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    return diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx")
+
+
+def test_operator_replaced_under_the_same_name_is_a_change(tmp_path):
+    b = mlp_model()
+    relu = next(n for n in b.graph.node if n.op_type == "Relu")
+    relu.op_type = "Sigmoid"
+    result = _save_pair(tmp_path, mlp_model(), b)
+    (changed,) = result.nodes
+    assert (changed.status, changed.match, changed.a.name) == ("changed", "name", "act/Relu")
+    assert [(c.field, c.a, c.b) for c in changed.changes] == [("op_type", "Relu", "Sigmoid")]
+
+
+def test_shifted_generated_names_do_not_pair_unrelated_nodes(tmp_path):
+    """B inserts an Identity first and every generated name node_<i> shifts by one."""
+    a, b = mlp_model(), mlp_model()
+    b.graph.node.insert(0, helper.make_node("Identity", ["x"], ["x_copy"]))
+    b.graph.node[1].input[0] = "x_copy"
+    for model in (a, b):
+        for position, node in enumerate(model.graph.node):
+            node.name = f"node_{position}"
+    result = _save_pair(tmp_path, a, b)
+    assert result.node_counts["added"] == 1 and result.node_counts["removed"] == 0
+    (added,) = [n for n in result.nodes if n.status == "added"]
+    assert added.b.op_type == "Identity"
+    changed = [n for n in result.nodes if n.status == "changed"]
+    # The first MatMul now reads x_copy instead of x: the only other real difference.
+    assert [(n.a.op_type, [(c.field, c.key) for c in n.changes]) for n in changed] == [("MatMul", [("input", "#0")])]
+    assert all(n.a.op_type == n.b.op_type for n in result.nodes if n.a and n.b)
+
+
+def test_duplicate_and_empty_names_fall_back_to_structure(tmp_path):
+    a, b = mlp_model(), mlp_model()
+    for node in a.graph.node:
+        node.name = "dup"
+    for node in b.graph.node:
+        node.name = ""
+    result = _save_pair(tmp_path, a, b)
+    assert result.equivalent and result.node_counts["renamed"] == 6
+
+
+def test_graph_input_rename_and_opset_bump_make_models_differ(tmp_path):
+    b = mlp_model()
+    b.graph.input[0].name = "features"
+    b.graph.node[0].input[0] = "features"
+    b.opset_import[0].version = 18
+    result = _save_pair(tmp_path, mlp_model(), b)
+    assert not result.equivalent
+    assert [(v.kind, v.status) for v in result.values] == [("input", "renamed")]
+    assert [(o.domain, o.a, o.b) for o in result.opsets] == [("ai.onnx", 17, 18)]
+
+
+def test_typed_field_initializers_are_compared_by_content(tmp_path):
+    a, b = mlp_model(), mlp_model()
+    for model, value in ((a, 1.0), (b, 2.0)):
+        model.graph.initializer.append(helper.make_tensor("scale", onnx.TensorProto.FLOAT, [2], [value, 3.0]))
+    result = _save_pair(tmp_path, a, b)
+    assert [(i.status, i.summary) for i in result.initializers] == [("values_changed", "scale values changed")]

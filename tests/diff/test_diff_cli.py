@@ -103,8 +103,11 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     onnx.save(mlp_model(), good)
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00\xffnot a protobuf at all\x13\x37")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
     cases = [
         [str(tmp_path / "missing.onnx"), str(good)],
+        [str(good), str(empty)],
         [str(garbage), str(good)],
         [str(good), str(tmp_path)],
     ]
