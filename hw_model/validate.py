@@ -101,8 +101,8 @@ class KindStats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rows": self.rows,
-            "median_rel_err": self.median_rel_err,
-            "max_rel_err": self.max_rel_err,
+            "median_rel_err": None if math.isnan(self.median_rel_err) else self.median_rel_err,
+            "max_rel_err": None if math.isnan(self.max_rel_err) else self.max_rel_err,
             "excluded_rows": self.excluded_rows,
             "max_rel_err_all_rows": self.max_rel_err_all_rows,
         }
