@@ -1,0 +1,141 @@
+"""The real-exporter detection rules, checked in-process: every plan is recomputed from the plan alone
+(tests/convert_real/plan_reference.py) and must reproduce the block output the original graph computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from graph_passes.graph_index import GraphIndex
+from graph_passes.plan import MoEBlockPlan, Skip
+from graph_passes.rules.fused_moe import FusedMoERule
+from graph_passes.rules.onehot_experts import OneHotExpertsRule, ShapeEvaluator
+from tests.convert_real.cases import (
+    EAGER_REASON,
+    HF_DIR,
+    fused_cases,
+    hf_cases,
+    scale_gathered_weight,
+    unweighted_combine,
+)
+from tests.convert_real.plan_reference import evaluate_plan
+
+ATOL = 1e-4
+
+
+def _feeds(case) -> dict[str, np.ndarray]:
+    return dict(np.load(case.inputs))
+
+
+def _shape(plan: MoEBlockPlan) -> tuple[int, int, int, int]:
+    return (plan.num_experts, plan.top_k, plan.hidden, plan.ffn)
+
+
+@pytest.mark.parametrize("case", hf_cases(), ids=lambda c: c.stem)
+def test_hf_fixture_plans_reproduce_the_block_outputs(case):
+    model = onnx.load(case.path)
+    # claim_gathernd: also match the dynamo form (by default left to the general gathered-experts rule)
+    found = OneHotExpertsRule(claim_gathernd=True).find(GraphIndex(model))
+    plans = [f for f in found if isinstance(f, MoEBlockPlan)]
+    skips = [f for f in found if isinstance(f, Skip)]
+    assert sorted(_shape(p) for p in plans) == sorted(case.blocks)
+    if case.blocks:
+        assert not skips, [s.reason for s in skips]
+    else:
+        assert len(skips) == case.skipped
+        assert all(case.skip_reason in s.reason for s in skips)
+    for plan in plans:
+        original, recomputed = evaluate_plan(model, _feeds(case), plan)
+        assert np.abs(original).max() > 0.1  # outputs are O(1): the tolerance below means something
+        np.testing.assert_allclose(recomputed, original, atol=ATOL, rtol=0)
+
+
+def test_gathernd_blocks_are_left_to_the_general_rule_by_default():
+    model = onnx.load(HF_DIR / "mixtral_block_dynamo.onnx")
+    assert OneHotExpertsRule().find(GraphIndex(model)) == []
+
+
+def test_hf_block_names_come_from_module_paths():
+    for stem in ("mixtral_model_dynamo", "mixtral_model_torchscript"):
+        found = OneHotExpertsRule(claim_gathernd=True).find(GraphIndex(onnx.load(HF_DIR / f"{stem}.onnx")))
+        assert sorted(p.name for p in found) == ["model.model.layers.0.mlp", "model.model.layers.1.mlp"]
+
+
+def test_gpt_oss_plan_reads_the_clamp_limit_and_interleaved_columns():
+    (plan,) = OneHotExpertsRule().find(GraphIndex(onnx.load(HF_DIR / "gpt_oss_block_torchscript.onnx")))
+    assert plan.activation == "swiglu_clamp"
+    assert plan.activation_limit == pytest.approx(1.5)
+    assert plan.activation_alpha == pytest.approx(1.702)
+    assert (plan.weights.gate.columns, plan.weights.up.columns) == ("even", "odd")
+    assert plan.weights.up.layout == "in_out" and plan.weights.down_bias is not None
+
+
+@pytest.mark.parametrize("case", fused_cases(), ids=lambda c: c.stem)
+def test_fused_moe_plans_reproduce_onnxruntime(case):
+    model = onnx.load(case.path)
+    found = FusedMoERule().find(GraphIndex(model))
+    plans = [f for f in found if isinstance(f, MoEBlockPlan)]
+    skips = [f for f in found if isinstance(f, Skip)]
+    assert [_shape(p) for p in plans] == list(case.blocks)
+    assert len(skips) == case.skipped and all(case.skip_reason in s.reason for s in skips)
+    for plan in plans:
+        assert plan.replaced_nodes == (next(n.name for n in model.graph.node if n.output[0] == plan.output_value),)
+        original, recomputed = evaluate_plan(model, _feeds(case), plan)
+        np.testing.assert_allclose(recomputed, original, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("stem", ["mixtral_block_torchscript", "mixtral_block_dynamo", "gpt_oss_block_torchscript"])
+def test_a_modified_gathered_weight_is_skipped(stem):
+    model = scale_gathered_weight(onnx.load(HF_DIR / f"{stem}.onnx"))
+    found = OneHotExpertsRule(claim_gathernd=True).find(GraphIndex(model))
+    assert not [f for f in found if isinstance(f, MoEBlockPlan)]
+    (skip,) = found
+    assert "feeds Mul, expected one MatMul" in skip.reason
+
+
+@pytest.mark.parametrize("stem", ["mixtral_block_torchscript", "qwen2_moe_block_dynamo", "gpt_oss_block_dynamo"])
+def test_a_combine_without_routing_weights_is_skipped(stem):
+    model = unweighted_combine(onnx.load(HF_DIR / f"{stem}.onnx"))
+    found = OneHotExpertsRule(claim_gathernd=True).find(GraphIndex(model))
+    assert not [f for f in found if isinstance(f, MoEBlockPlan)]
+    (skip,) = found
+    assert "expected one Mul" in skip.reason or "routing-weighted" in skip.reason
+
+
+def test_eager_unrolled_exports_are_reported_with_the_number_of_unrolled_experts():
+    found = OneHotExpertsRule().find(GraphIndex(onnx.load(HF_DIR / "mixtral_block_eager_torchscript.onnx")))
+    (skip,) = found
+    assert skip.reason.startswith(EAGER_REASON)
+    assert "2 unrolled expert branch(es)" in skip.reason  # traced on one token: top-2 of 4 experts
+
+
+def test_fused_rule_skips_what_the_plan_cannot_express():
+    model = onnx.load(next(c.path for c in fused_cases() if c.stem == "fused_moe_relu_k1"))
+    node = next(n for n in model.graph.node if n.op_type == "MoE")
+    node.attribute.append(onnx.helper.make_attribute("use_sparse_mixer", 1))
+    (skip,) = FusedMoERule().find(GraphIndex(model))
+    assert "use_sparse_mixer" in skip.reason
+    node.attribute.pop()
+    node.attribute.append(onnx.helper.make_attribute("activation_type", "identity"))
+    del node.attribute[[a.name for a in node.attribute].index("activation_type")]
+    (skip,) = FusedMoERule().find(GraphIndex(model))
+    assert "identity" in skip.reason
+
+
+def test_fused_router_nodes_are_a_softmax_topk_router():
+    model = onnx.load(next(c.path for c in fused_cases() if c.stem == "fused_moe_relu_k2_norm_bias"))
+    (plan,) = FusedMoERule().find(GraphIndex(model))
+    ops = [n.op_type for n in plan.router_nodes]
+    assert ops == ["Constant", "Constant", "Softmax", "TopK", "ReduceSum", "Div"]
+    assert plan.expert_ids_value == plan.router_nodes[3].output[1]
+    assert plan.routing_weights_value == plan.router_nodes[-1].output[0]
+
+
+def test_shape_evaluator_resolves_the_torchscript_chunk_bounds():
+    model = onnx.load(HF_DIR / "mixtral_block_torchscript.onnx")
+    index = GraphIndex(model)
+    evaluator = ShapeEvaluator(index)
+    slices = [n for n in model.graph.node if n.op_type == "Slice" and (index.shape(n.input[0]) or (0,))[-1] == 96]
+    bounds = sorted((evaluator.ints(n.input[1])[0], evaluator.ints(n.input[2])[0]) for n in slices)
+    assert bounds == [(0, 48), (48, 96)]
