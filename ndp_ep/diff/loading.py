@@ -145,14 +145,21 @@ def _itemsize_bits(elem_type: int) -> int:
         return 0
 
 
-def _external_location(tensor: TensorProto, base_dir: Path, model_path: Path) -> ExternalLocation:
+def _external_location(
+    tensor: TensorProto, base_dir: Path, model_path: Path, files: dict[str, tuple[Path, int]]
+) -> ExternalLocation:
+    """Where an external tensor's bytes are; ``files`` caches each data file's resolved path and size."""
     entries = {entry.key: entry.value for entry in tensor.external_data}
     if "location" not in entries:
         raise ModelLoadError(f"{model_path}: initializer {tensor.name!r} is external but names no location")
-    file_path = (base_dir / entries["location"]).resolve()
-    if not file_path.is_file():
-        raise ModelLoadError(f"{model_path}: external data file {entries['location']!r} of {tensor.name!r} is missing")
-    file_size = file_path.stat().st_size
+    if entries["location"] not in files:
+        file_path = (base_dir / entries["location"]).resolve()
+        if not file_path.is_file():
+            raise ModelLoadError(
+                f"{model_path}: external data file {entries['location']!r} of {tensor.name!r} is missing"
+            )
+        files[entries["location"]] = (file_path, file_path.stat().st_size)
+    file_path, file_size = files[entries["location"]]
     try:
         offset = int(entries.get("offset", "0"))
         length = int(entries["length"]) if "length" in entries else file_size - offset
@@ -233,6 +240,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
     initializers: dict[str, InitializerRecord] = {}
     embedded_raw: dict[str, bytes] = {}
     embedded_typed: dict[str, TensorProto] = {}
+    data_files: dict[str, tuple[Path, int]] = {}
     for index, tensor in enumerate(graph.initializer):
         shape = tuple(int(d) for d in tensor.dims)
         elements = 1
@@ -240,7 +248,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
             elements *= dim
         external = None
         if tensor.data_location == TensorProto.EXTERNAL:
-            external = _external_location(tensor, base_dir, model_path)
+            external = _external_location(tensor, base_dir, model_path, data_files)
             size = external.length_bytes
         elif tensor.HasField("raw_data"):
             embedded_raw[tensor.name] = tensor.raw_data
