@@ -72,13 +72,13 @@ def diff_snapshots(a: ModelSnapshot, b: ModelSnapshot) -> ModelDiff:
         _resolve_block(s, b, a, index_b, set(unmatched_b), set(unmatched_a), "rewrite") for s in sharded_b
     ] + [_resolve_block(s, a, b, index_a, set(unmatched_a), set(unmatched_b), "reverse") for s in sharded_a]
 
-    block_sources = {
-        block.block: frozenset(
-            t for ref in block.replaced_nodes for t in a.nodes[ref.index].inputs if t in a.initializers
+    # Per block: the initializers its original (replaced) nodes consumed, in whichever model holds them.
+    block_sources = {}
+    for block in blocks_raw:
+        original = a if block.direction == "rewrite" else b
+        block_sources[block.block] = frozenset(
+            t for ref in block.replaced_nodes for t in original.nodes[ref.index].inputs if t in original.initializers
         )
-        for block in blocks_raw
-        if block.direction == "rewrite"
-    }
     initializer_diffs = init_matching.diffs + summarise_unpaired(
         a, b, init_matching.removed, init_matching.added, block_sources
     )
@@ -245,10 +245,12 @@ def _resolve_block(
 
 
 def _attach_removed_to_block(item: InitializerDiff, block_sources: Mapping[str, frozenset[str]]) -> InitializerDiff:
-    """A removed initializer that only the replaced nodes of one MoE block consumed belongs to that block."""
-    if item.status != "removed" or item.block is not None:
+    """A removed (added, for a reversed rewrite) initializer that only the replaced nodes of one MoE block
+    consumed belongs to that block."""
+    if item.status not in ("removed", "added") or item.block is not None:
         return item
-    owners = [block for block, names in block_sources.items() if all(t.name in names for t in item.a)]
+    tensors = item.a or item.b
+    owners = [block for block, names in block_sources.items() if all(t.name in names for t in tensors)]
     return replace(item, block=owners[0]) if len(owners) == 1 else item
 
 

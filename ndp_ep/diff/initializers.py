@@ -151,39 +151,8 @@ def summarise_unpaired(
     added_left = dict.fromkeys(added)
     diffs: list[InitializerDiff] = []
 
-    shard_groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
-    for name in added_left:
-        found = SHARD_NAME.match(name)
-        if found:
-            kind = found["kind"] + (found["bias"] or "")
-            shard = int(found["shard"]) if found["shard"] is not None else -1
-            shard_groups[(found["block"], kind)].append((int(found["expert"]), shard, name))
-    kind_order = {"gate_up": 0, "up": 0, "gate_up_bias": 1, "up_bias": 1, "down": 2, "down_bias": 3}
-    for (block, kind), members in sorted(shard_groups.items(), key=lambda kv: (kv[0][0], kind_order[kv[0][1]])):
-        members.sort()
-        refs_b = tuple(tensor_ref(b.initializers[name]) for _, _, name in members)
-        role = kind.replace("up", "gate_up", 1) if kind.startswith("up") else kind
-        sources = _find_shard_sources(a, block, role, refs_b, removed_left, block_sources.get(block, frozenset()))
-        experts = len({e for e, _, _ in members})
-        shards = len({s for _, s, _ in members})
-        shapes_b = {r.shape for r in refs_b}
-        sharded = members[0][1] >= 0
-        after = f"{experts} experts × {shards} shards of " if sharded else f"{experts} experts of "
-        after += shape_text(next(iter(shapes_b))) if len(shapes_b) == 1 else "mixed shapes"
-        if experts * shards != len(members):
-            after += f" ({len(members)} shards present, incomplete)"
-        if sources is None:
-            summary = f"{block} experts {kind}: (no source found in A) → {after}"
-            diffs.append(InitializerDiff("added", (), refs_b, summary, block, None))
-        else:
-            refs_a, basis = sources
-            summary = f"{block} experts {kind} {_describe_group(refs_a)} → {after}"
-            diffs.append(InitializerDiff("split", refs_a, refs_b, summary, block, basis))
-            for ref in refs_a:
-                removed_left.pop(ref.name, None)
-        for _, _, name in members:
-            added_left.pop(name, None)
-
+    diffs.extend(_shard_groups(a, b, removed_left, added_left, block_sources, "split"))
+    diffs.extend(_shard_groups(b, a, added_left, removed_left, block_sources, "merged"))
     diffs.extend(_generic_splits(a, b, removed_left, added_left, "split"))
     diffs.extend(_generic_splits(b, a, added_left, removed_left, "merged"))
     for name in removed_left:
@@ -193,6 +162,67 @@ def summarise_unpaired(
         ref = tensor_ref(b.initializers[name])
         diffs.append(InitializerDiff("added", (), (ref,), f"{name} {ref.shape_text()}", None, None))
     return tuple(diffs)
+
+
+def _shard_groups(
+    whole_side: ModelSnapshot,
+    shard_side: ModelSnapshot,
+    wholes_left: dict[str, None],
+    shards_left: dict[str, None],
+    block_sources: Mapping[str, frozenset[str]],
+    status: str,
+) -> list[InitializerDiff]:
+    """ndp-ep expert shards on ``shard_side`` explained by stacked tensors on ``whole_side``.
+
+    status "split": A holds the stacked tensors, B the shards; "merged": the reverse (B is the original).
+    Used names are removed from ``wholes_left`` and ``shards_left``.
+    """
+    groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for name in shards_left:
+        found = SHARD_NAME.match(name)
+        if found:
+            kind = found["kind"] + (found["bias"] or "")
+            shard = int(found["shard"]) if found["shard"] is not None else -1
+            groups[(found["block"], kind)].append((int(found["expert"]), shard, name))
+    kind_order = {"gate_up": 0, "up": 0, "gate_up_bias": 1, "up_bias": 1, "down": 2, "down_bias": 3}
+    diffs = []
+    for (block, kind), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kind_order[kv[0][1]])):
+        members.sort()
+        shard_refs = tuple(tensor_ref(shard_side.initializers[name]) for _, _, name in members)
+        role = kind.replace("up", "gate_up", 1) if kind.startswith("up") else kind
+        consumed = block_sources.get(block, frozenset())
+        sources = _find_shard_sources(whole_side, block, role, shard_refs, wholes_left, consumed)
+        experts = len({e for e, _, _ in members})
+        shards = len({s for _, s, _ in members})
+        shapes = {r.shape for r in shard_refs}
+        sharded = members[0][1] >= 0
+        shard_text = f"{experts} experts × {shards} shards of " if sharded else f"{experts} experts of "
+        shard_text += shape_text(next(iter(shapes))) if len(shapes) == 1 else "mixed shapes"
+        if experts * shards != len(members):
+            shard_text += f" ({len(members)} shards present, incomplete)"
+        if sources is None:
+            other = "A" if status == "split" else "B"
+            lone = "added" if status == "split" else "removed"
+            whole_text = f"(no stacked source found in {other})"
+            summary = f"{block} experts {kind}: " + (
+                f"{whole_text} → {shard_text}" if status == "split" else f"{shard_text} → {whole_text}"
+            )
+            refs = ((), shard_refs) if status == "split" else (shard_refs, ())
+            diffs.append(InitializerDiff(lone, *refs, summary, block, None))
+        else:
+            whole_refs, basis = sources
+            whole_text = _describe_group(whole_refs)
+            if status == "split":
+                summary = f"{block} experts {kind} {whole_text} → {shard_text}"
+                diffs.append(InitializerDiff("split", whole_refs, shard_refs, summary, block, basis))
+            else:
+                summary = f"{block} experts {kind} {shard_text} → {whole_text}"
+                diffs.append(InitializerDiff("merged", shard_refs, whole_refs, summary, block, basis))
+            for ref in whole_refs:
+                wholes_left.pop(ref.name, None)
+        for _, _, name in members:
+            shards_left.pop(name, None)
+    return diffs
 
 
 def _find_shard_sources(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import json
 
-from ndp_ep.diff.render_text import human_bytes, op_histogram, placement_text
+from ndp_ep.diff.render_text import block_headline, human_bytes, placement_text
 from ndp_ep.diff.result import InitializerDiff, ModelDiff, MoEBlockDiff, Region
 from ndp_ep.diff.svg import draw_region_side
 
@@ -103,18 +103,15 @@ def _block_section(block: MoEBlockDiff, region: Region | None) -> str:
     def item(i: InitializerDiff) -> str:
         return f"<li><code>{_e(i.summary)}</code> ({_e(human_bytes(i.a_bytes))} → {_e(human_bytes(i.b_bytes))})</li>"
 
-    inits = "".join(item(i) for i in block.initializers if i.status == "split")
-    others = [i for i in block.initializers if i.status != "split"]
+    inits = "".join(item(i) for i in block.initializers if i.status in ("split", "merged"))
+    others = [i for i in block.initializers if i.status not in ("split", "merged")]
     if others:
         inits += (
             f'<li><details class="other-inits"><summary>{len(others)} other initializers of the block '
             f"({', '.join(sorted({i.status for i in others}))})</summary><ul>{''.join(item(i) for i in others)}</ul>"
             "</details></li>"
         )
-    head = (
-        f"{_e(block.block)}: {len(block.replaced_nodes)} nodes ({_e(op_histogram(block.replaced_nodes))}) → "
-        f"{_e(op_histogram(block.new_nodes))}"
-    )
+    head = f"{_e(block.block)}: {_e(block_headline(block))}"
     drawing = _region_sides(region) if region is not None else '<p class="note">no drawable region</p>'
     missing = ""
     if block.missing_replaced_nodes:

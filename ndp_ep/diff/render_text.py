@@ -92,11 +92,15 @@ def _counts(counts: dict[str, int], order: Sequence[str]) -> str:
     return " · ".join(f"{key.replace('_', ' ')} {counts[key]}" for key in order if counts.get(key))
 
 
+def block_headline(block: MoEBlockDiff) -> str:
+    """'17 nodes (4 Unsqueeze, …) → 1 ndp_ep::ShardedMoEExperts', always model A's side first."""
+    original = f"{len(block.replaced_nodes)} nodes ({op_histogram(block.replaced_nodes)})"
+    sharded = op_histogram(block.new_nodes)
+    return f"{original} → {sharded}" if block.direction == "rewrite" else f"{sharded} → {original}"
+
+
 def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
-    arrow = "→" if block.direction == "rewrite" else "←"
-    before = f"{len(block.replaced_nodes)} nodes ({op_histogram(block.replaced_nodes)})"
-    after = op_histogram(block.new_nodes)
-    out.line(f"  {out.paint(block.block, 'bold')}: {before} {arrow} {after}")
+    out.line(f"  {out.paint(block.block, 'bold')}: {block_headline(block)}")
     facts = [
         f"experts {block.num_experts if block.num_experts is not None else '?'}",
         f"top-k {block.top_k if block.top_k is not None else '?'}",
@@ -113,20 +117,22 @@ def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
         missing = ", ".join(block.missing_replaced_nodes[:5])
         out.line("    " + out.paint(f"listed as replaced but absent from the other model: {missing}", "yellow"))
     for item in block.initializers:
-        if item.status == "split":
+        if item.status in ("split", "merged"):
             summary = item.summary.removeprefix(block.block + " ")
             out.line(f"    {summary}  ({human_bytes(item.a_bytes)} → {human_bytes(item.b_bytes)})")
-    others = [i for i in block.initializers if i.status != "split"]
-    removed = [i for i in others if i.status == "removed"]
-    if removed:
-        names = ", ".join(i.a[0].name.removeprefix(block.block + ".") for i in removed[:4])
-        more = f", … {len(removed) - 4} more" if len(removed) > 4 else ""
-        total = human_bytes(sum(i.a_bytes for i in removed))
+    others = [i for i in block.initializers if i.status not in ("split", "merged")]
+    # Small tensors (axes, shapes) that only the original nodes used disappear with them.
+    gone_status = "removed" if block.direction == "rewrite" else "added"
+    gone = [i for i in others if i.status == gone_status]
+    if gone:
+        names = ", ".join((i.a or i.b)[0].name.removeprefix(block.block + ".") for i in gone[:4])
+        more = f", … {len(gone) - 4} more" if len(gone) > 4 else ""
+        total = human_bytes(sum(i.a_bytes + i.b_bytes for i in gone))
         out.line(
-            f"    {len(removed)} other initializers used only by the replaced nodes removed ({names}{more}; {total})"
+            f"    {len(gone)} other initializers used only by the original nodes {gone_status} ({names}{more}; {total})"
         )
     for item in others:
-        if item.status != "removed":
+        if item.status != gone_status:
             out.line(f"    {item.status} {item.summary}")
 
 
@@ -175,9 +181,12 @@ def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50) -> s
 
     if diff.moe_blocks:
         out.line()
-        out.line(out.paint(f"MoE blocks rewritten by ndp-ep ({len(diff.moe_blocks)})", "bold"))
-        for block in diff.moe_blocks:
-            _block_lines(out, block)
+        for direction, title in (("rewrite", "MoE blocks rewritten by ndp-ep"), ("reverse", "MoE blocks restored")):
+            blocks = [b for b in diff.moe_blocks if b.direction == direction]
+            if blocks:
+                out.line(out.paint(f"{title} ({len(blocks)})", "bold"))
+            for block in blocks:
+                _block_lines(out, block)
 
     in_block = [n for n in diff.nodes if n.block is not None]
     for status, title in (("changed", "Changed"), ("removed", "Removed"), ("added", "Added"), ("renamed", "Renamed")):

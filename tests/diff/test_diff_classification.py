@@ -296,3 +296,16 @@ def test_typed_field_initializers_are_compared_by_content(tmp_path):
         model.graph.initializer.append(helper.make_tensor("scale", onnx.TensorProto.FLOAT, [2], [value, 3.0]))
     result = _save_pair(tmp_path, a, b)
     assert [(i.status, i.summary) for i in result.initializers] == [("values_changed", "scale values changed")]
+
+
+def test_reversed_pair_shows_the_block_restored_and_shards_merged(sample_pairs):
+    a, b = sample_pairs["ndp_ep_rewrite"]
+    result = diff_models(b, a)
+    (block,) = result.moe_blocks
+    assert block.direction == "reverse" and [r.name for r in block.replaced_nodes] == list(EXPERT_NODE_NAMES)
+    assert [i.summary for i in block.initializers if i.status == "merged"] == [
+        "moe0 experts gate_up 4 experts × 2 shards of [8, 4] → [4, 8, 8]",
+        "moe0 experts down 4 experts × 2 shards of [2, 8] → [4, 8, 4]",
+    ]
+    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 3, "added": 10}
+    assert [(o.domain, o.a, o.b) for o in result.opsets] == [("ndp_ep", 1, None)]
