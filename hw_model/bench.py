@@ -115,7 +115,9 @@ def _trace_for(job: Job, config: BenchConfig, cache: dict) -> RoutingTrace:
                     f"{job.model.num_experts} top-{job.model.top_k}"
                 )
             if trace.num_layers < job.model.moe_layers:
-                raise WorkloadError(f"trace has {trace.num_layers} layers; {job.model.name} needs {job.model.moe_layers}")
+                raise WorkloadError(
+                    f"trace has {trace.num_layers} layers; {job.model.name} needs {job.model.moe_layers}"
+                )
         else:
             knobs = TraceKnobs(skew=job.skew, locality=config.locality, shift_at=config.shift_at, seed=config.seed)
             trace = synthetic_trace(
@@ -254,7 +256,9 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         for hidden in SWEEP_HIDDEN:
             model = sweep_model(experts, hidden)
             for policy in SWEEP_POLICIES:
-                jobs.append(Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape"))
+                jobs.append(
+                    Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
+                )
     return jobs
 
 
@@ -291,7 +295,7 @@ def run_bench(
         base = baseline.get(key)
         r["speedup_vs_monde"] = base / r["latency_s"] if base else None
     gantt = {}
-    for job, result in zip(jobs, results):
+    for job, result in zip(jobs, results, strict=False):
         if result.gantt:
             gantt.setdefault(job.model.name, {})[job.policy] = result.gantt
     return records, gantt
@@ -313,7 +317,10 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
     header = f"{'model':18s} {'NDP':>3s} " + " ".join(f"{p:>19s}" for p in policies)
     lines.append("end-to-end latency, s (speedup over monde)")
     lines.append(header)
-    keys = sorted({(r["model"], r["ndp_units"]) for r in rows}, key=lambda k: (list(MODELS).index(k[0]) if k[0] in MODELS else 99, k[1]))
+    keys = sorted(
+        {(r["model"], r["ndp_units"]) for r in rows},
+        key=lambda k: (list(MODELS).index(k[0]) if k[0] in MODELS else 99, k[1]),
+    )
     for model, units in keys:
         cells = []
         for policy in policies:
@@ -343,11 +350,14 @@ def format_sweeps(records: Sequence[dict[str, Any]]) -> str:
         for model in sorted({r["model"] for r in skew}):
             cells = []
             for level in DEFAULT_SKEW_LEVELS:
-                match = [r for r in skew if r["model"] == model and r["skew_level"] == level and r["ndp_units"] in units]
+                match = [
+                    r for r in skew if r["model"] == model and r["skew_level"] == level and r["ndp_units"] in units
+                ]
                 if match:
                     r = match[0]
                     cells.append(
-                        f"{level} (skew {r['skew']:.2f}): {r['speedup_vs_monde']:.2f}x ({r.get('prefetch_hit_rate', 0):.0%})"
+                        f"{level} (skew {r['skew']:.2f}): {r['speedup_vs_monde']:.2f}x "
+                        f"({r.get('prefetch_hit_rate', 0):.0%})"
                     )
             lines.append(f"  {model:18s} " + "  ".join(cells))
     pre = [r for r in records if r["section"] == "prefetch"]
@@ -366,7 +376,8 @@ def format_sweeps(records: Sequence[dict[str, Any]]) -> str:
             by = {r["policy"]: r for r in shape if r["model"] == model}
             if "tp" in by and OURS_POLICY in by:
                 lines.append(
-                    f"  {model:22s} tp {by['tp']['speedup_vs_monde']:.2f}x   ours {by[OURS_POLICY]['speedup_vs_monde']:.2f}x"
+                    f"  {model:22s} tp {by['tp']['speedup_vs_monde']:.2f}x   "
+                    f"ours {by[OURS_POLICY]['speedup_vs_monde']:.2f}x"
                 )
     return "\n".join(lines)
 
@@ -385,7 +396,9 @@ def write_json_atomic(path: str | Path, payload: Any) -> None:
         raise
 
 
-def make_plots(records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_dir: Path, default_units: int) -> list[Path]:
+def make_plots(
+    records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_dir: Path, default_units: int
+) -> list[Path]:
     """Write the PNG plots; raises ImportError when matplotlib (the ``plot`` extra) is missing."""
     import matplotlib
 
@@ -397,7 +410,7 @@ def make_plots(records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_di
     rows = main_table(records)
     models = [m for m in MODELS if any(r["model"] == m for r in rows)]
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
-    colours = dict(zip(POLICIES, plt.get_cmap("tab10").colors))
+    colours = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))
 
     def save(fig: Any, name: str) -> None:
         path = out_dir / name
@@ -410,12 +423,19 @@ def make_plots(records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_di
 
     # 1. latency bars
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 4), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    for ax, model in zip(axes[0], models, strict=False):
         units_list = sorted({r["ndp_units"] for r in rows if r["model"] == model})
         width = 0.8 / max(1, len(policies))
         for i, policy in enumerate(policies):
             values = [
-                next((r["latency_s"] for r in rows if r["model"] == model and r["ndp_units"] == u and r["policy"] == policy), np.nan)
+                next(
+                    (
+                        r["latency_s"]
+                        for r in rows
+                        if r["model"] == model and r["ndp_units"] == u and r["policy"] == policy
+                    ),
+                    np.nan,
+                )
                 for u in units_list
             ]
             ax.bar(np.arange(len(units_list)) + i * width, values, width, label=policy, color=colours[policy])
@@ -454,7 +474,7 @@ def make_plots(records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_di
     util = [r for r in rows if r["ndp_units"] == default_units]
     if util:
         fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.6), squeeze=False)
-        for ax, model in zip(axes[0], models):
+        for ax, model in zip(axes[0], models, strict=False):
             mine = [r for r in util if r["model"] == model]
             x = np.arange(len(mine))
             for k, (key, colour) in enumerate((("gpu", "tab:green"), ("pcie", "tab:orange"), ("ndp_mean", "tab:blue"))):

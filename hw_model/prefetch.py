@@ -136,7 +136,8 @@ class ExpertPrefetcher:
         self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if new_wanted[lay, exp])
         queued = {(lay, exp) for lay, exp, _ in self._queue}
         layers, experts = np.nonzero(new_wanted & ~self.resident)
-        for layer, expert in zip(layers.tolist(), experts.tolist()):  # layer order: decode needs layer 0 first
+        # in layer order: decode needs layer 0 first
+        for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
             if (layer, expert) not in queued:
                 self._queue.append((layer, expert, float(self.expert_bytes[layer])))
 

@@ -135,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = make_plots(records, gantt, out_dir, default_units)
         except ImportError:
-            print("ndp-ep bench: matplotlib is not installed, plots skipped (pip install 'ndp-ep[plot]')", file=sys.stderr)
+            print(
+                "ndp-ep bench: matplotlib is not installed, plots skipped (pip install 'ndp-ep[plot]')", file=sys.stderr
+            )
         else:
             print(f"\nplots: {', '.join(str(p) for p in written)}")
     return 0

@@ -1,0 +1,75 @@
+"""`ndp-ep bench`: the table's records, determinism, and the CLI (quick runs only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hw_model.bench import BenchConfig, format_table, quick_config, run_bench
+from hw_model.policies import POLICIES
+
+REQUIRED = {"model", "ndp_units", "policy", "latency_s", "speedup_vs_monde"}
+
+
+def _quick(**kw) -> BenchConfig:
+    return quick_config(BenchConfig(models=("olmoe-1b-7b",), ndp_units=(2, 4), gantt=False, **kw))
+
+
+def test_quick_bench_records_are_complete_and_deterministic():
+    records, _ = run_bench(_quick())
+    again, _ = run_bench(_quick())
+    assert [r["latency_s"] for r in records] == [r["latency_s"] for r in again]
+    assert len(records) == 2 * len(POLICIES)
+    for r in records:
+        assert set(r) >= REQUIRED
+        assert r["latency_s"] > 0
+    by = {(r["ndp_units"], r["policy"]): r for r in records}
+    for units in (2, 4):
+        assert by[(units, "monde")]["speedup_vs_monde"] == pytest.approx(1.0)
+        assert all(by[(units, "lower-bound")]["latency_s"] <= by[(units, p)]["latency_s"] for p in POLICIES)
+    assert "tp+lb+prefetch over monde" in format_table(records)
+
+
+def test_cli_quick_run_writes_json_and_plots(cli, tmp_path):
+    out = tmp_path / "out"
+    table = tmp_path / "table.json"
+    proc = cli(
+        "bench",
+        "--quick",
+        "--models",
+        "olmoe-1b-7b",
+        "--ndp-units",
+        "2",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+        str(table),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "speedup over monde" in proc.stdout
+    records = json.loads(table.read_text())
+    assert {r["policy"] for r in records} == set(POLICIES)
+    assert all(set(r) >= REQUIRED for r in records)
+    pytest.importorskip("matplotlib")
+    assert (out / "latency_bars.png").stat().st_size > 0
+    assert (out / "utilisation.png").is_file()
+    assert (out / "gantt_olmoe-1b-7b.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--hw", "no-such-preset"], "unknown hardware"),
+        (["--models", "gpt-5"], "unknown model"),
+        (["--policies", "fastest"], "unknown policy"),
+        (["--skew", "extreme"], "--skew"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
+    proc = cli("bench", "--quick", "--out", str(tmp_path), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

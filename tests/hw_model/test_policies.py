@@ -1,0 +1,105 @@
+"""Policies on single layer invocations: what each one places where, and the lower bound holding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hw_model import load_system
+from hw_model.errors import WorkloadError
+from hw_model.models import get_model
+from hw_model.policies import POLICIES
+from hw_model.simulator import MoESimulator
+
+QWEN = get_model("qwen3-30b-a3b")
+MIXTRAL = get_model("mixtral-8x7b")
+
+
+def _sim(policy: str, units: int = 4, model=QWEN, **kw) -> MoESimulator:
+    return MoESimulator(load_system("paper", units), model.moe_layer_shapes()[:2], policy, **kw)
+
+
+def _random_counts(rng: np.random.Generator, model, tokens: int) -> np.ndarray:
+    counts = np.zeros(model.num_experts, dtype=np.int64)
+    for _ in range(tokens):
+        counts[rng.choice(model.num_experts, model.top_k, replace=False)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("model", [QWEN, MIXTRAL], ids=lambda m: m.name)
+def test_lower_bound_is_below_every_policy(model):
+    rng = np.random.default_rng(3)
+    sims = {p: _sim(p, model=model) for p in POLICIES}
+    for tokens in (1, 1, 3, 64, 512):
+        counts = _random_counts(rng, model, tokens)
+        phase = "decode" if tokens == 1 else "prefill"
+        latency = {p: s.simulate_layer(0, counts, phase).latency_s for p, s in sims.items()}
+        for policy, value in latency.items():
+            assert latency["lower-bound"] <= value * (1 + 1e-9), policy
+
+
+def test_placement_covers_exactly_the_active_experts():
+    rng = np.random.default_rng(4)
+    counts = _random_counts(rng, QWEN, 5)
+    for policy in POLICIES:
+        result = _sim(policy).simulate_layer(0, counts, "prefill")
+        assert set(result.placement) == set(np.flatnonzero(counts).tolist()), policy
+
+
+def test_tp_splits_every_expert_evenly_over_all_units():
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[[3, 70]] = [2, 1]
+    result = _sim("tp", units=4).simulate_layer(0, counts, "prefill")
+    busy = [result.busy_s(f"ndp{u}") for u in range(4)]
+    assert busy == pytest.approx([busy[0]] * 4)
+    assert set(result.placement.values()) == {"ndp"}
+    assert result.busy_s("gpu") > 0  # only the combine kernel runs on the GPU
+
+
+def test_expert_per_unit_puts_expert_on_its_home_unit():
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[[5, 6]] = 1
+    result = _sim("ndp-expert-per-unit", units=4).simulate_layer(0, counts, "decode")
+    assert dict(result.placement) == {5: "ndp1", 6: "ndp2"}
+    assert result.busy_s("ndp0") == 0 and result.busy_s("ndp1") > 0
+
+
+def test_monde_moves_the_hottest_experts_and_only_whole_experts():
+    rng = np.random.default_rng(5)
+    counts = _random_counts(rng, MIXTRAL, 512)
+    result = _sim("monde", model=MIXTRAL).simulate_layer(0, counts, "prefill")
+    on_gpu = [e for e, where in result.placement.items() if where == "gpu"]
+    on_ndp = [e for e, where in result.placement.items() if where != "gpu"]
+    assert on_gpu, "prefill-sized work should pull hot experts to the GPU"
+    if on_ndp:
+        assert min(counts[on_gpu]) >= max(counts[on_ndp])
+    assert all(where == "gpu" or where.startswith("ndp") and where != "ndp" for where in result.placement.values())
+
+
+def test_scheduler_uses_the_gpu_in_prefill_and_beats_tp_alone():
+    rng = np.random.default_rng(6)
+    counts = _random_counts(rng, MIXTRAL, 512)
+    tp = _sim("tp", model=MIXTRAL).simulate_layer(0, counts, "prefill")
+    lb = _sim("tp+lb", model=MIXTRAL).simulate_layer(0, counts, "prefill")
+    assert "gpu" in lb.placement.values()
+    assert lb.latency_s < tp.latency_s
+
+
+def test_gpu_offload_copies_misses_and_hits_its_cache():
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[[1, 2]] = 1
+    sim = _sim("gpu-offload")
+    first = sim.simulate_layer(0, counts, "decode")
+    second = sim.simulate_layer(0, counts, "decode")
+    assert first.busy_s("pcie") > 0 and second.busy_s("pcie") == 0
+    assert second.latency_s < first.latency_s
+    assert sim.summary()["cache_hits"] == 2
+
+
+def test_policies_needing_ndp_refuse_zero_units_and_unknown_policy_is_refused():
+    with pytest.raises(WorkloadError, match="NDP unit"):
+        _sim("tp", units=0)
+    with pytest.raises(WorkloadError, match="unknown policy"):
+        _sim("fastest")
+    result = _sim("gpu-offload", units=0).simulate_layer(0, np.eye(QWEN.num_experts, dtype=int)[0], "decode")
+    assert result.placement == {0: "gpu"}

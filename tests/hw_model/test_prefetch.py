@@ -1,0 +1,71 @@
+"""Dataset-free prefetch: prefill counts choose the first resident set, a cap, copies that take time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hw_model.errors import WorkloadError
+from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
+
+
+def _prefetcher(cap_experts: float, layers: int = 2, experts: int = 8, **kw) -> ExpertPrefetcher:
+    return ExpertPrefetcher(
+        [experts] * layers, [100.0] * layers, PrefetchConfig(residency_cap_bytes=cap_experts * 100, **kw)
+    )
+
+
+def test_prefill_counts_decide_the_first_resident_set_within_the_cap():
+    p = _prefetcher(cap_experts=3)
+    p.observe(0, np.array([9, 0, 0, 1, 0, 0, 0, 0]), "prefill")
+    p.observe(1, np.array([0, 0, 7, 0, 0, 5, 0, 0]), "prefill")
+    p.before_invocation(0, "decode")
+    assert p.queued_bytes == 300
+    assert not p.resident.any()  # nothing is resident before its copy completes
+    p.drain(1.0, bandwidth_bytes_per_s=250.0)  # 250 bytes: two whole copies and half of the third
+    p.drain(1.0, bandwidth_bytes_per_s=250.0)
+    assert sorted(zip(*np.nonzero(p.resident), strict=False)) == [(0, 0), (1, 2), (1, 5)]
+    assert p.bytes_moved == 300
+
+
+def test_residency_cap_is_never_exceeded_and_hits_are_counted():
+    rng = np.random.default_rng(0)
+    p = _prefetcher(cap_experts=4, update_interval_tokens=4)
+    weights = np.array([0.4, 0.3, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02])
+    p.observe(0, rng.multinomial(64, weights), "prefill")
+    p.observe(1, rng.multinomial(64, weights[::-1]), "prefill")
+    for _ in range(64):
+        for layer in range(2):
+            p.before_invocation(layer, "decode")
+            counts = np.zeros(8, dtype=int)
+            counts[rng.choice(8, 2, replace=False, p=weights if layer == 0 else weights[::-1])] = 1
+            p.observe(layer, counts, "decode")
+            p.drain(0.5, 100.0)
+            assert p.resident.sum() * 100 <= 400
+    stats = p.stats()
+    assert stats["prefetch_hits"] + stats["prefetch_misses"] == 64 * 2 * 2
+    assert stats["prefetch_hit_rate"] > 0.5  # the popular experts are resident most of the time
+
+
+def test_zero_cap_prefetches_nothing():
+    p = _prefetcher(cap_experts=0)
+    p.observe(0, np.ones(8, dtype=int), "prefill")
+    p.before_invocation(0, "decode")
+    assert p.queued_bytes == 0
+
+
+def test_config_validation():
+    with pytest.raises(WorkloadError, match="decay"):
+        PrefetchConfig(residency_cap_bytes=1, decay=2.0)
+    with pytest.raises(WorkloadError, match="residency_cap_bytes"):
+        PrefetchConfig(residency_cap_bytes=-1)
+
+
+def test_lru_evicts_least_recently_used():
+    cache = ExpertLRUCache(capacity_bytes=200)
+    assert not cache.use((0, 1), 100)
+    assert not cache.use((0, 2), 100)
+    assert cache.use((0, 1), 100)
+    assert not cache.use((0, 3), 100)  # evicts (0, 2)
+    assert (0, 2) not in cache and (0, 1) in cache
+    assert cache.stats()["cache_bytes_moved"] == 300

@@ -1,0 +1,126 @@
+"""The simulator's public behaviour: API, timeline sanity, drift-based recomputation, prefetch, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hw_model import load_system
+from hw_model.errors import WorkloadError
+from hw_model.models import get_model
+from hw_model.simulator import DEFAULT_POLICY, MoESimulator, gpu_op_time_s
+from hw_model.traces import TraceKnobs, synthetic_trace
+
+OLMOE = get_model("olmoe-1b-7b")
+
+
+def _sim(policy: str = DEFAULT_POLICY, **kw) -> MoESimulator:
+    return MoESimulator(load_system("paper", 4), OLMOE.moe_layer_shapes(), policy, **kw)
+
+
+def _one_hot(experts: list[int]) -> np.ndarray:
+    counts = np.zeros(OLMOE.num_experts, dtype=int)
+    counts[experts] = 1
+    return counts
+
+
+def test_default_policy_is_the_complete_framework():
+    sim = MoESimulator(load_system("paper"), OLMOE.moe_layer_shapes())
+    assert sim.policy == "tp+lb+prefetch"
+
+
+def test_events_never_overlap_on_one_resource_and_end_by_the_layer_latency():
+    trace = synthetic_trace(OLMOE.moe_layers, OLMOE.num_experts, OLMOE.top_k, 64, 16, TraceKnobs(skew=0.8))
+    for policy in ("monde", "tp", "tp+lb", "tp+lb+prefetch", "gpu-offload"):
+        sim = _sim(policy)
+        results = [sim.simulate_layer(layer, trace.prefill_counts(layer), "prefill") for layer in range(4)]
+        results += [sim.simulate_layer(0, trace.counts(0, t, t + 1), "decode") for t in range(64, 80)]
+        for result in results:
+            by_resource: dict[str, list] = {}
+            for event in result.events:
+                assert 0 <= event.start_s <= event.end_s <= result.latency_s * (1 + 1e-12)
+                by_resource.setdefault(event.resource, []).append((event.start_s, event.end_s))
+            for spans in by_resource.values():
+                spans.sort()
+                for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+                    assert start >= end - 1e-15
+
+
+def test_placement_is_reused_until_the_histogram_drifts():
+    sim = _sim("tp+lb", drift_threshold=0.3)
+    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
+    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")  # identical: reuse
+    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 9]), "decode")  # L1 drift 0.25: reuse
+    sim.simulate_layer(0, _one_hot([10, 11, 12, 13, 14, 15, 16, 17]), "decode")  # drift 2: recompute
+    summary = sim.summary()
+    assert summary["placement_recomputations"] == 2
+    assert summary["placement_reuses"] == 2
+
+
+def test_prefetch_makes_popular_experts_resident_and_reports_hits_and_bytes():
+    trace = synthetic_trace(
+        OLMOE.moe_layers, OLMOE.num_experts, OLMOE.top_k, 128, 64, TraceKnobs(skew=1.2, shift_at=None)
+    )
+    sim = _sim("tp+lb+prefetch")
+    for layer in range(OLMOE.moe_layers):
+        sim.simulate_layer(layer, trace.prefill_counts(layer), "prefill")
+    sim.advance_time_s(1.0)  # idle PCIe time (attention etc.) lets the first copies complete
+    for token in range(128, 192):
+        for layer in range(OLMOE.moe_layers):
+            sim.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode")
+    summary = sim.summary()
+    assert summary["prefetch_hits"] > 0
+    assert summary["prefetch_bytes_moved"] > 0
+    assert summary["prefetch_hits"] + summary["prefetch_misses"] == 64 * OLMOE.moe_layers * OLMOE.top_k
+    resident_bytes = summary["resident_experts"] * OLMOE.expert.weight_bytes()
+    assert resident_bytes <= summary["residency_cap_bytes"]
+
+
+def test_prefetch_beats_no_prefetch_on_a_skewed_trace():
+    trace = synthetic_trace(
+        OLMOE.moe_layers, OLMOE.num_experts, OLMOE.top_k, 128, 64, TraceKnobs(skew=1.2, shift_at=None)
+    )
+    totals = {}
+    for policy in ("tp+lb", "tp+lb+prefetch"):
+        sim = _sim(policy)
+        total = sum(sim.simulate_layer(layer, trace.prefill_counts(layer), "prefill").latency_s for layer in range(16))
+        for token in range(128, 192):
+            sim.advance_time_s(1e-4)
+            total += sum(
+                sim.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode").latency_s
+                for layer in range(16)
+            )
+        totals[policy] = total
+    assert totals["tp+lb+prefetch"] < totals["tp+lb"]
+
+
+def test_same_inputs_same_results():
+    trace = synthetic_trace(4, OLMOE.num_experts, OLMOE.top_k, 32, 8, TraceKnobs(skew=0.5, seed=3))
+    runs = []
+    for _ in range(2):
+        sim = _sim()
+        runs.append(
+            [
+                sim.simulate_layer(layer, trace.counts(layer, t, t + 1), "decode").latency_s
+                for t in range(32, 40)
+                for layer in range(4)
+            ]
+        )
+    assert runs[0] == runs[1]
+
+
+def test_bad_input_is_refused():
+    sim = _sim()
+    with pytest.raises(WorkloadError, match="phase"):
+        sim.simulate_layer(0, _one_hot([1]), "train")
+    with pytest.raises(WorkloadError, match="out of range"):
+        sim.simulate_layer(99, _one_hot([1]), "decode")
+    with pytest.raises(WorkloadError, match="expert token counts"):
+        sim.simulate_layer(0, [1, 2, 3], "decode")
+    with pytest.raises(WorkloadError, match="residency_fraction"):
+        _sim(residency_fraction=2.0)
+
+
+def test_gpu_op_time_is_positive_and_grows_with_bytes():
+    system = load_system("paper")
+    assert 0 < gpu_op_time_s(system, 1e6, 1e6, "bf16") < gpu_op_time_s(system, 1e6, 1e9, "bf16")

@@ -1,0 +1,110 @@
+"""Routing traces: synthetic knobs do what they say, calibration reproduces measured counts, file format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hw_model.errors import WorkloadError
+from hw_model.traces import (
+    CALIBRATED_SKEW,
+    MEASURED_TOP10_SHARE,
+    RoutingTrace,
+    TraceKnobs,
+    load_trace,
+    synthetic_top_share,
+    synthetic_trace,
+    top_share,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+COUNTS = SHARED / "traces" / "olmoe_expert_counts" / "expert_counts.json"
+SHAPES = {"mixtral-8x7b": (8, 2), "olmoe-1b-7b": (64, 8), "qwen3-30b-a3b": (128, 8), "deepseek-v2-lite": (64, 6)}
+
+
+def test_synthetic_trace_shape_distinct_ids_and_seeding():
+    knobs = TraceKnobs(skew=0.7, locality=0.3, seed=11)
+    a = synthetic_trace(3, 16, 4, 20, 10, knobs)
+    b = synthetic_trace(3, 16, 4, 20, 10, knobs)
+    assert a.expert_ids.shape == (3, 30, 4)
+    assert (np.diff(np.sort(a.expert_ids, axis=2), axis=2) > 0).all()
+    assert np.array_equal(a.expert_ids, b.expert_ids)
+    assert not np.array_equal(a.expert_ids, synthetic_trace(3, 16, 4, 20, 10, TraceKnobs(skew=0.7, seed=12)).expert_ids)
+    assert a.prefill_counts(0).sum() == 20 * 4
+
+
+def test_more_skew_concentrates_selections():
+    shares = [synthetic_top_share(64, 8, skew, tokens=4096) for skew in (0.0, 0.5, 1.0, 1.5)]
+    assert shares == sorted(shares)
+    assert shares[0] == pytest.approx(6 / 64, abs=0.01)  # uniform: the top 6 of 64 experts take ~6/64
+
+
+def test_locality_makes_consecutive_tokens_share_experts():
+    def overlap(locality: float) -> float:
+        ids = synthetic_trace(1, 64, 8, 0, 2000, TraceKnobs(locality=locality, shift_at=None)).expert_ids[0]
+        return float(np.mean([len(set(ids[t]) & set(ids[t - 1])) for t in range(1, len(ids))]) / 8)
+
+    assert overlap(0.0) < 0.2
+    assert overlap(0.6) > 0.55
+
+
+def test_domain_shift_changes_which_experts_are_popular():
+    trace = synthetic_trace(1, 64, 8, 0, 8000, TraceKnobs(skew=1.0, shift_at=0.5))
+    first, second, third = trace.counts(0, 0, 2000), trace.counts(0, 2000, 4000), trace.counts(0, 4000, 6000)
+    assert np.corrcoef(first, second)[0, 1] > 0.8
+    assert np.corrcoef(first, third)[0, 1] < 0.5
+
+
+@pytest.mark.parametrize("model", sorted(CALIBRATED_SKEW))
+def test_calibrated_skews_reproduce_the_measured_top10_shares(model):
+    experts, top_k = SHAPES[model]
+    for skew, target in zip(CALIBRATED_SKEW[model], MEASURED_TOP10_SHARE[model], strict=False):
+        assert synthetic_top_share(experts, top_k, skew) == pytest.approx(target, abs=0.01)
+
+
+@pytest.mark.skipif(not COUNTS.is_file(), reason="../shared/traces (real expert counts) not present")
+def test_measured_shares_are_those_of_the_real_counts():
+    counts = json.loads(COUNTS.read_text())["counts"]
+    for key, model in (("mistral", "mixtral-8x7b"), ("olmoe", "olmoe-1b-7b")):
+        shares = [top_share(np.array(v)) for domain in counts[key].values() for v in domain.values()]
+        low, typical, high = MEASURED_TOP10_SHARE[model]
+        assert min(shares) == pytest.approx(low, abs=1e-4)
+        assert float(np.median(shares)) == pytest.approx(typical, abs=1e-4)
+        assert max(shares) == pytest.approx(high, abs=1e-4)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+def test_trace_file_round_trip(tmp_path, suffix):
+    trace = synthetic_trace(2, 8, 2, 5, 3, TraceKnobs(skew=0.3))
+    path = tmp_path / f"t{suffix}"
+    trace.save(path)
+    loaded = load_trace(path)
+    assert np.array_equal(loaded.expert_ids, trace.expert_ids)
+    assert (loaded.num_experts, loaded.prompt_tokens) == (8, 5)
+
+
+def test_bad_trace_files_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "ndp-ep-trace/1", "num_experts": 4, "prompt_tokens": 1}))
+    with pytest.raises(WorkloadError, match="expert_ids"):
+        load_trace(bad)
+    bad.write_text(
+        json.dumps({"format": "ndp-ep-trace/1", "num_experts": 4, "prompt_tokens": 1, "expert_ids": [[[0, 0]]]})
+    )
+    with pytest.raises(WorkloadError, match="same expert twice"):
+        load_trace(bad)
+    bad.write_text(
+        json.dumps({"format": "ndp-ep-trace/1", "num_experts": 4, "prompt_tokens": 1, "expert_ids": [[[0, 7]]]})
+    )
+    with pytest.raises(WorkloadError, match="0..3"):
+        load_trace(bad)
+    bad.write_text("{not json")
+    with pytest.raises(WorkloadError, match="not a readable trace"):
+        load_trace(bad)
+    with pytest.raises(WorkloadError, match="skew"):
+        TraceKnobs(skew=-1)
+    with pytest.raises(WorkloadError, match="prompt_tokens"):
+        RoutingTrace(np.zeros((1, 2, 1), dtype=int), 4, 5)
