@@ -747,3 +747,15 @@ def _router_derived(index: GraphIndex, routers: set[str], mask_name: str) -> set
     mask = index.node_by_name[mask_name]
     value = _through(index, mask.input[0], ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity"))
     return {mask.input[0]} if value in routers else set()
+
+
+class StackedExpertsRule(OneHotExpertsRule):
+    """The same structural matcher claiming both ``Gather`` (TorchScript) and ``GatherND`` (dynamo) selections.
+
+    For registering as a fallback (or replacement) of the general gathered-experts rule on dynamo exports.
+    """
+
+    name = "stacked_experts"
+
+    def __init__(self) -> None:
+        super().__init__(claim_gathernd=True)
