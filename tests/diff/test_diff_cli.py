@@ -134,3 +134,12 @@ def test_html_is_written_atomically_and_not_on_bad_input(sample_pairs, tmp_path,
     missing = tmp_path / "nothere.html"
     assert main(["diff", "--html", str(missing), str(tmp_path / "x.onnx"), str(tmp_path / "y.onnx")]) == 2
     assert not missing.exists()
+
+
+def test_process_exit_codes_as_a_user_sees_them(sample_pairs, cli, tmp_path):
+    identical = cli("diff", *map(str, sample_pairs["identical"]))
+    changed = cli("diff", "--json", *map(str, sample_pairs["one_node_changed"]))
+    missing = cli("diff", str(tmp_path / "nope.onnx"), str(sample_pairs["identical"][0]))
+    assert (identical.returncode, changed.returncode, missing.returncode) == (0, 1, 2)
+    assert json.loads(changed.stdout)["summary"]["nodes"]["changed"] == 1
+    assert missing.stdout == "" and missing.stderr.count("\n") == 1 and "nope.onnx" in missing.stderr
