@@ -180,16 +180,18 @@ class OneHotExpertsRule:
 
     name = "onehot_experts"
 
-    def __init__(self, claim_gathernd: bool = False) -> None:
+    def __init__(self, claim_gathernd: bool = False, claim_gather: bool = True, report_eager: bool = True) -> None:
         # GatherND selections are the dynamo exporter's form, left to the general gathered-experts rule unless
         # asked for (this matcher handles them too; tests prove it on the dynamo fixtures).
         self.claim_gathernd = claim_gathernd
+        self.claim_gather = claim_gather
+        self.report_eager = report_eager
 
     def find(self, index: GraphIndex) -> list[MoEBlockPlan | Skip]:
-        results: list[MoEBlockPlan | Skip] = list(find_eager_unrolled(index))
+        results: list[MoEBlockPlan | Skip] = list(find_eager_unrolled(index)) if self.report_eager else []
         evaluator = ShapeEvaluator(index)
         groups: dict[str, list[onnx.NodeProto]] = {}
-        for node in _selections(index, evaluator, self.claim_gathernd):
+        for node in _selections(index, evaluator, self.claim_gather, self.claim_gathernd):
             groups.setdefault(_flat_ids_of(index, node), []).append(node)
         for flat_ids, selections in groups.items():
             if not any(len(index.initializer_shape(s.input[0])) == 3 for s in selections):
@@ -202,7 +204,7 @@ class OneHotExpertsRule:
         return results
 
 
-def _selections(index: GraphIndex, ev: ShapeEvaluator, with_gathernd: bool) -> list[onnx.NodeProto]:
+def _selections(index: GraphIndex, ev: ShapeEvaluator, with_gather: bool, with_gathernd: bool) -> list[onnx.NodeProto]:
     """Gather(axis 0) / GatherND(batch_dims 0) of a stacked ``[E, ...]`` initializer by a dynamic id vector."""
     found = []
     for node in index.graph.node:
@@ -211,7 +213,7 @@ def _selections(index: GraphIndex, ev: ShapeEvaluator, with_gathernd: bool) -> l
         weight_shape = index.initializer_shape(node.input[0])
         if weight_shape is None or len(weight_shape) not in (2, 3):
             continue
-        if node.op_type == "Gather" and index.attr(node, "axis", 0) == 0:
+        if with_gather and node.op_type == "Gather" and index.attr(node, "axis", 0) == 0:
             ids_shape = index.shape(node.input[1])
             if ids_shape is not None and len(ids_shape) == 1:
                 found.append(node)
@@ -750,12 +752,13 @@ def _router_derived(index: GraphIndex, routers: set[str], mask_name: str) -> set
 
 
 class StackedExpertsRule(OneHotExpertsRule):
-    """The same structural matcher claiming both ``Gather`` (TorchScript) and ``GatherND`` (dynamo) selections.
+    """The same structural matcher for the dynamo exporter's ``GatherND`` selections only (no eager report).
 
-    For registering as a fallback (or replacement) of the general gathered-experts rule on dynamo exports.
+    For registering next to :class:`OneHotExpertsRule` as a fallback (or replacement) of the general
+    gathered-experts rule on dynamo exports.
     """
 
     name = "stacked_experts"
 
     def __init__(self) -> None:
-        super().__init__(claim_gathernd=True)
+        super().__init__(claim_gathernd=True, claim_gather=False, report_eager=False)

@@ -139,3 +139,12 @@ def test_shape_evaluator_resolves_the_torchscript_chunk_bounds():
     slices = [n for n in model.graph.node if n.op_type == "Slice" and (index.shape(n.input[0]) or (0,))[-1] == 96]
     bounds = sorted((evaluator.ints(n.input[1])[0], evaluator.ints(n.input[2])[0]) for n in slices)
     assert bounds == [(0, 48), (48, 96)]
+
+
+def test_stacked_experts_rule_claims_only_the_dynamo_form():
+    from graph_passes.rules.onehot_experts import StackedExpertsRule
+
+    dynamo = StackedExpertsRule().find(GraphIndex(onnx.load(HF_DIR / "qwen2_moe_model_dynamo.onnx")))
+    assert [type(f).__name__ for f in dynamo] == ["MoEBlockPlan", "MoEBlockPlan"]
+    for stem in ("qwen2_moe_model_torchscript", "mixtral_block_eager_torchscript"):
+        assert StackedExpertsRule().find(GraphIndex(onnx.load(HF_DIR / f"{stem}.onnx"))) == []
