@@ -146,7 +146,9 @@ def render_html(diff: ModelDiff, json_document: dict) -> str:
         region_html += f'<p class="note">{len(other_regions) - MAX_HTML_REGIONS} more regions not drawn</p>'
     node_rows = []
     for item in diff.nodes[:MAX_TABLE_ROWS]:
-        detail = "; ".join(f"{c.field} {c.key}: {c.a} → {c.b}" for c in item.changes)
+        detail = "; ".join(
+            f"{c.field if c.key == c.field else f'{c.field} {c.key}'}: {c.a} → {c.b}" for c in item.changes
+        )
         node_rows.append(
             f'<tr><td class="st-{item.status}">{item.status}</td><td>{_e(item.a.label() if item.a else "")}</td>'
             f"<td>{_e(item.b.label() if item.b else '')}</td><td>{_e(item.match or '')}</td>"

@@ -15,6 +15,7 @@ from typing import Any
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2", "cyan": "36"}
+INDENT = "  "
 STATUS_MARKS = {"changed": ("~", "yellow"), "removed": ("-", "red"), "added": ("+", "green"), "renamed": ("=", "blue")}
 INIT_COLOURS = {
     "split": "cyan",
@@ -74,6 +75,7 @@ class _Writer:
         self.lines.append(text)
 
     def limited(self, items: Sequence[str], indent: str) -> None:
+        """One entry per item (an item may span lines); at most ``max_items`` items."""
         shown = items if self.max_items <= 0 else items[: self.max_items]
         for item in shown:
             self.line(indent + item)
@@ -218,7 +220,8 @@ def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50) -> s
                 head += f"  [matched by {item.match}]"
             lines.append(head)
             for change in item.changes:
-                lines.append(f"    {change.field} {change.key}: {change.a} → {change.b}")
+                what = change.field if change.key == change.field else f"{change.field} {change.key}"
+                lines[-1] += f"\n  {INDENT}  {what}: {change.a} → {change.b}"
         out.limited(lines, "  ")
 
     init_items = [i for i in diff.initializers if i.block is None]
