@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
+from scipy.special import expit
 
 from graph_passes.expert_math import gated_activation, plain_activation
 from graph_passes.plan import GATED_ACTIVATIONS
@@ -40,6 +41,7 @@ from ndp_ep.errors import NdpEpError
 CUSTOM_DOMAIN = "ai.onnx.contrib"  # the domain onnxruntime-extensions registers Python ops in
 ORT_OP_TYPE = "NdpShardedMoE"
 _NATIVE_NAME = "onnxruntime_extensions._extensions_pydll"
+SLOT_GATHER_LIMIT_BYTES = 4 * 2**20  # gather whole experts for a decode step only while that copy is cheap
 
 
 class ExtensionsUnavailableError(NdpEpError):
@@ -66,6 +68,22 @@ class ShardedExperts:
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one expert's weights (all shards)."""
+        return (self.first[0].size + self.down[0].size) * self.first.itemsize
+
+    def _activate(self, h: np.ndarray) -> np.ndarray:
+        if not self.gated:
+            return plain_activation(self.activation, h)
+        half = h.shape[-1] // 2
+        gate, up = h[..., :half], h[..., half:]
+        if self.activation == "silu_glu":
+            act = gate * expit(gate)
+            act *= up
+            return act
+        return gated_activation(self.activation, gate, up, self.activation_alpha, self.activation_limit)
+
     def __call__(self, hidden: np.ndarray, expert_ids: np.ndarray, routing_weights: np.ndarray) -> np.ndarray:
         width = hidden.shape[-1]
         x = hidden.reshape(-1, width)
@@ -73,14 +91,31 @@ class ShardedExperts:
         weights = routing_weights.reshape(-1)
         if ids.size != x.shape[0] * self.top_k:
             raise ValueError(f"{self.layer}: expected {self.top_k} expert ids per token, got {expert_ids.shape}")
-        out = np.zeros_like(x)
         if ids.size == 0:
-            return out.reshape(hidden.shape)
+            return np.zeros_like(hidden)
         if ids.min() < 0 or ids.max() >= self.num_experts:
             raise ValueError(f"{self.layer}: expert id out of range 0..{self.num_experts - 1}")
+        if x.shape[0] == 1 and ids.size * self.slot_bytes <= SLOT_GATHER_LIMIT_BYTES:
+            return self._single_token(x, ids, weights).reshape(hidden.shape)
+        return self._grouped(x, ids, weights).reshape(hidden.shape)
+
+    def _single_token(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Decode step: every selected expert's shards in one batched product ([K, S, 1, W])."""
+        h = np.matmul(x, self.first[ids])
+        if self.first_bias is not None:
+            h += self.first_bias[ids][:, :, None, :]
+        partial = np.matmul(self._activate(h), self.down[ids])  # [K, S, 1, H]: each shard's partial sum
+        if self.down_bias is not None:
+            partial[:, 0, 0, :] += self.down_bias[ids]  # added once per expert, not once per shard
+        top_k, shards = partial.shape[:2]
+        # weight each expert's partials, then reduce over experts and shards
+        return (weights @ partial.reshape(top_k, -1)).reshape(shards, -1).sum(axis=0)
+
+    def _grouped(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Tokens grouped by expert; each expert's shards in one batched product ([S, n, W])."""
+        out = np.zeros_like(x)
         order = np.argsort(ids, kind="stable")
         counts = np.bincount(ids, minlength=self.num_experts)
-        half = self.first.shape[-1] // 2
         start = 0
         for expert in np.flatnonzero(counts):
             slots = order[start : start + counts[expert]]
@@ -89,42 +124,38 @@ class ShardedExperts:
             h = np.matmul(x[rows], self.first[expert])  # [S, n, W]: every shard's first projection
             if self.first_bias is not None:
                 h += self.first_bias[expert][:, None, :]
-            if self.gated:
-                act = gated_activation(
-                    self.activation, h[..., :half], h[..., half:], self.activation_alpha, self.activation_limit
-                )
-            else:
-                act = plain_activation(self.activation, h)
-            y = np.matmul(act, self.down[expert]).sum(axis=0)  # reduce the shards' partial sums
+            y = np.matmul(self._activate(h), self.down[expert]).sum(axis=0)  # reduce the shards' partial sums
             if self.down_bias is not None:
                 y += self.down_bias[expert]
             out[rows] += y * weights[slots, None]
-        return out.reshape(hidden.shape)
+        return out
 
 
 class KernelRegistry:
     """Kernels prepared by live sessions, by key; entries vanish when their session is collected."""
 
     def __init__(self) -> None:
-        self._kernels: weakref.WeakValueDictionary[str, _BoundKernel] = weakref.WeakValueDictionary()
+        self._kernels: dict[str, Callable] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def add(self, kernel: _BoundKernel) -> str:
+    def add(self, kernel: _BoundKernel, owner: object) -> str:
+        """Register ``kernel`` until ``owner`` (its session) is garbage-collected."""
         with self._lock:
             key = f"k{next(self._counter)}"
             self._kernels[key] = kernel
+        weakref.finalize(owner, self._kernels.pop, key, None)
         return key
 
-    def __call__(self, hidden, expert_ids, routing_weights, kernel: str) -> np.ndarray:
-        bound = self._kernels.get(kernel)
+    def get(self, key: str) -> Callable:
+        bound = self._kernels.get(key)
         if bound is None:
-            raise RuntimeError(f"ndp-ep kernel {kernel!r} is not registered (its session was closed)")
-        return bound(hidden, expert_ids, routing_weights)
+            raise RuntimeError(f"ndp-ep kernel {key!r} is not registered (its session was closed)")
+        return bound
 
 
 class _BoundKernel:
-    """A kernel plus the callback that records the routing of every call."""
+    """A kernel plus the callback that records the routing (expert ids) of every call."""
 
     def __init__(self, experts: ShardedExperts, layer_index: int, record: Callable[[int, np.ndarray], None]):
         self.experts = experts
@@ -133,7 +164,7 @@ class _BoundKernel:
 
     def __call__(self, hidden, expert_ids, routing_weights) -> np.ndarray:
         out = self.experts(hidden, expert_ids, routing_weights)
-        self.record(self.layer_index, np.bincount(expert_ids.reshape(-1), minlength=self.experts.num_experts))
+        self.record(self.layer_index, expert_ids.copy())
         return out
 
 
@@ -162,7 +193,6 @@ class PythonOpBridge:
     def __init__(self) -> None:
         self.native = _load_native()
         self.registry = KernelRegistry()
-        self._functions: dict[int, Callable] = {}
         definition = self.native.PyCustomOpDef()
         definition.op_type = ORT_OP_TYPE
         definition.obj_id = id(self.registry)
@@ -170,7 +200,7 @@ class PythonOpBridge:
         definition.input_types = [types.dt_float, types.dt_int64, types.dt_float]
         definition.output_types = [types.dt_float]
         definition.attrs = {"kernel": types.dt_string}
-        self._functions[definition.obj_id] = self.registry
+        self._our_op_id = definition.obj_id
         self._definition = definition  # the native side keeps a pointer: keep it alive
         self.native.add_custom_op(definition)
         self.install_hook()
@@ -184,19 +214,13 @@ class PythonOpBridge:
         self.native.PyCustomOpDef.install_hooker(self._invoke)
 
     def _invoke(self, op_id: int, feed, attributes):
-        function = self._functions.get(op_id)
-        if function is None:  # an op defined with onnxruntime_extensions.onnx_op
+        if op_id != self._our_op_id:  # an op defined with onnxruntime_extensions.onnx_op
             ocos = sys.modules.get("onnxruntime_extensions._ocos")
             if ocos is None:
                 raise RuntimeError(f"no Python op with id {op_id}")
             return ocos._on_pyop_invocation(op_id, feed, attributes)
-        result = function(*feed, **attributes)
-        outputs = result if isinstance(result, tuple) else (result,)
-        packed: list = [op_id]
-        for array in outputs:
-            array = np.ascontiguousarray(array)
-            packed += [array.shape, array.reshape(-1)]
-        return tuple(packed)
+        out = np.ascontiguousarray(self.registry.get(attributes["kernel"])(*feed))
+        return op_id, out.shape, out.reshape(-1)
 
 
 _bridge_lock = threading.Lock()

@@ -110,7 +110,10 @@ class InferenceSession:
         self._inputs = {i.name: i for i in self._session.get_inputs()}
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pending: list[tuple[dict[str, tuple[int, ...]], dict[int, np.ndarray]]] = []
+        # One packed int64 array per run not yet simulated (see _pack_run): few GC-tracked objects per run.
+        self._pending: list[np.ndarray] = []
+        self._signatures: dict[tuple, int] = {}
+        self._signature_list: list[dict[str, tuple[int, ...]]] = []
         self._reports: list[RunReport] = []
 
     # -- preparation -------------------------------------------------------------------------------------
@@ -128,7 +131,7 @@ class InferenceSession:
             claimed_weights.update(node.input[3:])
             bound = _BoundKernel(experts, len(self._layers), self._record)
             self._bound.append(bound)
-            key = bridge.registry.add(bound)
+            key = bridge.registry.add(bound, owner=self)
             self._layers.append(
                 MoELayerShape(
                     name=attrs["layer"],
@@ -160,10 +163,10 @@ class InferenceSession:
         elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in ort_model.graph.initializer)
         return float(elements * DTYPE_BYTES[self.dtype])
 
-    def _record(self, layer_index: int, expert_tokens: np.ndarray) -> None:
+    def _record(self, layer_index: int, expert_ids: np.ndarray) -> None:
         current = getattr(self._local, "routing", None)
         if current is not None:
-            current[layer_index] = expert_tokens
+            current[layer_index] = expert_ids
 
     # -- ONNX Runtime's API ------------------------------------------------------------------------------
     def get_inputs(self):
@@ -190,8 +193,30 @@ class InferenceSession:
         finally:
             routing, self._local.routing = self._local.routing, None
         with self._lock:
-            self._pending.append(({k: tuple(v.shape) for k, v in feeds.items()}, routing))
+            self._pending.append(self._pack_run(feeds, routing))
         return outputs
+
+    def _pack_run(self, feeds: dict[str, np.ndarray], routing: dict[int, np.ndarray]) -> np.ndarray:
+        """[signature id, layers, (layer index, id count) per layer, all expert ids]."""
+        key = tuple((name, value.shape) for name, value in feeds.items())
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = self._signatures[key] = len(self._signature_list)
+            self._signature_list.append(dict(key))
+        header = [signature, len(routing)]
+        for layer_index, ids in routing.items():
+            header += [layer_index, ids.size]
+        return np.concatenate([np.asarray(header, dtype=np.int64), *(ids.reshape(-1) for ids in routing.values())])
+
+    def _unpack_run(self, packed: np.ndarray) -> tuple[dict[str, tuple[int, ...]], dict[int, np.ndarray]]:
+        layers = int(packed[1])
+        header = packed[2 : 2 + 2 * layers].reshape(layers, 2)
+        routing: dict[int, np.ndarray] = {}
+        position = 2 + 2 * layers
+        for layer_index, size in header:
+            routing[int(layer_index)] = packed[position : position + size]
+            position += size
+        return self._signature_list[int(packed[0])], routing
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(input_feed, Mapping):
@@ -225,8 +250,8 @@ class InferenceSession:
         """Reports of every run so far, in run order."""
         with self._lock:
             pending, self._pending = self._pending, []
-            for input_shapes, routing in pending:
-                self._reports.append(self._simulate(len(self._reports), input_shapes, routing))
+            for packed in pending:
+                self._reports.append(self._simulate(len(self._reports), *self._unpack_run(packed)))
             return list(self._reports)
 
     @property
@@ -237,6 +262,7 @@ class InferenceSession:
     def _simulate(self, run_index: int, input_shapes, routing: dict[int, np.ndarray]) -> RunReport:
         layers: list[LayerReport] = []
         tokens = 0
+        routing = {i: np.bincount(ids.reshape(-1), minlength=self._layers[i].num_experts) for i, ids in routing.items()}
         for layer_index in sorted(routing):
             counts = routing[layer_index]
             shape = self._layers[layer_index]

@@ -1,0 +1,135 @@
+"""The sharded kernel equals the unsharded reference for every activation, with and without biases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graph_passes.expert_math import ExpertArrays, expert_ffn
+from graph_passes.plan import ExpertWeights, MoEBlockPlan, StackedMatrix
+from ndp_ep.kernels import ShardedExperts
+
+ACTIVATIONS = ["silu_glu", "swiglu_clamp", "gelu_glu", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def _plan(activation: str, experts: int, top_k: int, hidden: int, ffn: int) -> MoEBlockPlan:
+    gated = activation in ("silu_glu", "swiglu_clamp", "gelu_glu")
+    matrix = StackedMatrix("w", "in_out")
+    weights = ExpertWeights(up=matrix, down=matrix, gate=matrix if gated else None)
+    return MoEBlockPlan(
+        name="b",
+        rule="test",
+        hidden_value="x",
+        expert_ids_value="i",
+        routing_weights_value="r",
+        output_value="y",
+        num_experts=experts,
+        top_k=top_k,
+        hidden=hidden,
+        ffn=ffn,
+        activation=activation,
+        weights=weights,
+        replaced_nodes=(),
+    )
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("biases", [False, True])
+def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
+    experts, top_k, hidden, ffn, shards = 4, 2, 16, 24, 3
+    rng = np.random.default_rng(7)
+    plan = _plan(activation, experts, top_k, hidden, ffn)
+    arrays = []
+    for _ in range(experts):
+        arrays.append(
+            ExpertArrays(
+                up=rng.standard_normal((hidden, ffn)).astype(np.float32),
+                down=rng.standard_normal((ffn, hidden)).astype(np.float32),
+                gate=rng.standard_normal((hidden, ffn)).astype(np.float32) if plan.gated else None,
+                up_bias=rng.standard_normal(ffn).astype(np.float32) if biases else None,
+                gate_bias=rng.standard_normal(ffn).astype(np.float32) if biases and plan.gated else None,
+                down_bias=rng.standard_normal(hidden).astype(np.float32) if biases else None,
+            )
+        )
+    width = ffn // shards
+
+    def first(a: ExpertArrays, s: int) -> np.ndarray:
+        cols = slice(s * width, (s + 1) * width)
+        return np.concatenate([a.gate[:, cols], a.up[:, cols]], axis=1) if plan.gated else a.up[:, cols]
+
+    def first_bias(a: ExpertArrays, s: int) -> np.ndarray:
+        cols = slice(s * width, (s + 1) * width)
+        return np.concatenate([a.gate_bias[cols], a.up_bias[cols]]) if plan.gated else a.up_bias[cols]
+
+    kernel = ShardedExperts(
+        layer="b",
+        num_experts=experts,
+        top_k=top_k,
+        shards=shards,
+        activation=activation,
+        activation_alpha=1.702,
+        activation_limit=7.0,
+        first=np.stack([[first(a, s) for s in range(shards)] for a in arrays]),
+        down=np.stack([[a.down[s * width : (s + 1) * width] for s in range(shards)] for a in arrays]),
+        first_bias=np.stack([[first_bias(a, s) for s in range(shards)] for a in arrays]) if biases else None,
+        down_bias=np.stack([a.down_bias for a in arrays]) if biases else None,
+    )
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]).astype(np.int64)
+    rw = rng.random((tokens, top_k)).astype(np.float32)
+    expected = np.zeros_like(x)
+    for t in range(tokens):
+        for k in range(top_k):
+            expected[t] += rw[t, k] * expert_ffn(plan, x[t : t + 1], arrays[ids[t, k]])[0]
+    got = kernel(x, ids, rw)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_kernel_rejects_out_of_range_expert_ids():
+    kernel = ShardedExperts(
+        layer="b",
+        num_experts=2,
+        top_k=1,
+        shards=1,
+        activation="relu",
+        activation_alpha=1.0,
+        activation_limit=1.0,
+        first=np.zeros((2, 1, 4, 4), np.float32),
+        down=np.zeros((2, 1, 4, 4), np.float32),
+    )
+    with pytest.raises(ValueError, match="out of range"):
+        kernel(np.zeros((1, 4), np.float32), np.array([[2]]), np.ones((1, 1), np.float32))
+    with pytest.raises(ValueError, match="out of range"):
+        kernel(np.zeros((3, 4), np.float32), np.array([[0], [-1], [1]]), np.ones((3, 1), np.float32))
+
+
+def test_onnx_op_of_onnxruntime_extensions_still_runs_beside_ours(samples_dir):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+
+    from ndp_ep.session import InferenceSession
+
+    @onnx_op(op_type="NdpEpTestNegate", inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])
+    def negate(x):
+        return -x
+
+    ours = InferenceSession(samples_dir / "moe_block.onnx")
+    node = helper.make_node("NdpEpTestNegate", ["x"], ["y"], domain="ai.onnx.contrib")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    )
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(get_library_path())
+    theirs = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    hidden = np.ones((1, 3, 64), np.float32)
+    ours.run(None, {"hidden_states": hidden})  # ours after theirs registered: both hooks coexist
+    np.testing.assert_array_equal(theirs.run(None, {"x": np.array([1.0, -2.0], np.float32)})[0], [-1.0, 2.0])
+    assert ours.run(None, {"hidden_states": hidden})[0].shape == (1, 3, 64)
