@@ -385,16 +385,38 @@ def _regions(
     return tuple(regions)
 
 
+def _connected_chunk(snapshot: ModelSnapshot, index: GraphIndex, members: list[int], limit: int) -> list[int]:
+    """All members if they fit; else a connected piece grown breadth-first from the earliest member, so a
+    truncated drawing shows a readable subgraph rather than a row of unrelated source nodes."""
+    if len(members) <= limit:
+        return members
+    allowed = set(members)
+    start = members[0]
+    chosen, queue = {start}, deque([start])
+    while queue and len(chosen) < limit:
+        for other in _neighbours(snapshot, index, queue.popleft()):
+            if other in allowed and other not in chosen and len(chosen) < limit:
+                chosen.add(other)
+                queue.append(other)
+    return sorted(chosen)
+
+
 def _region_side(
     snapshot: ModelSnapshot, index: GraphIndex, members: list[int], status: Mapping[int, str], side: str
 ) -> RegionSide:
-    drawn = members[:MAX_DRAWN_NODES_PER_SIDE]
+    # Constant nodes feed everything and would fill the first row; they stay in the tables, not the drawing.
+    drawable = [m for m in members if snapshot.nodes[m].op_type != "Constant"] or members
+    drawn = _connected_chunk(snapshot, index, drawable, MAX_DRAWN_NODES_PER_SIDE)
     omitted = len(members) - len(drawn)
     chosen = set(drawn)
     context: set[int] = set()
     if drawn:
         for node in drawn:
-            context.update(n for n in _neighbours(snapshot, index, node) if n not in chosen)
+            context.update(
+                n
+                for n in _neighbours(snapshot, index, node)
+                if n not in chosen and snapshot.nodes[n].op_type != "Constant"
+            )
         context = set(sorted(context)[: max(4, MAX_DRAWN_NODES_PER_SIDE // 4)])
     everything = sorted(chosen | context)
     nodes = tuple(
