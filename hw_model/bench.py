@@ -49,6 +49,8 @@ PREFETCH_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 SWEEP_EXPERTS = (2, 4, 8)
 SWEEP_HIDDEN = (1024, 2048, 4096)
 SWEEP_POLICIES = ("monde", "tp", "tp+lb+prefetch")
+SKEW_SWEEP_POLICIES = ("gpu-offload", "monde", "tp+lb", "tp+lb+prefetch", "lower-bound")
+UNIT_INDEPENDENT_POLICIES = ("gpu-offload",)  # uses no NDP unit
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,8 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         model = get_model(name)
         for units in config.ndp_units:
             for policy in config.policies:
+                if policy in UNIT_INDEPENDENT_POLICIES and units != config.ndp_units[0]:
+                    continue  # same result for every NDP count: run once, copied in run_bench
                 want_gantt = config.gantt and units == config.default_units and policy in GANTT_POLICIES
                 jobs.append(Job(model, units, policy, main_level, skew(model, main_level), want_gantt=want_gantt))
     if not config.sweeps:
@@ -249,9 +253,11 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         model = get_model(name)
         for level in config.skew_levels[1:]:
             for policy in config.policies:
-                jobs.append(Job(model, units, policy, level, skew(model, level), section="skew"))
-        for fraction in PREFETCH_FRACTIONS:
-            jobs.append(Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch"))
+                if policy in SKEW_SWEEP_POLICIES:
+                    jobs.append(Job(model, units, policy, level, skew(model, level), section="skew"))
+        if OURS_POLICY in config.policies and units in config.ndp_units:
+            for fraction in PREFETCH_FRACTIONS[:-1]:  # the full budget (1.0) is the main table's run
+                jobs.append(Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch"))
     for experts in SWEEP_EXPERTS:
         for hidden in SWEEP_HIDDEN:
             model = sweep_model(experts, hidden)
@@ -283,6 +289,16 @@ def run_bench(
             if progress:
                 progress(done, len(jobs))
     records = [r.record for r in results]
+    for r in list(records):
+        if r["section"] == "main" and r["policy"] in UNIT_INDEPENDENT_POLICIES:
+            for units in config.ndp_units[1:]:
+                records.append(dict(r, ndp_units=units))
+    if OURS_POLICY in config.policies and config.sweeps:
+        records += [
+            dict(r, section="prefetch")
+            for r in records
+            if r["section"] == "main" and r["policy"] == OURS_POLICY and r["ndp_units"] == config.default_units
+        ]
     baseline = {
         (r["section"], r["model"], r["ndp_units"], r["skew_level"], r["residency_fraction"]): r["latency_s"]
         for r in records
@@ -553,7 +569,18 @@ def quick_config(config: BenchConfig) -> BenchConfig:
 
 
 def records_for_json(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(r) for r in main_table(records)]
+    """The main table as JSON records, ordered by model, NDP count and policy."""
+    models = list(MODELS)
+
+    def key(r: dict[str, Any]) -> tuple:
+        return (
+            models.index(r["model"]) if r["model"] in models else 99,
+            r["model"],
+            r["ndp_units"],
+            POLICIES.index(r["policy"]),
+        )
+
+    return [dict(r) for r in sorted(main_table(records), key=key)]
 
 
 __all__ = [

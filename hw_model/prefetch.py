@@ -58,6 +58,7 @@ class ExpertPrefetcher:
         self.resident = np.zeros_like(self.valid)
         self.wanted = np.zeros_like(self.valid)
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
+        self._queued_bytes = 0.0
         self._decode_steps = 0
         self._planned = False
         self.hits = 0
@@ -99,6 +100,7 @@ class ExpertPrefetcher:
             layer, expert, left = self._queue[0]
             step = min(left, budget)
             budget -= step
+            self._queued_bytes -= step
             self.bytes_moved += step
             copied.append((layer, expert, step))
             if step >= left:
@@ -112,7 +114,7 @@ class ExpertPrefetcher:
 
     @property
     def queued_bytes(self) -> float:
-        return float(sum(left for _, _, left in self._queue))
+        return self._queued_bytes if self._queue else 0.0
 
     # -- planning ---------------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -134,12 +136,14 @@ class ExpertPrefetcher:
         self.resident &= new_wanted
         self.wanted = new_wanted
         self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if new_wanted[lay, exp])
+        self._queued_bytes = float(sum(left for _, _, left in self._queue))
         queued = {(lay, exp) for lay, exp, _ in self._queue}
         layers, experts = np.nonzero(new_wanted & ~self.resident)
         # in layer order: decode needs layer 0 first
         for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
             if (layer, expert) not in queued:
                 self._queue.append((layer, expert, float(self.expert_bytes[layer])))
+                self._queued_bytes += float(self.expert_bytes[layer])
 
     def stats(self) -> dict[str, float]:
         selections = self.hits + self.misses

@@ -15,15 +15,18 @@ The layer ends when the GPU has combined every expert's output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import SystemSpec
 from hw_model.workload import MoELayerShape
 
 
-@dataclass(frozen=True)
-class TimelineEvent:
-    """One busy interval of one resource (``gpu``, ``pcie``, ``pcie_d2h``, ``ndp0``..., ``ndp_link``)."""
+class TimelineEvent(NamedTuple):
+    """One busy interval of one resource (``gpu``, ``pcie``, ``pcie_d2h``, ``ndp0``..., ``ndp_link``).
+
+    An immutable named tuple rather than a frozen dataclass: a bench run creates tens of millions of them.
+    """
 
     resource: str
     start_s: float
