@@ -6,7 +6,7 @@ ten expert ops on stacked weights, residual Add) = 50 nodes per layer. Model B, 
   - every 40th layer's MoE block is rewritten ndp-ep style (ShardedMoEExperts + shard initializers),
   - three nodes get a changed attribute, one layer's big weight gets different values.
 All weights live in one external data file per model; the big per-layer weight ([256, 256] fp32) makes the
-streaming hash do real work. Prints the build time, the diff time (load + match + classify + text + JSON),
+streaming hash do real work. Prints the build time, the diff time (load + match + classify + text + JSON + HTML),
 the bytes hashed and the ratio to the 5 s target.
 
     python benchmarks/bench_diff.py [--layers 200] [--keep DIR] [--repeat 3]
@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ndp_ep.diff import diff_models, render_json, render_text  # noqa: E402
+from ndp_ep.diff import diff_models, render_html, render_text, to_json_document  # noqa: E402
 
 TARGET_S = 5.0
 HIDDEN, FFN, EXPERTS, TOP_K, SHARDS, BIG = 8, 4, 4, 2, 2, 256
@@ -220,7 +220,7 @@ def main() -> int:
             started = time.perf_counter()
             result = diff_models(*paths)
             render_text(result)
-            render_json(result)
+            render_html(result, to_json_document(result))
             times.append(time.perf_counter() - started)
         assert result is not None
         diff_s = statistics.median(times)
