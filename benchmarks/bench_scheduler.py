@@ -1,0 +1,98 @@
+"""Decision time of the run-time packer (hw_model.scheduler.pack) for 128 experts x 6 NDP units.
+
+Problems are built the way the ``tp+lb+prefetch`` policy builds them for a Qwen3-30B-A3B prefill layer
+(128 experts, top-8, 512 prompt tokens routed by a calibrated synthetic trace, every expert sliced over
+6 NDP-DIMMs of the ``paper`` preset, a random quarter of experts resident on the GPU). A second set uses
+the whole-expert layout (each expert on one home unit), which is harder for the packer.
+
+Prints the median decision time in microseconds and its ratio to the 200 us target, measured in this run.
+Usage: python benchmarks/bench_scheduler.py [--instances 200] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hw_model.cost import expert_shard_time_s  # noqa: E402
+from hw_model.hardware import load_system  # noqa: E402
+from hw_model.models import get_model  # noqa: E402
+from hw_model.scheduler import PlacementProblem, pack  # noqa: E402
+from hw_model.traces import TraceKnobs, skew_for, synthetic_trace  # noqa: E402
+
+TARGET_S = 200e-6
+UNITS = 6
+
+
+def build_problems(instances: int, sliced: bool, seed: int = 0) -> list[PlacementProblem]:
+    model = get_model("qwen3-30b-a3b")
+    system = load_system("paper", UNITS)
+    expert = model.expert
+    rng = np.random.default_rng(seed)
+    trace = synthetic_trace(
+        instances, model.num_experts, model.top_k, 512, 0, TraceKnobs(skew=skew_for(model.name, "typical"), seed=seed)
+    )
+    transfer_s = system.host_link.transfer_time_s(expert.weight_bytes())
+    problems = []
+    for layer in range(instances):
+        counts = trace.prefill_counts(layer)
+        active = np.flatnonzero(counts)
+        resident = rng.random(active.size) < 0.25
+        ndp = np.zeros((active.size, UNITS))
+        for i, e in enumerate(active):
+            if sliced:
+                ndp[i, :] = expert_shard_time_s(system.ndp_unit, expert, int(counts[e]), UNITS)
+            else:
+                ndp[i, e % UNITS] = expert_shard_time_s(system.ndp_unit, expert, int(counts[e]), 1)
+        gpu = np.array([expert_shard_time_s(system.gpu, expert, int(counts[e])) for e in active])
+        problems.append(
+            PlacementProblem(
+                ndp_time_s=ndp,
+                gpu_compute_s=gpu,
+                transfer_s=np.where(resident, 0.0, transfer_s),
+                transfer_bytes=np.where(resident, 0.0, expert.weight_bytes()),
+                staging_cap_bytes=4e9,
+            )
+        )
+    return problems
+
+
+def median_decision_time_s(problems: list[PlacementProblem], repeats: int) -> float:
+    times = []
+    for problem in problems:
+        pack(problem)  # warm caches
+        for _ in range(repeats):
+            started = time.perf_counter()
+            pack(problem)
+            times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"packer decision time, 128 experts x {UNITS} NDP units + GPU ({args.instances} layers x {args.repeats})")
+    print(f"machine load average (1 min): {load:.2f} on {os.cpu_count()} CPUs")
+    for name, sliced in (("tensor-parallel layout (tp+lb+prefetch)", True), ("whole-expert layout", False)):
+        problems = build_problems(args.instances, sliced)
+        items = int(np.median([p.num_items for p in problems]))
+        median_s = median_decision_time_s(problems, args.repeats)
+        print(
+            f"{name:42s} items {items:3d}  median {median_s * 1e6:7.1f} us  "
+            f"ratio to 200 us target {median_s / TARGET_S:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
