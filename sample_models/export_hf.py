@@ -22,6 +22,7 @@ the default initialiser so that outputs are O(1) and routing decisions are far f
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import tempfile
@@ -48,10 +49,11 @@ MAX_FIXTURE_BYTES = 1_000_000
 class Family:
     name: str
     make_config: Callable[[], transformers.PretrainedConfig]
-    model_class: type
-    block_path: str  # attribute path from the causal LM to one sparse MoE block
+    model_class: Callable[[transformers.PretrainedConfig], torch.nn.Module]
+    block_path: str  # attribute path from the causal LM to one sparse MoE block ("": the first one found)
     block_returns_tuple: bool = False
     stacked_experts: bool = True  # False: experts are a ModuleDict loop (no experts_implementation switch)
+    extra: bool = False  # a generalisation fixture: block only, saved under hf/extra/
 
 
 def mixtral_config() -> transformers.PretrainedConfig:
@@ -146,6 +148,60 @@ FAMILIES = (
 )
 
 
+# Generalisation fixtures: more families, other routers (grouped top-k with shared experts, sparse mixer) and
+# module layouts, exported as single blocks only (hf/extra/). Tiny sizes set on whichever attributes exist.
+EXTRA_FAMILY_TYPES = ("qwen3_moe", "olmoe", "deepseek_v3", "phimoe", "granitemoe")
+TINY_ATTRIBUTES = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "moe_intermediate_size": 40,
+    "shared_expert_intermediate_size": 40,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 64,
+    "num_experts": 6,
+    "num_local_experts": 6,
+    "n_routed_experts": 6,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 0,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+
+
+def tiny_config(model_type: str) -> transformers.PretrainedConfig:
+    config = transformers.AutoConfig.for_model(model_type)
+    for name, value in TINY_ATTRIBUTES.items():
+        if hasattr(config, name):
+            setattr(config, name, value)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "batched_mm"
+    return config
+
+
+EXTRA_FAMILIES = tuple(
+    Family(
+        model_type,
+        functools.partial(tiny_config, model_type),
+        transformers.AutoModelForCausalLM.from_config,
+        "",
+        extra=True,
+    )
+    for model_type in EXTRA_FAMILY_TYPES
+)
+
+
 def build_model(family: Family, experts_implementation: str) -> torch.nn.Module:
     torch.manual_seed(SEED)
     config = family.make_config()
@@ -175,7 +231,7 @@ class BlockWrapper(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = self.block(hidden_states)
-        return out[0] if self.returns_tuple else out
+        return out[0] if self.returns_tuple and isinstance(out, tuple) else out
 
 
 class CausalLMWrapper(torch.nn.Module):
@@ -220,16 +276,23 @@ def export(
 
 
 def save_fixture(
-    stem: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    directory: Path, stem: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
 ) -> int:
-    HF_DIR.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     data = model.SerializeToString()
     if len(data) > MAX_FIXTURE_BYTES:
         raise RuntimeError(f"{stem}.onnx would be {len(data)} bytes (> {MAX_FIXTURE_BYTES})")
-    (HF_DIR / f"{stem}.onnx").write_bytes(data)
-    np.savez(HF_DIR / f"{stem}.inputs.npz", **feeds)
-    np.savez(HF_DIR / f"{stem}.outputs.npz", **outputs)
+    (directory / f"{stem}.onnx").write_bytes(data)
+    np.savez(directory / f"{stem}.inputs.npz", **feeds)
+    np.savez(directory / f"{stem}.outputs.npz", **outputs)
     return len(data)
+
+
+def find_block(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The module at ``path``, or the first module owning stacked experts (``experts.down_proj``)."""
+    if path:
+        return model.get_submodule(path)
+    return next(m for _, m in model.named_modules() if hasattr(getattr(m, "experts", None), "down_proj"))
 
 
 def example_inputs(kind: str, hidden: int, seq: int) -> torch.Tensor:
@@ -246,8 +309,8 @@ def export_one(family: Family, kind: str, exporter: str, experts_implementation:
     model = build_model(family, experts_implementation)
     hidden = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.d_model
     if kind == "block":
-        block = model.get_submodule(family.block_path)
-        module = BlockWrapper(block, family.block_returns_tuple).eval()
+        block = find_block(model, family.block_path)
+        module = BlockWrapper(block, family.block_returns_tuple or family.extra).eval()
         input_name = "hidden_states"
     else:
         module = CausalLMWrapper(model, encoder_decoder=family.name == "switch").eval()
@@ -260,7 +323,8 @@ def export_one(family: Family, kind: str, exporter: str, experts_implementation:
     onnx_model = export(module, example, input_name, dynamo=exporter == "dynamo", dynamic=not eager)
     graph_input = onnx_model.graph.input[0].name
     graph_output = onnx_model.graph.output[0].name
-    size = save_fixture(stem, onnx_model, {graph_input: example.numpy()}, {graph_output: reference})
+    directory = HF_DIR / "extra" if family.extra else HF_DIR
+    size = save_fixture(directory, stem, onnx_model, {graph_input: example.numpy()}, {graph_output: reference})
     ops = sorted({n.op_type for n in onnx_model.graph.node})
     return stem, f"ok ({size} bytes, {len(onnx_model.graph.node)} nodes; ops: {', '.join(ops)})"
 
@@ -273,10 +337,12 @@ def main() -> int:
     torch.set_num_threads(2)
     notes: list[str] = []
     jobs = []
-    for family in FAMILIES:
+    for family in FAMILIES + EXTRA_FAMILIES:
         if wanted and family.name not in wanted:
             continue
-        if family.stacked_experts:
+        if family.extra:
+            jobs += [(family, "block", exporter, "batched_mm") for exporter in ("dynamo", "torchscript")]
+        elif family.stacked_experts:
             for kind in ("block", "model"):
                 for exporter in ("dynamo", "torchscript"):
                     jobs.append((family, kind, exporter, "batched_mm"))

@@ -25,6 +25,15 @@ EAGER_REASON = "eager export unrolled only the experts hit while tracing"
 HF_SHAPES = {"mixtral": (4, 2, 32, 48), "qwen2_moe": (6, 2, 32, 40), "gpt_oss": (4, 2, 32, 32)}
 HF_LAYERS = {"block": 1, "model": 2}
 SWITCH_SPARSE_LAYERS = {"block": 1, "model": 4}
+# generalisation fixtures (sample_models/hf/extra: single blocks of more families, other routers and layouts)
+EXTRA_DIR = HF_DIR / "extra"
+EXTRA_SHAPES = {
+    "qwen3_moe": (6, 2, 32, 40),
+    "olmoe": (6, 2, 32, 48),
+    "deepseek_v3": (6, 2, 32, 40),  # grouped top-k router with score bias, plus a dense shared expert
+    "phimoe": (6, 2, 32, 48),  # sparse-mixer router: expert ids from ArgMax pairs, not TopK
+    "granitemoe": (6, 2, 32, 48),
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,16 @@ def hf_cases() -> list[Expected]:
             cases.append(Expected(stem, path, (), skipped=layers, skip_reason=EAGER_REASON))
         else:
             cases.append(Expected(stem, path, (HF_SHAPES[family],) * HF_LAYERS[kind]))
+    return cases
+
+
+def extra_cases() -> list[Expected]:
+    cases = []
+    for path in sorted(EXTRA_DIR.glob("*.onnx")):
+        family = next((f for f in EXTRA_SHAPES if path.stem.startswith(f + "_block_")), None)
+        if family is None:
+            raise AssertionError(f"fixture {path.name} is not described in tests/convert_real/cases.py")
+        cases.append(Expected(path.stem, path, (EXTRA_SHAPES[family],)))
     return cases
 
 

@@ -16,6 +16,7 @@ from tests.convert_real.cases import (
     EAGER_REASON,
     HF_DIR,
     Expected,
+    extra_cases,
     fused_cases,
     hf_cases,
     scale_gathered_weight,
@@ -71,7 +72,13 @@ def _check_report(report: dict, case: Expected) -> None:
         assert len(matching) >= case.skipped, reasons
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in hf_cases() + fused_cases()])
+# end to end on two generalisation fixtures with unusual routers (all of them are checked in test_rules.py)
+CLI_EXTRAS = ("deepseek_v3_block_torchscript", "phimoe_block_torchscript")
+
+
+@pytest.mark.parametrize(
+    "case", [_param(c) for c in hf_cases() + fused_cases() + [c for c in extra_cases() if c.stem in CLI_EXTRAS]]
+)
 def test_fixture_converts_and_reproduces_reference_outputs(case, cli, tmp_path):
     converted = tmp_path / f"{case.stem}.ndp.onnx"
     report = _convert(cli, case.path, converted)

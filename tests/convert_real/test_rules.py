@@ -14,6 +14,7 @@ from graph_passes.rules.onehot_experts import OneHotExpertsRule, ShapeEvaluator
 from tests.convert_real.cases import (
     EAGER_REASON,
     HF_DIR,
+    extra_cases,
     fused_cases,
     hf_cases,
     scale_gathered_weight,
@@ -32,7 +33,7 @@ def _shape(plan: MoEBlockPlan) -> tuple[int, int, int, int]:
     return (plan.num_experts, plan.top_k, plan.hidden, plan.ffn)
 
 
-@pytest.mark.parametrize("case", hf_cases(), ids=lambda c: c.stem)
+@pytest.mark.parametrize("case", hf_cases() + extra_cases(), ids=lambda c: c.stem)
 def test_hf_fixture_plans_reproduce_the_block_outputs(case):
     model = onnx.load(case.path)
     # claim_gathernd: also match the dynamo form (by default left to the general gathered-experts rule)
