@@ -276,17 +276,24 @@ def _match_block(
     if reshape is None or reshape.op_type != "Reshape" or ev.ints(reshape.input[1]) != [-1]:
         raise _NoMatch(f"expert weights are gathered by {flat_ids}, which is not a flattened [T, K] id tensor")
     ids_value = _through(index, reshape.input[0], ("Cast",))
-    topk = index.producer.get(ids_value)
-    if topk is None or topk.op_type != "TopK" or len(topk.output) < 2 or topk.output[1] != ids_value:
-        raise _NoMatch(f"expert ids {ids_value} are not the indices output of a TopK")
-    top_k_values = ev.ints(topk.input[1])
-    if top_k_values is None or len(top_k_values) != 1:
-        raise _NoMatch("top-k count is not a constant")
-    top_k = top_k_values[0]
-    topk_axis = index.attr(topk, "axis", -1)
     ids_shape = index.shape(ids_value)
-    if ids_shape is None or len(ids_shape) != 2 or topk_axis not in (-1, 1):
+    if ids_shape is None or len(ids_shape) != 2:
         raise _NoMatch(f"expert ids {ids_value} are not a [tokens, top_k] tensor")
+    # routers differ across families (TopK, sparse-mixer argmax pairs, grouped top-k...): any [T, K] integer
+    # tensor will do; K comes from a TopK's constant k or else from the static shape
+    topk = index.producer.get(ids_value)
+    top_k = None
+    if topk is not None and topk.op_type == "TopK" and len(topk.output) > 1 and topk.output[1] == ids_value:
+        k_values = ev.ints(topk.input[1])
+        if k_values is None or len(k_values) != 1 or index.attr(topk, "axis", -1) not in (-1, 1):
+            raise _NoMatch("top-k count is not a constant")
+        top_k = k_values[0]
+    elif isinstance(ids_shape[1], int):
+        top_k = ids_shape[1]
+    if top_k is None:
+        raise _NoMatch(f"the top-k width of expert ids {ids_value} is unknown")
+    if isinstance(ids_shape[1], int) and ids_shape[1] != top_k:
+        raise _NoMatch(f"expert ids {ids_value} have {ids_shape[1]} columns, but top-k is {top_k}")
 
     weights = {s.name: s for s in selections if len(index.initializer_shape(s.input[0])) == 3}
     biases = {s.output[0]: s for s in selections if len(index.initializer_shape(s.input[0])) == 2}
