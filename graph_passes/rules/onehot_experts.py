@@ -12,9 +12,11 @@
              ─ Reshape[T,K,H] ─ ReduceSum(axis 1) [─ Cast] ─ y[T,H]
 
    Every step is checked structurally (the small shape computations are evaluated with
-   :class:`ShapeEvaluator`): the selection indices are exactly the flattened top-k ids, the repeat count and
-   the combine's ``K`` equal the top-k width, the selected weights reach their ``MatMul`` unmodified, the
-   activation is one of the plan's, and the combine is the routing-weighted sum over the ``K`` axis.
+   :class:`ShapeEvaluator`): the selection indices are exactly the row-major flattening of one ``[T, K]``
+   integer id tensor (from a TopK, or any other router: sparse-mixer ArgMax pairs, grouped top-k...), the
+   repeat count and the combine's ``K`` equal that width, the selected weights reach their ``MatMul``
+   unmodified, the activation is one of the plan's, and the combine is the routing-weighted sum over ``K``.
+   The router itself is never matched: it stays as ordinary ops, and so does any shared expert added after.
    Only ``Gather`` selections are claimed by default; the dynamo exporter's ``GatherND(W, Unsqueeze(f, -1))``
    form is matched the same way when the rule is built with ``claim_gathernd=True``.
 
