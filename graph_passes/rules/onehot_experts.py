@@ -643,7 +643,10 @@ def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[
 
 def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int, hidden: int) -> tuple[str, str]:
     """``ReduceSum_k(Reshape(expert_out * rw_col, [T, K, H]))``; returns (output value, routing weights [T,K])."""
-    mul = _single(index, expert_out, ("Mul",), "expert output")
+    try:
+        mul = _single(index, expert_out, ("Mul",), "expert output")
+    except _NoMatch as mismatch:
+        raise _NoMatch(f"combine is not the routing-weighted sum over the top-k slots: {mismatch}") from None
     rw_col = _other_input(mul, expert_out)
     unsqueeze = _producer(index, rw_col, "Unsqueeze")
     flat = _producer(index, unsqueeze.input[0], "Reshape") if unsqueeze is not None else None
