@@ -49,6 +49,7 @@ PREFETCH_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 SWEEP_EXPERTS = (2, 4, 8)
 SWEEP_HIDDEN = (1024, 2048, 4096)
 SWEEP_POLICIES = ("monde", "tp", "tp+lb+prefetch")
+SWEEP_LAYERS = 32  # Mixtral-like depth, so the experts do not all fit in GPU memory
 SKEW_SWEEP_POLICIES = ("gpu-offload", "monde", "tp+lb", "tp+lb+prefetch", "lower-bound")
 UNIT_INDEPENDENT_POLICIES = ("gpu-offload",)  # uses no NDP unit
 
@@ -260,7 +261,7 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
                 jobs.append(Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch"))
     for experts in SWEEP_EXPERTS:
         for hidden in SWEEP_HIDDEN:
-            model = sweep_model(experts, hidden)
+            model = sweep_model(experts, hidden, layers=SWEEP_LAYERS)
             for policy in SWEEP_POLICIES:
                 jobs.append(
                     Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
@@ -387,7 +388,10 @@ def format_sweeps(records: Sequence[dict[str, Any]]) -> str:
             lines.append(f"  {model:18s} " + "  ".join(cells))
     shape = [r for r in records if r["section"] == "shape"]
     if shape:
-        lines.append("\nshape sweep (8 layers, top-2, FFN 3.5 x hidden): speedup over monde, tp / tp+lb+prefetch")
+        lines.append(
+            f"\nshape sweep ({SWEEP_LAYERS} layers, top-2 of E experts, FFN 3.5 x hidden, "
+            f"{shape[0]['ndp_units']} NDP units): speedup over monde, tp / tp+lb+prefetch"
+        )
         for model in sorted({r["model"] for r in shape}, key=lambda m: (int(m.split("-e")[1].split("-")[0]), m)):
             by = {r["policy"]: r for r in shape if r["model"] == model}
             if "tp" in by and OURS_POLICY in by:

@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", type=_str_list, default=None, help="comma-separated policies; default all")
     parser.add_argument(
         "--skew",
-        default="typical",
-        help="skew level(s) low,typical,high calibrated per model (the first is the main table's; the others are "
-        "swept at 4 NDP units), or one Zipf exponent for every model",
+        default="typical,low,high",
+        help="routing-skew levels calibrated per model: the first is the main table's, the others are swept at "
+        "4 NDP units (default typical,low,high); or one Zipf exponent used for every model",
     )
     parser.add_argument("--locality", type=float, default=0.0, help="temporal locality of the synthetic trace (0-1)")
     parser.add_argument(
@@ -82,13 +82,10 @@ def run(args: argparse.Namespace) -> int:
     from hw_model.traces import DEFAULT_SKEW_LEVELS
 
     load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
-    skew_levels: tuple[str, ...] = ("typical", "low", "high")
     skew_override = None
     parts = _str_list(args.skew)
     if all(p in DEFAULT_SKEW_LEVELS for p in parts):
-        skew_levels = parts if len(parts) > 1 else (parts[0], *[lv for lv in ("low", "high") if lv != parts[0]])
-        if args.skew != "typical" and len(parts) == 1:
-            skew_levels = parts
+        skew_levels = parts
     else:
         try:
             skew_override = float(args.skew)
