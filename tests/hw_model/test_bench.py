@@ -73,3 +73,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_runs_from_a_trace_file_and_rejects_a_mismatched_one(cli, tmp_path):
+    from hw_model.traces import TraceKnobs, synthetic_trace
+
+    trace = tmp_path / "olmoe.npz"
+    synthetic_trace(16, 64, 8, 16, 4, TraceKnobs(skew=0.5)).save(trace)
+    args = ["bench", "--no-sweeps", "--no-plots", "--ndp-units", "2", "--jobs", "1", "--out", str(tmp_path)]
+    proc = cli(*args, "--models", "olmoe-1b-7b", "--trace", str(trace), "--json", str(tmp_path / "t.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads((tmp_path / "t.json").read_text())) == 7
+    proc = cli(*args, "--models", "mixtral-8x7b", "--trace", str(trace))
+    assert proc.returncode == 2
+    assert "trace has 64 experts" in proc.stderr
