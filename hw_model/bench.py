@@ -465,7 +465,7 @@ def make_plots(
         ax.set_title(model)
         ax.set_ylabel("end-to-end latency, s (log)")
     axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.suptitle("512 prompt + 512 generated tokens, batch 1")
+    fig.suptitle("512 prompt + 512 generated tokens, batch 1", y=1.03)
     save(fig, "latency_bars.png")
 
     # 2. Gantt timelines of one MoE layer (prefill and a mid-stream decode step)
@@ -495,7 +495,7 @@ def make_plots(
     if util:
         fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.6), squeeze=False)
         for ax, model in zip(axes[0], models, strict=False):
-            mine = [r for r in util if r["model"] == model]
+            mine = sorted((r for r in util if r["model"] == model), key=lambda r: POLICIES.index(r["policy"]))
             x = np.arange(len(mine))
             for k, (key, colour) in enumerate((("gpu", "tab:green"), ("pcie", "tab:orange"), ("ndp_mean", "tab:blue"))):
                 ax.bar(x + k * 0.27, [r["utilisation"][key] for r in mine], 0.27, label=key, color=colour)
