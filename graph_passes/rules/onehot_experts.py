@@ -9,7 +9,7 @@
       x[T,H] ─ Unsqueeze[1] ─ Tile(Reshape(OneHot([1],3,[1,K]))) ─ Flatten(2) ─ Unsqueeze ─ MatMul ─ Squeeze
              [─ Add(Gather(b1, f))] ─ act (Split | Slice pair ─ SiLU-GLU | clamped SwiGLU | Relu | ...) ─
              Unsqueeze ─ MatMul(W2 sel) ─ Squeeze [─ Add(Gather(b2, f))] ─ Mul(Unsqueeze(Reshape(rw[T,K], -1)))
-             ─ Reshape[T,K,H] ─ ReduceSum(axis 1) [─ Cast] ─ y[T,H]
+             ─ Reshape[T,K,H] ─ ReduceSum(axis 1) ─ y[T,H] [─ Cast]
 
    Every step is checked structurally (the small shape computations are evaluated with
    :class:`ShapeEvaluator`): the selection indices are exactly the row-major flattening of one ``[T, K]``
@@ -673,15 +673,9 @@ def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int,
     axes = ev.ints(reduce.input[1]) if len(reduce.input) > 1 and reduce.input[1] else index.attr(reduce, "axes")
     if axes not in ([1], [-2]) or index.attr(reduce, "keepdims", 1) != 0:
         raise _NoMatch(f"{reduce.name}: does not sum over the top-k axis")
+    # the block output is the sum itself: a following float->float Cast (TorchScript's ``.to(dtype)``) stays,
+    # so that every rule names the same output value for the same block
     output_value = reduce.output[0]
-    users = index.consumers.get(output_value, [])
-    if (
-        len(users) == 1
-        and users[0].op_type == "Cast"
-        and output_value not in index.graph_outputs
-        and index.attr(users[0], "to") == onnx.TensorProto.FLOAT
-    ):
-        output_value = users[0].output[0]
     return output_value, routing_value
 
 

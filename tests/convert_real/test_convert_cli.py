@@ -16,7 +16,6 @@ from tests.convert_real.cases import (
     EAGER_REASON,
     HF_DIR,
     Expected,
-    extra_cases,
     fused_cases,
     hf_cases,
     scale_gathered_weight,
@@ -25,27 +24,13 @@ from tests.convert_real.cases import (
 
 ATOL = 1e-4
 
-# Fixtures the converter does not handle yet, with the reason (xfail(strict=False): they start passing as
-# soon as the converter supports them; the rule-level tests in test_rules.py already prove the plans).
-KNOWN_GAPS = {
-    "dynamo": "the general gathered-experts rule plans the dynamo block on the repeated [T*K, H] hidden state "
-    "and the per-slot product instead of the [T, H] input and the sum over k; its verifier then rejects every "
-    "reading, so the block is skipped",
-    "fused": "the verifier and the rewriter do not insert FusedMoEBlockPlan.router_nodes yet (the fused op "
-    "computes its router internally, so expert_ids/routing_weights do not exist in the original graph)",
-}
-
-
-def _gap(case: Expected) -> str | None:
-    if case.path.parent.name == "fused" and case.blocks:
-        return KNOWN_GAPS["fused"]
-    if case.stem.endswith("_dynamo"):
-        return KNOWN_GAPS["dynamo"]
-    return None
+# Fixtures the converter does not handle yet, by stem, with the reason: marked xfail(strict=False) so that they
+# start passing as soon as the converter supports them (test_rules.py already proves their plans).
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _param(case: Expected):
-    gap = _gap(case)
+    gap = KNOWN_GAPS.get(case.stem)
     marks = [pytest.mark.xfail(strict=False, reason=gap)] if gap else []
     return pytest.param(case, id=case.stem, marks=marks)
 
@@ -72,13 +57,7 @@ def _check_report(report: dict, case: Expected) -> None:
         assert len(matching) >= case.skipped, reasons
 
 
-# end to end on two generalisation fixtures with unusual routers (all of them are checked in test_rules.py)
-CLI_EXTRAS = ("deepseek_v3_block_torchscript", "phimoe_block_torchscript")
-
-
-@pytest.mark.parametrize(
-    "case", [_param(c) for c in hf_cases() + fused_cases() + [c for c in extra_cases() if c.stem in CLI_EXTRAS]]
-)
+@pytest.mark.parametrize("case", [_param(c) for c in hf_cases() + fused_cases()])
 def test_fixture_converts_and_reproduces_reference_outputs(case, cli, tmp_path):
     converted = tmp_path / f"{case.stem}.ndp.onnx"
     report = _convert(cli, case.path, converted)
