@@ -38,6 +38,7 @@ class GraphIndex:
         self.graph_outputs = {v.name for v in self.graph.output}
         self._elem_types: dict[str, int] = {}
         self._shapes = self._infer_shapes(model)
+        self._concrete: dict[str, tuple[int | str | None, ...]] | None = None
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
         shapes: dict[str, tuple[int | str | None, ...]] = {}
@@ -65,6 +66,45 @@ class GraphIndex:
         for name, tensor in {t.name: t for t in model.graph.initializer}.items():
             shapes[name] = tuple(tensor.dims)
             self._elem_types[name] = tensor.data_type
+        return shapes
+
+    def concrete_size(self, value: str) -> int | None:
+        """Element count of ``value`` when every symbolic input dimension is set to a distinct prime.
+
+        Telling ``[T*K, H]`` from ``[T, H]`` needs numbers, not symbols: with T = 3*5 and K = 2 the two
+        differ. None when shape inference cannot tell.
+        """
+        if self._concrete is None:
+            self._concrete = self._concrete_shapes()
+        shape = self._concrete.get(value)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return int(np.prod(shape, dtype=np.int64))
+
+    def _concrete_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(self.model)
+        primes = iter((3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47))
+        by_name: dict[str, int] = {}
+        for value in probe.graph.input:
+            if not value.type.HasField("tensor_type"):
+                continue
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.HasField("dim_value"):
+                    continue
+                key = dim.dim_param or f"__anonymous_{len(by_name)}"
+                if key not in by_name:
+                    by_name[key] = next(primes, 53)
+                dim.Clear()
+                dim.dim_value = by_name[key]
+        for tensor in probe.graph.initializer:  # shapes only; large weights need no bytes for inference
+            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) > 1 << 16:
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+        saved = self._elem_types.copy()
+        shapes = self._infer_shapes(probe)
+        self._elem_types = saved
         return shapes
 
     def elem_type(self, value: str) -> int | None:

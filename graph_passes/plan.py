@@ -93,6 +93,9 @@ class MoEBlockPlan:
     activation_alpha: float = 1.702  # swiglu_clamp only
     activation_limit: float = 7.0  # swiglu_clamp only
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # ONNX nodes to insert before the sharded op that produce expert_ids_value / routing_weights_value when
+    # the original graph computed the router inside a fused op (they read only existing values)
+    router_nodes: tuple = ()
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

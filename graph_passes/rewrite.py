@@ -239,7 +239,7 @@ def apply_plans(
             header.name, header.data_type = tensor.name, TensorProto.FLOAT
             header.dims.extend(tensor.dims)
         node = sharded_node(plan, shards_of[plan.name], [t.name for t in tensors])
-        new_nodes.setdefault(position_of_output[plan.output_value], []).append(node)
+        new_nodes.setdefault(position_of_output[plan.output_value], []).extend([*plan.router_nodes, node])
     rebuilt: list[onnx.NodeProto] = []
     for position, node in enumerate(graph.node):
         if node.name not in all_replaced:

@@ -46,6 +46,18 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.nd
     return out.reshape(x.shape[:-1] + (hidden,))
 
 
+def _insert_router_nodes(graph: onnx.GraphProto, plans: list[MoEBlockPlan]) -> None:
+    """Add each plan's router nodes right after the node producing the last value they read."""
+    for plan in plans:
+        if not plan.router_nodes:
+            continue
+        produced = {o: position for position, node in enumerate(graph.node) for o in node.output}
+        reads = [i for n in plan.router_nodes for i in n.input if i in produced]
+        position = max((produced[i] for i in reads), default=-1) + 1
+        for offset, node in enumerate(plan.router_nodes):
+            graph.node.insert(position + offset, node)
+
+
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
     w = plan.weights
     names = {m.initializer for m in (w.up, w.down, w.gate) if m is not None}
@@ -68,6 +80,7 @@ def choose_readings(
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
         existing = {o.name for o in probe.graph.output}
+        _insert_router_nodes(probe.graph, [c.readings[0] for c in checkable])
         wanted: list[str] = []
         for candidate in checkable:
             r = candidate.readings[0]

@@ -46,19 +46,33 @@ def _is_std(node: onnx.NodeProto) -> bool:
     return node.domain in ("", "ai.onnx")
 
 
-def layout_root(index: GraphIndex, value: str, stop_at_rank2: bool = False) -> tuple[str, list[str]]:
+def layout_root(index: GraphIndex, value: str) -> tuple[str, list[str]]:
     """Follow ``value`` back through layout-only ops; return the root value and the nodes passed."""
-    passed: list[str] = []
+    chain = layout_chain(index, value)
+    return chain[-1][0], [op for _, op in chain[:-1]]
+
+
+def layout_chain(index: GraphIndex, value: str) -> list[tuple[str, str]]:
+    """``[(value, producing layout node's op type), ..., (root, "")]`` walking back through layout ops."""
+    chain: list[tuple[str, str]] = []
     while True:
-        if stop_at_rank2:
-            shape = index.shape(value)
-            if shape is not None and len(shape) == 2:
-                return value, passed
         node = index.producer.get(value)
         if node is None or node.op_type not in LAYOUT_OPS or not _is_std(node) or not node.input:
-            return value, passed
-        passed.append(node.name)
+            chain.append((value, ""))
+            return chain
+        chain.append((value, node.op_type))
         value = node.input[0]
+
+
+def unrepeated_hidden(index: GraphIndex, chain: list[tuple[str, str]]) -> str:
+    """The hidden-state value of a chain feeding an expert product: upstream of any per-slot repetition
+    (Tile/Expand), the first two-dimensional value ``[tokens, H]``; else the chain's root."""
+    repeat_at = max((i for i, (_, op) in enumerate(chain) if op in ("Tile", "Expand")), default=-1)
+    for value, _ in chain[repeat_at + 1 :]:
+        shape = index.shape(value)
+        if shape is not None and len(shape) == 2:
+            return value
+    return chain[-1][0]
 
 
 def _block_name(index: GraphIndex, weight_names: list[str], region: list[onnx.NodeProto], used: set[str]) -> str:
@@ -293,7 +307,8 @@ class GatheredExpertsRule:
             return Skip(where, "router depends on expert weights")
         produced = {o for n in region for o in n.output}
         anchor_names = {a.name for a in anchors}
-        float_roots: set[str] = set()
+        routing_roots: set[str] = set()
+        hidden_roots: set[str] = set()
         for node in region:
             for inp in node.input:
                 if not inp or inp in produced:
@@ -305,8 +320,9 @@ class GatheredExpertsRule:
                     continue
                 if index.constant(inp) is not None:
                     continue
-                root, _ = layout_root(index, inp, stop_at_rank2=True)
-                if root == ids_value or layout_root(index, inp)[0] == ids_value:
+                chain = layout_chain(index, inp)
+                root = chain[-1][0]
+                if root == ids_value:
                     continue
                 elem = index.elem_type(root)
                 if elem in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
@@ -315,9 +331,11 @@ class GatheredExpertsRule:
                     if producer is not None and "Shape" in upstream_ops | {producer.op_type}:
                         continue  # a shape computation
                     return Skip(where, f"expert computation reads an unexpected integer tensor {root}")
-                float_roots.add(root)
-        routing_roots = [r for r in float_roots if topk.name in index.upstream(r)]
-        hidden_roots = [r for r in float_roots if r not in routing_roots]
+                if topk.name in index.upstream(root):
+                    routing_roots.add(root)
+                else:
+                    hidden_roots.add(unrepeated_hidden(index, chain))
+        routing_roots, hidden_roots = sorted(routing_roots), sorted(hidden_roots)
         if len(routing_roots) != 1:
             return Skip(where, f"expected one routing-weight input to the combine, found {len(routing_roots)}")
         if len(hidden_roots) != 1:
@@ -336,6 +354,9 @@ class GatheredExpertsRule:
             return Skip(
                 where, f"block output rank {len(exit_shape)} differs from hidden-state rank {len(hidden_shape)}"
             )
+        exit_size, hidden_size = index.concrete_size(exit_value), index.concrete_size(hidden_value)
+        if exit_size is not None and hidden_size is not None and exit_size != hidden_size:
+            return Skip(where, f"block output has {exit_size} elements where the hidden state has {hidden_size}")
         for value in (hidden_value, routing_value, exit_value):
             if index.elem_type(value) not in (None, onnx.TensorProto.FLOAT):
                 return Skip(where, f"{value} is not float32 (only float32 experts are supported)")

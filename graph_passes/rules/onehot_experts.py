@@ -590,6 +590,13 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
         approximate = index.attr(gelu, "approximate", "none")
         approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
         return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, 1.702, 7.0
+    # decomposed activations (erf / tanh GELU...): an elementwise subgraph of h alone, identified numerically
+    function = _elementwise_function(index, [h], act)
+    if function is not None:
+        name = _identify_plain(function)
+        if name is None:
+            raise _NoMatch("unrecognised elementwise expert activation (not relu, silu, gelu or gelu_tanh)")
+        return name, plain, 1.702, 7.0
     halves = _split_halves(index, ev, h, first["out_dim"])
     if len(halves) != 2:
         raise _NoMatch("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
@@ -603,7 +610,134 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
         swiglu = _clamped_swiglu(index, a, b, halves)
         if swiglu is not None:
             return "swiglu_clamp", swiglu[0], swiglu[1], swiglu[2]
-    raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u or GPT-OSS clamped SwiGLU)")
+    first_half, second_half = sorted(halves, key=lambda v: halves[v])
+    for gate, up in ((first_half, second_half), (second_half, first_half)):
+        function = _elementwise_function(index, [gate, up], act)
+        if function is not None and _identify_gated(function) is not None:
+            return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, 1.702, 7.0
+    raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u, gelu(g)*u or clamped SwiGLU)")
+
+
+# elementwise ops an activation subgraph may use, evaluated with NumPy for numeric identification
+_UNARY = {
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Sqrt": np.sqrt,
+    "Exp": np.exp,
+    "Tanh": np.tanh,
+    "Erf": lambda x: scipy_erf(x),
+    "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "Relu": lambda x: np.maximum(x, 0.0),
+    "Reciprocal": np.reciprocal,
+    "Softplus": lambda x: np.logaddexp(0.0, x),
+    "Identity": lambda x: x,
+}
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
+ACTIVATION_SAMPLES = 2001
+ACTIVATION_RTOL = 1e-5
+
+
+def scipy_erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
+def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
+    """``output`` as a NumPy function of ``inputs`` if every node between them is elementwise with scalar
+    constants only (so that sampled points identify it); else None."""
+    nodes = index.upstream(output, stop=set(inputs))
+    if not nodes or len(nodes) > 40:
+        return None
+    order = [n for n in index.graph.node if n.name in nodes]
+    for node in order:
+        if not _std(node) or (
+            node.op_type not in _UNARY
+            and node.op_type not in _BINARY
+            and node.op_type not in ("Gelu", "Clip", "Min", "Max", "Cast")
+        ):
+            return None
+        if node.op_type == "Cast" and index.attr(node, "to") not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+            return None
+        for value in node.input:
+            if value and value not in inputs and index.producer.get(value) not in order:
+                constant = index.constant(value)
+                if constant is None or constant.size != 1:
+                    return None
+    if not all(i in index.upstream(output) or any(i in n.input for n in order) for i in inputs):
+        return None
+    if not all(any(i in n.input for n in order) for i in inputs):
+        return None
+
+    def function(*arrays: np.ndarray) -> np.ndarray:
+        values: dict[str, np.ndarray] = dict(zip(inputs, arrays, strict=True))
+
+        def get(name: str):
+            if not name:
+                return None
+            if name in values:
+                return values[name]
+            return index.constant(name).astype(np.float64).reshape(())
+
+        for node in order:
+            args = [get(i) for i in node.input]
+            op = node.op_type
+            if op in _UNARY:
+                out = _UNARY[op](args[0])
+            elif op in _BINARY:
+                out = _BINARY[op](args[0], args[1])
+            elif op in ("Min", "Max"):
+                out = args[0]
+                for other in args[1:]:
+                    out = np.minimum(out, other) if op == "Min" else np.maximum(out, other)
+            elif op == "Clip":
+                low = args[1] if len(args) > 1 and args[1] is not None else -np.inf
+                high = args[2] if len(args) > 2 and args[2] is not None else np.inf
+                out = np.clip(args[0], low, high)
+            elif op == "Cast":
+                out = args[0]
+            else:  # Gelu
+                approximate = index.attr(node, "approximate", "none")
+                approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+                out = _REFERENCE["gelu_tanh" if approximate == "tanh" else "gelu"](args[0])
+            values[node.output[0]] = out
+        return values[output]
+
+    return function
+
+
+_REFERENCE = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + scipy_erf(x / np.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
+}
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(np.abs(a - b) <= ACTIVATION_RTOL * (1.0 + np.abs(b))))
+
+
+def _identify_plain(function) -> str | None:
+    x = np.linspace(-8.0, 8.0, ACTIVATION_SAMPLES)
+    try:
+        y = np.asarray(function(x), dtype=np.float64)
+    except (TypeError, ValueError, FloatingPointError):
+        return None
+    return next((name for name, f in _REFERENCE.items() if y.shape == x.shape and _close(y, f(x))), None)
+
+
+def _identify_gated(function) -> str | None:
+    rng = np.random.default_rng(0)
+    gate, up = rng.uniform(-8.0, 8.0, (2, ACTIVATION_SAMPLES))
+    try:
+        y = np.asarray(function(gate, up), dtype=np.float64)
+    except (TypeError, ValueError, FloatingPointError):
+        return None
+    for name, reference in (("silu_glu", _REFERENCE["silu"]), ("gelu_glu", _REFERENCE["gelu"])):
+        if y.shape == gate.shape and _close(y, reference(gate) * up):
+            return name
+    return None
 
 
 def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[str, str]):
