@@ -35,6 +35,8 @@ import numpy as np
 import onnx
 import torch
 import transformers
+from transformers.activations import ACT2FN
+from transformers.integrations.moe import use_experts_implementation
 
 HF_DIR = Path(__file__).resolve().parent / "hf"
 SEED = 1234
@@ -202,6 +204,58 @@ EXTRA_FAMILIES = tuple(
 )
 
 
+@use_experts_implementation(has_gate=False)
+class PlainExperts(torch.nn.Module):
+    """Non-gated stacked experts (``act(x @ up.T) @ down.T``), run by transformers' own ``batched_mm`` code path
+    with ``has_gate=False`` (the layout NemotronH-style models use)."""
+
+    def __init__(self, config: transformers.PretrainedConfig) -> None:
+        super().__init__()
+        self.num_experts, self.hidden_dim, self.intermediate_dim = 6, 32, 48
+        generator = torch.Generator().manual_seed(SEED)
+        self.up_proj = torch.nn.Parameter(torch.randn(6, 48, 32, generator=generator) * (1.5 / 32**0.5))
+        self.down_proj = torch.nn.Parameter(torch.randn(6, 32, 48, generator=generator) * (1.5 / 48**0.5))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):  # only batched_mm is exported
+        raise NotImplementedError("PlainExperts runs through experts_implementation='batched_mm' only")
+
+
+class PlainMoEBlock(torch.nn.Module):
+    """Softmax/top-2 router over :class:`PlainExperts`."""
+
+    def __init__(self, hidden_act: str) -> None:
+        super().__init__()
+        config = transformers.PretrainedConfig()
+        config.hidden_act = hidden_act
+        config._experts_implementation = "batched_mm"
+        torch.manual_seed(SEED)
+        self.gate = torch.nn.Linear(32, 6, bias=False)
+        self.experts = PlainExperts(config)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = hidden_states.shape
+        flat = hidden_states.view(-1, hidden)
+        weights, ids = torch.topk(torch.softmax(self.gate(flat), dim=-1), 2, dim=-1)
+        return self.experts(flat, ids, weights).view(batch, seq, hidden)
+
+
+PLAIN_ACTIVATIONS = {"plain_relu": "relu", "plain_gelu": "gelu", "plain_gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def export_plain(name: str, exporter: str) -> tuple[str, str]:
+    """A non-gated experts block (decomposed GELU forms included) into hf/extra/."""
+    module = PlainMoEBlock(PLAIN_ACTIVATIONS[name]).eval()
+    example = example_inputs("block", 32, SEQ)
+    with torch.no_grad():
+        reference = module(example).numpy()
+    onnx_model = export(module, example, "hidden_states", dynamo=exporter == "dynamo", dynamic=True)
+    stem = f"{name}_block_{exporter}"
+    feeds = {onnx_model.graph.input[0].name: example.numpy()}
+    size = save_fixture(HF_DIR / "extra", stem, onnx_model, feeds, {onnx_model.graph.output[0].name: reference})
+    return stem, f"ok ({size} bytes, {len(onnx_model.graph.node)} nodes)"
+
+
 def build_model(family: Family, experts_implementation: str) -> torch.nn.Module:
     torch.manual_seed(SEED)
     config = family.make_config()
@@ -354,10 +408,16 @@ def main() -> int:
             for kind in ("block", "model"):
                 for exporter in ("dynamo", "torchscript"):
                     jobs.append((family, kind, exporter, "eager"))
+    for name in PLAIN_ACTIVATIONS:
+        if not wanted or name in wanted:
+            jobs += [(name, "block", exporter, "batched_mm") for exporter in ("dynamo", "torchscript")]
     for family, kind, exporter, impl in jobs:
-        label = f"{family.name} {kind} {exporter} experts_implementation={impl}"
+        label = f"{getattr(family, 'name', family)} {kind} {exporter} experts_implementation={impl}"
         try:
-            stem, status = export_one(family, kind, exporter, impl)
+            if isinstance(family, str):
+                stem, status = export_plain(family, exporter)
+            else:
+                stem, status = export_one(family, kind, exporter, impl)
             line = f"- `{stem}`: {status}"
         except Exception as error:  # record, never hide: the notes file lists what did not export and why
             text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))

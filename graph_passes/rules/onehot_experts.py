@@ -649,7 +649,9 @@ def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
     nodes = index.upstream(output, stop=set(inputs))
     if not nodes or len(nodes) > 40:
         return None
-    order = [n for n in index.graph.node if n.name in nodes]
+    # Constant nodes are scalars read through index.constant, not steps of the function
+    order = [n for n in index.graph.node if n.name in nodes and n.op_type != "Constant"]
+    in_order = {n.name for n in order}
     for node in order:
         if not _std(node) or (
             node.op_type not in _UNARY
@@ -660,13 +662,12 @@ def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
         if node.op_type == "Cast" and index.attr(node, "to") not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
             return None
         for value in node.input:
-            if value and value not in inputs and index.producer.get(value) not in order:
+            producer = index.producer.get(value) if value else None
+            if value and value not in inputs and (producer is None or producer.name not in in_order):
                 constant = index.constant(value)
                 if constant is None or constant.size != 1:
                     return None
-    if not all(i in index.upstream(output) or any(i in n.input for n in order) for i in inputs):
-        return None
-    if not all(any(i in n.input for n in order) for i in inputs):
+    if not order or not all(any(i in n.input for n in order) for i in inputs):
         return None
 
     def function(*arrays: np.ndarray) -> np.ndarray:

@@ -33,6 +33,10 @@ EXTRA_SHAPES = {
     "deepseek_v3": (6, 2, 32, 40),  # grouped top-k router with score bias, plus a dense shared expert
     "phimoe": (6, 2, 32, 48),  # sparse-mixer router: expert ids from ArgMax pairs, not TopK
     "granitemoe": (6, 2, 32, 48),
+    # non-gated experts (transformers' batched_mm with has_gate=False); GELU exported decomposed (erf / tanh)
+    "plain_relu": (6, 2, 32, 48),
+    "plain_gelu": (6, 2, 32, 48),
+    "plain_gelu_tanh": (6, 2, 32, 48),
 }
 
 

@@ -151,11 +151,8 @@ def test_stacked_experts_rule_claims_only_the_dynamo_form():
         assert StackedExpertsRule().find(GraphIndex(onnx.load(HF_DIR / f"{stem}.onnx"))) == []
 
 
-# generalisation fixtures the default rule set does not convert yet (StackedExpertsRule does: see above)
-DEFAULT_RULES_GAPS = {
-    "deepseek_v3_block_dynamo": "the general rule skips it: 'expert computation has no single output'",
-    "phimoe_block_dynamo": "the general rule anchors on TopK indices; sparse-mixer ids are a Concat of ArgMax picks",
-}
+# generalisation fixtures the default rule set does not convert yet, by stem, with the reason (xfail until it does)
+DEFAULT_RULES_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
