@@ -170,3 +170,20 @@ def test_generalisation_fixtures_convert_with_the_default_rules(case):
     _, report = convert(str(case.path), shards=2)
     assert [(b.num_experts, b.top_k, b.hidden, b.ffn) for b in report.blocks] == list(case.blocks)
     assert all(b.checked_numerically and b.max_abs_error < ATOL for b in report.blocks)
+
+
+def test_an_activation_the_plan_cannot_express_is_skipped():
+    """Squared ReLU (NemotronH's relu2) between the projections: no plan activation matches it."""
+    from tests.convert_real.cases import EXTRA_DIR
+
+    model = onnx.load(EXTRA_DIR / "plain_relu_block_torchscript.onnx")
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    squared = relu.output[0] + "/squared"
+    for node in model.graph.node:
+        for i, value in enumerate(node.input):
+            if value == relu.output[0]:
+                node.input[i] = squared
+    position = list(model.graph.node).index(relu)
+    model.graph.node.insert(position + 1, onnx.helper.make_node("Mul", [relu.output[0]] * 2, [squared], name="relu2"))
+    (skip,) = OneHotExpertsRule().find(GraphIndex(model))
+    assert "unrecognised elementwise expert activation" in skip.reason
