@@ -172,6 +172,8 @@ def run_policy(
         for e in active.tolist():
             if e in on_gpu:
                 to_gpu(e, bool(resident[e]))
+                if not resident[e] and state.prefetcher is not None and policy == "tp+lb+prefetch":
+                    state.prefetcher.adopt_staged(layer_index, e)
             else:
                 sliced(e)
         extra["resident_selected"] = float(resident[active].sum())

@@ -6,7 +6,8 @@ Dataset-free prefetch keeps online counts of expert selections per (layer, exper
     first decode step ──▶ plan: the highest-scoring (layer, expert) pairs that fit residency_cap_bytes
                           ──▶ load queue (PCIe, in the background, layer order) ──▶ resident when copied
     every update_interval_tokens decode steps ──▶ scores decay, decode counts added, re-plan with hysteresis
-    a selected expert that is not resident (yet) is a miss: the scheduler runs it on NDP or stages it
+    a selected expert that is not resident (yet) is a miss: the scheduler runs it on NDP or stages it;
+    a staged copy of a planned expert is kept (adopted) instead of being copied again
 
 Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drain`), so a prefetch is never
 free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
@@ -67,6 +68,7 @@ class ExpertPrefetcher:
         self.loads_completed = 0
         self.evictions = 0
         self.replans = 0
+        self.adopted = 0
 
     # -- what the simulator asks ------------------------------------------------------------------------
     def resident_mask(self, layer: int, num_experts: int) -> np.ndarray:
@@ -98,6 +100,10 @@ class ExpertPrefetcher:
         copied = []
         while budget > 0 and self._queue:
             layer, expert, left = self._queue[0]
+            if self.resident[layer, expert]:  # adopted from an on-demand copy meanwhile: nothing to copy
+                self._queue.popleft()
+                self._queued_bytes -= left
+                continue
             step = min(left, budget)
             budget -= step
             self._queued_bytes -= step
@@ -111,6 +117,15 @@ class ExpertPrefetcher:
             else:
                 self._queue[0] = (layer, expert, left - step)
         return copied
+
+    def adopt_staged(self, layer: int, expert: int) -> bool:
+        """An on-demand (miss fallback) copy of ``expert`` reached the GPU: keep it if the plan wants it."""
+        if self.wanted[layer, expert] and not self.resident[layer, expert]:
+            self.resident[layer, expert] = True
+            self.loads_completed += 1
+            self.adopted += 1
+            return True
+        return False
 
     @property
     def queued_bytes(self) -> float:
@@ -155,6 +170,7 @@ class ExpertPrefetcher:
             "prefetch_loads_completed": self.loads_completed,
             "prefetch_evictions": self.evictions,
             "prefetch_replans": self.replans,
+            "prefetch_adopted_from_misses": self.adopted,
             "resident_experts": int(self.resident.sum()),
         }
 

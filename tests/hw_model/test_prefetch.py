@@ -69,3 +69,14 @@ def test_lru_evicts_least_recently_used():
     assert not cache.use((0, 3), 100)  # evicts (0, 2)
     assert (0, 2) not in cache and (0, 1) in cache
     assert cache.stats()["cache_bytes_moved"] == 300
+
+
+def test_an_on_demand_copy_of_a_planned_expert_is_adopted_not_copied_again():
+    p = _prefetcher(cap_experts=2)
+    p.observe(0, np.array([5, 4, 0, 0, 0, 0, 0, 0]), "prefill")
+    p.before_invocation(0, "decode")
+    assert p.adopt_staged(0, 1)
+    assert not p.adopt_staged(0, 5)  # not in the plan: stays a one-off staging copy
+    p.drain(10.0, bandwidth_bytes_per_s=100.0)
+    assert p.resident[0, :2].all() and p.resident.sum() == 2
+    assert p.bytes_moved == 100  # only expert 0 needed a prefetch copy
