@@ -121,6 +121,11 @@ class FusedMoERule:
         results: list[MoEBlockPlan | Skip] = []
         for ordinal, node in enumerate(index.nodes_of_type("MoE", MS_DOMAIN)):
             results.append(self._plan(index, node, ordinal))
+        for node in index.nodes_of_type("QMoE", MS_DOMAIN):
+            bits = index.attr(node, "expert_weight_bits", "?")
+            results.append(
+                Skip(node.name or "QMoE", f"com.microsoft.QMoE: {bits}-bit quantized experts are not supported")
+            )
         return results
 
     def _plan(self, index: GraphIndex, node: onnx.NodeProto, ordinal: int) -> MoEBlockPlan | Skip:
