@@ -110,15 +110,18 @@ def convert(
     candidates: list[MoECandidate] = []
     skipped: list[Skip] = []
     claimed_outputs: set[str] = set()
+    claimed_nodes: set[str] = set()
     for rule in rules if rules is not None else default_rules():
         for found in rule.find(index):
             if isinstance(found, Skip):
-                skipped.append(found)
+                if not claimed_nodes.intersection(found.nodes):
+                    skipped.append(found)
                 continue
             candidate = found if isinstance(found, MoECandidate) else MoECandidate((found,))
             if candidate.output_value in claimed_outputs:
                 continue
             claimed_outputs.add(candidate.output_value)
+            claimed_nodes.update(candidate.readings[0].replaced_nodes)
             candidates.append(candidate)
 
     plans: list[MoEBlockPlan] = []

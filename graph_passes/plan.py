@@ -117,6 +117,7 @@ class Skip:
 
     where: str
     reason: str
+    nodes: tuple[str, ...] = ()  # nodes of the candidate, so a block another rule claimed is not reported twice
 
 
 @dataclass(frozen=True)

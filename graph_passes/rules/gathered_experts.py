@@ -36,6 +36,8 @@ from graph_passes.plan import ExpertWeights, MoEBlockPlan, MoECandidate, Skip, S
 
 LAYOUT_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Flatten", "Cast", "Identity"}
 MATMUL_OPS = {"MatMul", "Gemm", "Einsum"}
+# ops whose inputs after the first are shape parameters (sizes, axes, repeats), not data
+DATA_IN_FIRST_INPUT_OPS = LAYOUT_OPS | {"Slice", "Pad", "Split", "ConstantOfShape", "Resize"}
 MAX_REGION_NODES = 400
 SMALL_INITIALIZER_ELEMENTS = 64  # scalars and shape vectors an expert region may read besides its weights
 GATED_COLUMN_SPLITS = (("first_half", "second_half"), ("even", "odd"), ("second_half", "first_half"), ("odd", "even"))
@@ -122,17 +124,19 @@ class GatheredExpertsRule:
         results: list[MoEBlockPlan | MoECandidate | Skip] = []
         used_names: set[str] = set()
         order = {node.name: position for position, node in enumerate(index.graph.node)}
-        for topk in index.nodes_of_type("TopK"):
-            if len(topk.output) < 2 or not topk.output[1]:
-                continue
-            outcome = self._find_block(index, topk, order, used_names)
+        for ids_value, anchors in self._anchor_groups(index).items():
+            outcome = self._find_block(index, ids_value, anchors, order, used_names)
+            if isinstance(outcome, Skip):
+                outcome = Skip(outcome.where, outcome.reason, tuple(a.name for a in anchors))
             if outcome is not None:
                 results.append(outcome)
                 used_names.add(outcome.name if not isinstance(outcome, Skip) else outcome.where)
         return results
 
-    def _anchors(self, index: GraphIndex, ids_value: str) -> list[onnx.NodeProto]:
-        anchors = []
+    @staticmethod
+    def _anchor_groups(index: GraphIndex) -> dict[str, list[onnx.NodeProto]]:
+        """Gathers of stacked initializers ``[E, ...]`` grouped by the integer value that selects the rows."""
+        groups: dict[str, list[onnx.NodeProto]] = {}
         for node in index.graph.node:
             if node.op_type not in ("Gather", "GatherND") or not _is_std(node) or len(node.input) < 2:
                 continue
@@ -144,27 +148,59 @@ class GatheredExpertsRule:
             if node.op_type == "GatherND" and index.attr(node, "batch_dims", 0) != 0:
                 continue
             root, _ = layout_root(index, node.input[1])
-            if root == ids_value:
-                anchors.append(node)
-        return anchors
+            if index.elem_type(root) not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+                continue
+            if root in index.initializers or index.constant(root) is not None:
+                continue  # a fixed selection (an unrolled loop), not routing
+            root_shape = index.shape(root)
+            if root_shape is not None and len(root_shape) == 0:
+                continue  # one expert picked by a scalar: an unrolled per-expert branch, not per-token routing
+            groups.setdefault(root, []).append(node)
+        # only groups that select stacked matrices are experts (a 2-D table gathered by ids is an embedding)
+        return {
+            root: nodes
+            for root, nodes in groups.items()
+            if any(len(index.initializers[n.input[0]].dims) == 3 for n in nodes)
+        }
 
-    def _find_block(self, index, topk, order, used_names) -> MoEBlockPlan | MoECandidate | Skip | None:
-        ids_value, values_value = topk.output[1], topk.output[0]
-        anchors = self._anchors(index, ids_value)
-        if not anchors:
-            return None
-        where = f"TopK {topk.name}"
+    @staticmethod
+    def _router(index: GraphIndex, ids_value: str) -> onnx.NodeProto | None:
+        """The router's projection: the nearest matrix product upstream of the expert ids."""
+        frontier = [ids_value]
+        seen: set[str] = set()
+        while frontier:
+            value = frontier.pop(0)
+            node = index.producer.get(value)
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op_type in MATMUL_OPS:
+                return node
+            frontier.extend(i for i in node.input if i and i not in index.initializers)
+        return None
+
+    def _find_block(self, index, ids_value, anchors, order, used_names) -> MoEBlockPlan | MoECandidate | Skip | None:
+        selector = index.producer.get(ids_value)
+        where = f"{selector.op_type} {selector.name}" if selector is not None else ids_value
+        router = self._router(index, ids_value)
+        if selector is None or router is None:
+            return Skip(where, "expert weights are selected by ids that no router computes")
         num_experts_set = {index.initializers[a.input[0]].dims[0] for a in anchors}
         if len(num_experts_set) != 1:
             return Skip(where, f"gathered expert weights disagree on the expert count: {sorted(num_experts_set)}")
         num_experts = int(num_experts_set.pop())
-        router_shape = index.shape(topk.input[0])
-        if router_shape and isinstance(router_shape[-1], int) and router_shape[-1] != num_experts:
-            return Skip(where, f"router has {router_shape[-1]} outputs but expert weights stack {num_experts}")
-        k_array = index.constant(topk.input[1]) if len(topk.input) > 1 else None
-        if k_array is None or k_array.size != 1:
-            return Skip(where, "top-k count is not a constant")
-        top_k = int(k_array.reshape(-1)[0])
+        logits_shape = index.shape(router.output[0])
+        if logits_shape and isinstance(logits_shape[-1], int) and logits_shape[-1] != num_experts:
+            return Skip(where, f"router has {logits_shape[-1]} outputs but expert weights stack {num_experts}")
+        ids_shape = index.shape(ids_value)
+        if selector.op_type == "TopK" and len(selector.input) > 1 and index.constant(selector.input[1]) is not None:
+            top_k = int(index.constant(selector.input[1]).reshape(-1)[0])
+        elif ids_shape and isinstance(ids_shape[-1], int):
+            top_k = int(ids_shape[-1])
+        else:
+            return Skip(where, "number of experts per token is unknown")
+        if ids_shape is not None and (len(ids_shape) != 2 or ids_shape[-1] != top_k):
+            return Skip(where, f"expert ids have shape {list(ids_shape)}, expected [tokens, {top_k}]")
 
         # 2. trace: the region downstream of the anchors up to a single exit value
         anchor_names = {a.name for a in anchors}
@@ -176,21 +212,26 @@ class GatheredExpertsRule:
                 if user.name not in descendants:
                     descendants.add(user.name)
                     pending.extend(user.output)
+        # nodes carrying routing data (not shapes or ids derived from it) that are not expert computation
         routing_nodes: set[str] = set()
-        pending = [values_value]
+        pending = list(router.output)
         while pending:
             value = pending.pop()
+            if index.elem_type(value) in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+                continue
             for user in index.consumers.get(value, []):
+                if user.op_type in DATA_IN_FIRST_INPUT_OPS and user.input[0] != value:
+                    continue
                 if user.name not in routing_nodes and user.name not in descendants and user.name not in anchor_names:
                     routing_nodes.add(user.name)
                     pending.extend(user.output)
         walk = sorted(anchor_names | descendants, key=order.__getitem__)
-        exits = self._single_exit_points(index, walk, anchor_names, routing_nodes, values_value)
+        exits = self._single_exit_points(index, walk, anchor_names, routing_nodes)
         if not exits:
             return Skip(where, "expert computation has no single output (an intermediate is used outside the block)")
         first_skip: Skip | None = None
         for region, exit_value in exits:
-            checked = self._check_inputs(index, topk, region, anchors, ids_value, exit_value)
+            checked = self._check_inputs(index, router, where, region, anchors, ids_value, exit_value)
             if isinstance(checked, Skip):
                 first_skip = first_skip or checked
                 continue
@@ -267,7 +308,7 @@ class GatheredExpertsRule:
         return MoECandidate(readings=tuple(readings))
 
     @staticmethod
-    def _single_exit_points(index, walk, anchor_names, routing_nodes, values_value, limit: int = 3):
+    def _single_exit_points(index, walk, anchor_names, routing_nodes, limit: int = 3):
         """Prefixes of the walk that contain every anchor, consume the routing weights and leave one value."""
         exits: list[tuple[list[onnx.NodeProto], str]] = []
         combined = False
@@ -280,7 +321,8 @@ class GatheredExpertsRule:
             remaining.discard(name)
             for inp in node.input:
                 producer = index.producer.get(inp)
-                if inp == values_value or (producer is not None and producer.name in routing_nodes):
+                floating = index.elem_type(inp) not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+                if floating and producer is not None and producer.name in routing_nodes:
                     combined = True
                 if inp in open_uses:
                     open_uses[inp] -= 1
@@ -300,10 +342,9 @@ class GatheredExpertsRule:
         return exits
 
     @staticmethod
-    def _check_inputs(index, topk, region, anchors, ids_value, exit_value) -> tuple[str, str, int] | Skip:
+    def _check_inputs(index, router, where, region, anchors, ids_value, exit_value) -> tuple[str, str, int] | Skip:
         """The region's external inputs must be x, the routing weights, ids and shape computations."""
-        where = f"TopK {topk.name}"
-        if topk.name in {n.name for n in region}:
+        if router.name in {n.name for n in region}:
             return Skip(where, "router depends on expert weights")
         produced = {o for n in region for o in n.output}
         anchor_names = {a.name for a in anchors}
@@ -331,7 +372,7 @@ class GatheredExpertsRule:
                     if producer is not None and "Shape" in upstream_ops | {producer.op_type}:
                         continue  # a shape computation
                     return Skip(where, f"expert computation reads an unexpected integer tensor {root}")
-                if topk.name in index.upstream(root):
+                if router.name in index.upstream(root):
                     routing_roots.add(root)
                 else:
                     hidden_roots.add(unrepeated_hidden(index, chain))
