@@ -74,28 +74,22 @@ def choose_readings(
     """Pick, for every candidate, the reading that reproduces its output on a real run of ``model``."""
     import onnxruntime as ort
 
-    checkable = [c for c in candidates if _weight_bytes(c.readings[0], store) <= max_weight_bytes]
+    checkable, probe = _probe_model(model, candidates, store, max_weight_bytes)
     captured: dict[str, np.ndarray] = {}
     if checkable:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        existing = {o.name for o in probe.graph.output}
-        _insert_router_nodes(probe.graph, [c.readings[0] for c in checkable])
-        wanted: list[str] = []
-        for candidate in checkable:
-            r = candidate.readings[0]
-            for value in (r.hidden_value, r.expert_ids_value, r.routing_weights_value, r.output_value):
-                if value not in existing and value not in wanted:
-                    wanted.append(value)
-        for value in wanted:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
+        # could not resolve their relative file names anyway
+        external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        if external:
+            values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(store.full(n))) for n in external]
+            options.add_external_initializers(external, values)
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         feeds = random_feeds(model, seed=seed, seq_len=16)
         captured = dict(zip(names, session.run(names, feeds), strict=True))
-
+        del session, options
     verdicts: list[Verdict] = []
     for candidate in candidates:
         if candidate not in checkable:
@@ -136,3 +130,75 @@ def choose_readings(
         else:
             verdicts.append(Verdict(chosen, None, True, best_error))
     return verdicts
+
+
+def _live_nodes(nodes: list[onnx.NodeProto], wanted: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes (in order) needed to compute ``wanted``, and every value name they read."""
+    live_values = set(wanted)
+    keep: list[onnx.NodeProto] = []
+    for node in reversed(nodes):
+        if any(o in live_values for o in node.output if o):
+            keep.append(node)
+            live_values.update(i for i in node.input if i)
+            for attr in node.attribute:  # values captured by subgraphs
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    live_values.update(_subgraph_reads(attr.g))
+    return list(reversed(keep)), live_values
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    names = {i for n in graph.node for i in n.input if i}
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= _subgraph_reads(attr.g)
+    return names
+
+
+def _wanted_values(plan: MoEBlockPlan) -> list[str]:
+    return [plan.hidden_value, plan.expert_ids_value, plan.routing_weights_value, plan.output_value]
+
+
+def _probe_model(
+    model: onnx.ModelProto, candidates: list[MoECandidate], store: WeightStore, max_weight_bytes: int
+) -> tuple[list[MoECandidate], onnx.ModelProto]:
+    """The candidates that can be checked, and a model computing exactly the values their check needs.
+
+    Candidates are taken in order while the weights of every initializer the probe reads (the block's
+    experts and everything upstream of it) stay within ``max_weight_bytes`` in total, so the check never
+    loads more than that. External initializers stay headers in the probe (the caller supplies arrays).
+    """
+    initializers = {t.name: t for t in model.graph.initializer}
+    graph = onnx.GraphProto()
+    graph.node.extend(model.graph.node)
+    chosen: list[MoECandidate] = []
+    for candidate in candidates:
+        reading = candidate.readings[0]
+        if _weight_bytes(reading, store) > max_weight_bytes:
+            continue
+        trial = onnx.GraphProto()
+        trial.node.extend(graph.node)
+        _insert_router_nodes(trial, [reading])
+        wanted = [v for c in [*chosen, candidate] for v in _wanted_values(c.readings[0])]
+        _, reads = _live_nodes(list(trial.node), wanted)
+        if sum(store.nbytes(n) for n in reads if n in initializers) > max_weight_bytes:
+            continue
+        chosen.append(candidate)
+        graph = trial
+    probe = onnx.ModelProto()
+    if not chosen:
+        return chosen, probe
+    wanted = list(dict.fromkeys(v for c in chosen for v in _wanted_values(c.readings[0])))
+    nodes, reads = _live_nodes(list(graph.node), wanted)
+    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(probe, field_name, getattr(model, field_name))
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    probe.graph.name = model.graph.name
+    probe.graph.input.extend(model.graph.input)
+    probe.graph.node.extend(nodes)
+    probe.graph.initializer.extend(initializers[n] for n in initializers if n in reads)
+    probe.graph.value_info.extend(v for v in model.graph.value_info if v.name in reads)
+    for value in wanted:
+        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
+    return chosen, probe
