@@ -33,7 +33,9 @@ def _str_list(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or a TOML file")
-    parser.add_argument("--ndp-units", type=_int_list, default=(2, 4, 6), help="NDP-unit counts, e.g. 2,4,6")
+    parser.add_argument(
+        "--ndp-units", type=_int_list, default=None, help="NDP-unit counts, e.g. 2,4,6 (default: the preset's list)"
+    )
     parser.add_argument(
         "--models",
         type=_str_list,
@@ -81,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from hw_model.policies import POLICIES
     from hw_model.traces import DEFAULT_SKEW_LEVELS
 
-    load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
+    system = load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
+    ndp_units = args.ndp_units or system.supported_ndp_units or (2, 4, 6)
     skew_override = None
     parts = _str_list(args.skew)
     if all(p in DEFAULT_SKEW_LEVELS for p in parts):
@@ -96,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
         skew_levels = ("typical",)
     if args.jobs < 1:
         raise WorkloadError("--jobs must be at least 1")
-    default_units = 4 if 4 in args.ndp_units else args.ndp_units[0]
+    default_units = 4 if 4 in ndp_units else ndp_units[0]
     config = BenchConfig(
         hw=args.hw,
-        ndp_units=args.ndp_units,
+        ndp_units=tuple(ndp_units),
         models=args.models or tuple(MODELS),
         policies=args.policies or POLICIES,
         skew_levels=skew_levels,

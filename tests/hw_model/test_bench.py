@@ -87,3 +87,19 @@ def test_cli_runs_from_a_trace_file_and_rejects_a_mismatched_one(cli, tmp_path):
     proc = cli(*args, "--models", "mixtral-8x7b", "--trace", str(trace))
     assert proc.returncode == 2
     assert "trace has 64 experts" in proc.stderr
+
+
+def test_cli_bad_hardware_file_names_the_field(cli, tmp_path):
+    from hw_model.hardware import PRESET_DIR
+
+    text = (
+        (PRESET_DIR / "paper.toml")
+        .read_text()
+        .replace("memory_bandwidth_bytes_per_s = 960e9", "memory_bandwidth_bytes_per_s = -1")
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    proc = cli("bench", "--quick", "--hw", str(bad), "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "gpu.memory_bandwidth_bytes_per_s" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
