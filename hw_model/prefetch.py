@@ -85,11 +85,13 @@ class ExpertPrefetcher:
             self._plan()
         self._decode_steps += 1
 
-    def observe(self, layer: int, counts: np.ndarray, phase: str) -> None:
-        """Count this invocation's selections (and, in decode, its hits and misses)."""
+    def observe(self, layer: int, counts: np.ndarray, phase: str, resident: np.ndarray | None = None) -> None:
+        """Count this invocation's selections (and, in decode, its hits and misses against ``resident``, the
+        residency the invocation was scheduled with; default: the current one)."""
         if phase == "decode":
             active = counts > 0
-            hit = int((active & self.resident[layer, : counts.size]).sum())
+            resident = self.resident[layer, : counts.size] if resident is None else resident
+            hit = int((active & resident).sum())
             self.hits += hit
             self.misses += int(active.sum()) - hit
         self.scores[layer, : counts.size] += counts

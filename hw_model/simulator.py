@@ -144,6 +144,7 @@ class MoESimulator:
         if prefetcher is not None:
             prefetcher.before_invocation(layer_index, phase)
             hits_before, misses_before = prefetcher.hits, prefetcher.misses
+            resident_before = prefetcher.resident_mask(layer_index, layer.num_experts)
         recomputed_before = state.recomputations
         outcome = run_policy(self.policy, self.system, self._costs, state, layer_index, layer, counts, phase)
         timeline = outcome.timeline
@@ -151,7 +152,7 @@ class MoESimulator:
         extra = dict(outcome.extra)
         extra["recomputed"] = float(state.recomputations - recomputed_before)
         if prefetcher is not None:
-            prefetcher.observe(layer_index, counts, phase)
+            prefetcher.observe(layer_index, counts, phase, resident_before)
             extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
             extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
             extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
