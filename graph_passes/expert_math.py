@@ -72,8 +72,50 @@ def select_columns(array: np.ndarray, columns: str) -> np.ndarray:
     raise ValueError(f"unknown column selection {columns!r}")
 
 
+TRANSPOSE_TILE_ROWS = 64
+
+
+def transpose_blocked(matrix: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``matrix.T`` as a C-contiguous array, copied a band of rows at a time.
+
+    numpy's element-wise transposing copy of a large matrix misses the cache on every write; copying
+    bands of 64 source rows keeps both sides cache-resident and is several times faster.
+    """
+    rows, cols = matrix.shape
+    if out is None:
+        out = np.empty((cols, rows), dtype=matrix.dtype)
+    for start in range(0, rows, TRANSPOSE_TILE_ROWS):
+        out[:, start : start + TRANSPOSE_TILE_ROWS] = matrix[start : start + TRANSPOSE_TILE_ROWS].T
+    return out
+
+
+def copy_blocked(view: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous copy of the 2-D ``view`` (any strides); bands of columns when it is a transpose."""
+    if out is None:
+        out = np.empty(view.shape, dtype=view.dtype)
+    if view.ndim != 2 or abs(view.strides[0]) >= abs(view.strides[1]):
+        out[...] = view
+        return out
+    for start in range(0, view.shape[1], TRANSPOSE_TILE_ROWS):
+        out[:, start : start + TRANSPOSE_TILE_ROWS] = view[:, start : start + TRANSPOSE_TILE_ROWS]
+    return out
+
+
+def canonical_view(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarray:
+    """One expert's matrix as ``[in, out]`` (``x @ W``) float32, as a view of ``raw_expert`` where possible.
+
+    Slice it and copy the slice with :func:`copy_blocked` to get a contiguous shard in one pass.
+    """
+    w = raw_expert.T if matrix.layout == "out_in" else raw_expert
+    return select_columns(w.astype(np.float32, copy=False), matrix.columns)
+
+
 def canonical_matrix(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarray:
     """One expert's matrix as ``[in, out]`` (``x @ W``), contiguous float32."""
+    if matrix.layout == "out_in" and raw_expert.ndim == 2:
+        # columns of W = rows of the [out, in] source: select rows, then transpose once
+        rows = select_columns(raw_expert.T, matrix.columns).T
+        return transpose_blocked(rows.astype(np.float32, copy=False))
     w = raw_expert.T if matrix.layout == "out_in" else raw_expert
     return np.ascontiguousarray(select_columns(w, matrix.columns), dtype=np.float32)
 
@@ -94,15 +136,21 @@ class ExpertArrays:
     down_bias: np.ndarray | None = None
 
 
-def load_expert(plan: MoEBlockPlan, read_expert: Callable[[str, int], np.ndarray], expert: int) -> ExpertArrays:
-    """Expert ``expert``'s canonical weights; ``read_expert(initializer, e)`` returns ``initializer[e]``."""
+def load_expert(
+    plan: MoEBlockPlan, read_expert: Callable[[str, int], np.ndarray], expert: int, views: bool = False
+) -> ExpertArrays:
+    """Expert ``expert``'s canonical weights; ``read_expert(initializer, e)`` returns ``initializer[e]``.
+
+    With ``views`` the matrices are :func:`canonical_view` s of what ``read_expert`` returned (no copy).
+    """
     w = plan.weights
+    to_canonical = canonical_view if views else canonical_matrix
 
     def matrix(m: StackedMatrix | None) -> np.ndarray | None:
         if m is None:
             return None
         raw = read_expert(m.per_expert[expert], -1) if m.per_expert else read_expert(m.initializer, expert)
-        return canonical_matrix(raw, m)
+        return to_canonical(raw, m)
 
     def bias(b: StackedBias | None) -> np.ndarray | None:
         return None if b is None else canonical_bias(read_expert(b.initializer, expert), b)

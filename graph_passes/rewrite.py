@@ -29,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from graph_passes.errors import GraphPassError
-from graph_passes.expert_math import ExpertArrays, load_expert
+from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert
 from graph_passes.plan import MoEBlockPlan
 from graph_passes.weights import WeightStore
 
@@ -72,7 +72,8 @@ class _ExpertCache:
 
     def get(self, expert: int) -> ExpertArrays:
         if expert != self.expert:
-            self.arrays = load_expert(self.plan, self.store.expert, expert)
+            self.arrays = None  # release the previous expert's pages before mapping the next
+            self.arrays = load_expert(self.plan, self.store.expert, expert, views=True)
             self.expert = expert
         return self.arrays
 
@@ -97,13 +98,19 @@ def _shard_producers(plan: MoEBlockPlan, store: WeightStore, shards: int) -> lis
     tensors: list[LazyTensor] = []
     first_width = 2 * width if plan.gated else width
 
+    # each shard is copied once, straight from the source layout (a transpose when it is [out, in])
     def first(e: int, s: int) -> np.ndarray:
         w = cache.get(e)
         cols = slice(s * width, (s + 1) * width)
-        return np.concatenate([w.gate[:, cols], w.up[:, cols]], axis=1) if plan.gated else w.up[:, cols]
+        if not plan.gated:
+            return copy_blocked(w.up[:, cols])
+        out = np.empty((plan.hidden, 2 * width), dtype=np.float32)
+        copy_blocked(w.gate[:, cols], out[:, :width])
+        copy_blocked(w.up[:, cols], out[:, width:])
+        return out
 
     def down(e: int, s: int) -> np.ndarray:
-        return cache.get(e).down[s * width : (s + 1) * width, :]
+        return copy_blocked(cache.get(e).down[s * width : (s + 1) * width, :])
 
     def first_bias(e: int, s: int) -> np.ndarray:
         w = cache.get(e)
@@ -335,7 +342,7 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
                 lazy = rewritten.lazy.get(tensor.name)
                 offset = data_file.tell()
                 if lazy is not None:
-                    data_file.write(np.ascontiguousarray(lazy.produce(), dtype=np.float32).tobytes())
+                    data_file.write(memoryview(np.ascontiguousarray(lazy.produce(), dtype=np.float32)).cast("B"))
                 elif tensor.data_location == TensorProto.EXTERNAL:
                     if store is None:
                         raise GraphPassError(f"cannot read external data of {tensor.name}")

@@ -42,7 +42,10 @@ class WeightStore:
         return path, int(info.get("offset", 0)), int(info.get("length", 0))
 
     def expert(self, name: str, expert: int) -> np.ndarray:
-        """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor)."""
+        """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor).
+
+        External data comes back as a read-only view of the file's pages; copy it to modify it.
+        """
         if expert < 0:
             return self.full(name)
         tensor = self.tensors[name]
@@ -52,8 +55,9 @@ class WeightStore:
         if tensor.data_location == TensorProto.EXTERNAL:
             path, offset, _ = self._external(tensor)
             start = offset + expert * per_expert * dtype.itemsize
+            # a read-only view of the file: the caller's transposing copy is the only copy made
             window = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(per_expert,))
-            return np.array(window).reshape(dims[1:])
+            return window.view(np.ndarray).reshape(dims[1:])
         if tensor.raw_data:
             start = expert * per_expert * dtype.itemsize
             flat = np.frombuffer(tensor.raw_data, dtype=dtype, count=per_expert, offset=start)
