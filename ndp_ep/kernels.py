@@ -28,7 +28,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import numpy as np
@@ -41,7 +41,6 @@ from ndp_ep.errors import NdpEpError
 CUSTOM_DOMAIN = "ai.onnx.contrib"  # the domain onnxruntime-extensions registers Python ops in
 ORT_OP_TYPE = "NdpShardedMoE"
 _NATIVE_NAME = "onnxruntime_extensions._extensions_pydll"
-SLOT_GATHER_LIMIT_BYTES = 4 * 2**20  # gather whole experts for a decode step only while that copy is cheap
 
 
 class ExtensionsUnavailableError(NdpEpError):
@@ -63,15 +62,15 @@ class ShardedExperts:
     down: np.ndarray  # [E, S, I/S, H]
     first_bias: np.ndarray | None = None  # [E, S, W]
     down_bias: np.ndarray | None = None  # [E, H]
+    gated: bool = field(init=False)
+    # [E, H, S*W]: every shard's first-projection columns side by side, one matrix-vector product per expert
+    _first_by_expert: np.ndarray = field(init=False, repr=False)
 
-    @property
-    def gated(self) -> bool:
-        return self.activation in GATED_ACTIVATIONS
-
-    @property
-    def slot_bytes(self) -> int:
-        """Bytes of one expert's weights (all shards)."""
-        return (self.first[0].size + self.down[0].size) * self.first.itemsize
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gated", self.activation in GATED_ACTIVATIONS)
+        experts, shards, hidden, width = self.first.shape
+        by_expert = np.ascontiguousarray(self.first.transpose(0, 2, 1, 3).reshape(experts, hidden, shards * width))
+        object.__setattr__(self, "_first_by_expert", by_expert)
 
     def _activate(self, h: np.ndarray) -> np.ndarray:
         if not self.gated:
@@ -86,30 +85,43 @@ class ShardedExperts:
 
     def __call__(self, hidden: np.ndarray, expert_ids: np.ndarray, routing_weights: np.ndarray) -> np.ndarray:
         width = hidden.shape[-1]
-        x = hidden.reshape(-1, width)
-        ids = expert_ids.reshape(-1)
-        weights = routing_weights.reshape(-1)
-        if ids.size != x.shape[0] * self.top_k:
-            raise ValueError(f"{self.layer}: expected {self.top_k} expert ids per token, got {expert_ids.shape}")
-        if ids.size == 0:
+        tokens = hidden.size // width if width else 0
+        if expert_ids.size != tokens * self.top_k or routing_weights.size != expert_ids.size:
+            raise ValueError(
+                f"{self.layer}: expected {self.top_k} expert ids and weights per token, got "
+                f"{expert_ids.shape} and {routing_weights.shape} for {tokens} tokens"
+            )
+        if tokens == 0:
             return np.zeros_like(hidden)
+        if tokens == 1:  # decode: few experts, so plain Python ints and floats beat numpy scalars
+            ids = expert_ids.ravel().tolist()
+            if min(ids) < 0 or max(ids) >= self.num_experts:
+                raise ValueError(f"{self.layer}: expert id out of range 0..{self.num_experts - 1}")
+            out = self._single_token(hidden.reshape(1, width), ids, routing_weights.ravel().tolist())
+            return out.reshape(hidden.shape)
+        ids = expert_ids.reshape(-1)
         if ids.min() < 0 or ids.max() >= self.num_experts:
             raise ValueError(f"{self.layer}: expert id out of range 0..{self.num_experts - 1}")
-        if x.shape[0] == 1 and ids.size * self.slot_bytes <= SLOT_GATHER_LIMIT_BYTES:
-            return self._single_token(x, ids, weights).reshape(hidden.shape)
-        return self._grouped(x, ids, weights).reshape(hidden.shape)
+        return self._grouped(hidden.reshape(tokens, width), ids, routing_weights.reshape(-1)).reshape(hidden.shape)
 
-    def _single_token(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Decode step: every selected expert's shards in one batched product ([K, S, 1, W])."""
-        h = np.matmul(x, self.first[ids])
-        if self.first_bias is not None:
-            h += self.first_bias[ids][:, :, None, :]
-        partial = np.matmul(self._activate(h), self.down[ids])  # [K, S, 1, H]: each shard's partial sum
-        if self.down_bias is not None:
-            partial[:, 0, 0, :] += self.down_bias[ids]  # added once per expert, not once per shard
-        top_k, shards = partial.shape[:2]
-        # weight each expert's partials, then reduce over experts and shards
-        return (weights @ partial.reshape(top_k, -1)).reshape(shards, -1).sum(axis=0)
+    def _single_token(self, x: np.ndarray, ids: list[int], weights: list[float]) -> np.ndarray:
+        """Decode step: per selected expert, all shards' first projection in one matrix-vector product,
+        then each shard's partial down projection ([S, 1, H]) reduced over shards."""
+        shards, width = self.first.shape[1], self.first.shape[3]
+        out = None
+        for expert, weight in zip(ids, weights, strict=True):
+            h = (x @ self._first_by_expert[expert]).reshape(shards, 1, width)
+            if self.first_bias is not None:
+                h += self.first_bias[expert][:, None, :]
+            y = np.matmul(self._activate(h), self.down[expert]).sum(axis=0)  # reduce the shards' partial sums
+            if self.down_bias is not None:
+                y += self.down_bias[expert]
+            y *= weight
+            if out is None:
+                out = y
+            else:
+                out += y
+        return out
 
     def _grouped(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Tokens grouped by expert; each expert's shards in one batched product ([S, n, W])."""
@@ -164,7 +176,7 @@ class _BoundKernel:
 
     def __call__(self, hidden, expert_ids, routing_weights) -> np.ndarray:
         out = self.experts(hidden, expert_ids, routing_weights)
-        self.record(self.layer_index, expert_ids.copy())
+        self.record(self.layer_index, expert_ids)  # the bridge hands us a fresh array per call: no copy needed
         return out
 
 
@@ -219,7 +231,9 @@ class PythonOpBridge:
             if ocos is None:
                 raise RuntimeError(f"no Python op with id {op_id}")
             return ocos._on_pyop_invocation(op_id, feed, attributes)
-        out = np.ascontiguousarray(self.registry.get(attributes["kernel"])(*feed))
+        out = self.registry.get(attributes["kernel"])(*feed)
+        if not out.flags.c_contiguous:
+            out = np.ascontiguousarray(out)
         return op_id, out.shape, out.reshape(-1)
 
 

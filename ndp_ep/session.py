@@ -103,7 +103,7 @@ class InferenceSession:
         annotate_placement(converted, self.system, self.policy)
         self.converted_model = converted
         self._coster = NonExpertCoster(converted, self.system, dtype)
-        options = sess_options if sess_options is not None else ort.SessionOptions()
+        options = _copy_session_options(sess_options)
         options.register_custom_ops_library(bridge.library_path)
         self._bridge = bridge
         self._session = ort.InferenceSession(ort_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -185,20 +185,31 @@ class InferenceSession:
         return self._session.get_session_options()
 
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list[np.ndarray]:
-        feeds = self._check_feeds(input_feed)
+        """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`."""
         self._bridge.install_hook()
         self._local.routing = {}
         try:
-            outputs = self._session.run(output_names, feeds, run_options)
+            outputs = self._session.run(output_names, input_feed, run_options)
+        except (
+            ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+            ort.capi.onnxruntime_pybind11_state.Fail,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ):
+            # ONNX Runtime validated the feeds; say in one line what is wrong with them, else re-raise
+            self._check_feeds(input_feed)
+            raise
         finally:
             routing, self._local.routing = self._local.routing, None
+        feeds = input_feed
         with self._lock:
             self._pending.append(self._pack_run(feeds, routing))
         return outputs
 
-    def _pack_run(self, feeds: dict[str, np.ndarray], routing: dict[int, np.ndarray]) -> np.ndarray:
+    def _pack_run(self, feeds: Mapping[str, Any], routing: dict[int, np.ndarray]) -> np.ndarray:
         """[signature id, layers, (layer index, id count) per layer, all expert ids]."""
-        key = tuple((name, value.shape) for name, value in feeds.items())
+        key = tuple((name, np.shape(value)) for name, value in feeds.items())
         signature = self._signatures.get(key)
         if signature is None:
             signature = self._signatures[key] = len(self._signature_list)
@@ -300,6 +311,35 @@ class InferenceSession:
             layers=tuple(layers),
             simulator=summary,
         )
+
+
+_COPIED_OPTIONS = (
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "graph_optimization_level",
+    "execution_mode",
+    "execution_order",
+    "log_severity_level",
+    "log_verbosity_level",
+    "logid",
+    "enable_profiling",
+    "profile_file_prefix",
+    "enable_cpu_mem_arena",
+    "enable_mem_pattern",
+    "enable_mem_reuse",
+    "use_deterministic_compute",
+    "optimized_model_filepath",
+)
+
+
+def _copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOptions:
+    """A fresh SessionOptions with the caller's settings: registering our op library on the caller's own
+    object would make a second session created with it fail with a duplicate-kernel error."""
+    fresh = ort.SessionOptions()
+    if options is not None:
+        for name in _COPIED_OPTIONS:
+            setattr(fresh, name, getattr(options, name))
+    return fresh
 
 
 def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
