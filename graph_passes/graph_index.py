@@ -37,7 +37,7 @@ class GraphIndex:
                     self.consumers[inp].append(node)
         self.graph_outputs = {v.name for v in self.graph.output}
         self._elem_types: dict[str, int] = {}
-        self._shapes = self._infer_shapes(model)
+        self._shapes = self._infer_shapes(_weightless_copy(model))
         self._concrete: dict[str, tuple[int | str | None, ...]] | None = None
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
@@ -82,8 +82,7 @@ class GraphIndex:
         return int(np.prod(shape, dtype=np.int64))
 
     def _concrete_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(self.model)
+        probe = _weightless_copy(self.model)
         primes = iter((3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47))
         by_name: dict[str, int] = {}
         for value in probe.graph.input:
@@ -97,11 +96,6 @@ class GraphIndex:
                     by_name[key] = next(primes, 53)
                 dim.Clear()
                 dim.dim_value = by_name[key]
-        for tensor in probe.graph.initializer:  # shapes only; large weights need no bytes for inference
-            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) > 1 << 16:
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.DEFAULT
         saved = self._elem_types.copy()
         shapes = self._infer_shapes(probe)
         self._elem_types = saved
@@ -170,3 +164,43 @@ class GraphIndex:
             seen.add(node.name)
             pending.extend(i for i in node.input if i)
         return seen
+
+
+WEIGHTLESS_MAX_BYTES = 1 << 16
+
+
+def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for shape inference: initializers over 64 KiB (or external) keep only their header.
+
+    Shape inference needs the values of small constants (shape vectors, axes) but only the dims of
+    weights; copying a model with multi-GB inline weights would double the memory it holds.
+    """
+    probe = onnx.ModelProto()
+    graph = model.graph
+    large = [
+        t
+        for t in graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > WEIGHTLESS_MAX_BYTES
+    ]
+    if not large:
+        probe.CopyFrom(model)
+        return probe
+    large_names = {t.name for t in large}
+    for source, target, skipped in ((model, probe, "graph"), (graph, probe.graph, "initializer")):
+        for descriptor, value in source.ListFields():
+            if descriptor.name == skipped:
+                continue
+            if hasattr(value, "extend"):  # repeated field
+                getattr(target, descriptor.name).extend(value)
+            elif hasattr(value, "CopyFrom"):  # message field
+                getattr(target, descriptor.name).CopyFrom(value)
+            else:
+                setattr(target, descriptor.name, value)
+    for tensor in graph.initializer:
+        if tensor.name in large_names:
+            header = probe.graph.initializer.add()
+            header.name, header.data_type = tensor.name, tensor.data_type
+            header.dims.extend(tensor.dims)
+        else:
+            probe.graph.initializer.add().CopyFrom(tensor)
+    return probe
