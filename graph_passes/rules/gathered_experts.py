@@ -467,6 +467,17 @@ class GatheredExpertsRule:
             hidden=hidden,
             replaced_nodes=tuple(n.name for n in region),
         )
+
+        def reading(ffn, activation, weights, alpha=DEFAULT_SWIGLU[0], limit=DEFAULT_SWIGLU[1]) -> MoEBlockPlan:
+            return MoEBlockPlan(
+                **common,
+                ffn=ffn,
+                activation=activation,
+                weights=weights,
+                activation_alpha=alpha,
+                activation_limit=limit,
+            )
+
         down_bias_names = bias_by_width.get(hidden, [])
         if len(down_bias_names) > 1:
             return Skip(name, "several gathered biases could be the down-projection bias")
@@ -491,16 +502,7 @@ class GatheredExpertsRule:
                             gate_bias=StackedBias(first_bias, gate_cols) if first_bias else None,
                             down_bias=down_bias,
                         )
-                        readings.append(
-                            MoEBlockPlan(
-                                **common,
-                                ffn=ffn,
-                                activation=act,
-                                weights=weights,
-                                activation_alpha=alpha,
-                                activation_limit=limit,
-                            )
-                        )
+                        readings.append(reading(ffn, act, weights, alpha, limit))
                 elif width == ffn:
                     for act in plain_acts:
                         weights = ExpertWeights(
@@ -509,7 +511,7 @@ class GatheredExpertsRule:
                             up_bias=StackedBias(first_bias) if first_bias else None,
                             down_bias=down_bias,
                         )
-                        readings.append(MoEBlockPlan(**common, ffn=ffn, activation=act, weights=weights))
+                        readings.append(reading(ffn, act, weights))
         else:
             names = [a.input[0] for a in first_layer]
             dims = [tuple(index.initializers[n].dims[1:]) for n in names]
@@ -525,16 +527,7 @@ class GatheredExpertsRule:
                                 down=StackedMatrix(down_name, down_layout),
                                 down_bias=down_bias,
                             )
-                            readings.append(
-                                MoEBlockPlan(
-                                    **common,
-                                    ffn=ffn,
-                                    activation=act,
-                                    weights=weights,
-                                    activation_alpha=alpha,
-                                    activation_limit=limit,
-                                )
-                            )
+                            readings.append(reading(ffn, act, weights, alpha, limit))
         if not readings:
             return Skip(name, f"expert weight shapes do not fit one FFN of hidden size {hidden}")
         return readings
