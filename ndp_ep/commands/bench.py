@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
     if sweeps:
         print(sweeps)
     out_dir = Path(args.out)
-    if not args.quick or not args.no_plots:
+    sweep_records = [r for r in records if r["section"] != "main"]
+    if sweep_records:
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / "sweeps.json", [r for r in records if r["section"] != "main"])
+        write_json_atomic(out_dir / "sweeps.json", sweep_records)
     if args.json:
         write_json_atomic(args.json, records_for_json(records))
     if not args.no_plots:
