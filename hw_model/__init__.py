@@ -15,8 +15,16 @@ from hw_model.hardware import (
     list_presets,
     load_system,
 )
+from hw_model.simulator import DEFAULT_POLICY, POLICIES, LayerResult, MoESimulator
+from hw_model.workload import ExpertShape, MoELayerShape
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "ExpertShape",
+    "LayerResult",
+    "MoELayerShape",
+    "MoESimulator",
     "GpuSpec",
     "HardwareConfigError",
     "HostLinkSpec",
