@@ -15,14 +15,28 @@ from onnx import TensorProto, numpy_helper
 from graph_passes.errors import GraphPassError
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
+INLINE_MAX_BYTES = 1 << 16
 
 
 class WeightStore:
     """Lazy access to a model's initializers (``onnx.load(..., load_external_data=False)`` is enough)."""
 
     def __init__(self, model: onnx.ModelProto, base_dir: str | Path | None) -> None:
+        """Index ``model``'s initializers; small external ones (≤ 64 KiB) are read into ``model`` itself.
+
+        Exporters saving with ``size_threshold=0`` put even shape vectors and axes in the data file;
+        graph rules need those values, and inlining them keeps every later reader simple.
+        """
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.tensors = {t.name: t for t in model.graph.initializer}
+        for tensor in model.graph.initializer:
+            if tensor.data_location == TensorProto.EXTERNAL and self.nbytes(tensor.name) <= INLINE_MAX_BYTES:
+                if self.base_dir is None:
+                    continue
+                raw = np.ascontiguousarray(self.full(tensor.name)).tobytes()
+                del tensor.external_data[:]
+                tensor.data_location = TensorProto.DEFAULT
+                tensor.raw_data = raw
 
     def dtype_supported(self, name: str) -> bool:
         return self.tensors[name].data_type in SUPPORTED_WEIGHT_DTYPES
@@ -39,7 +53,13 @@ class WeightStore:
         path = self.base_dir / info["location"]
         if not path.is_file():
             raise GraphPassError(f"external data file for {tensor.name} not found: {path}")
-        return path, int(info.get("offset", 0)), int(info.get("length", 0))
+        offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
+        needed = self.nbytes(tensor.name)
+        if length and length != needed:
+            raise GraphPassError(f"external data of {tensor.name} has length {length}, its shape needs {needed} bytes")
+        if offset + needed > path.stat().st_size:
+            raise GraphPassError(f"external data of {tensor.name} is truncated: {path.name} ends before its bytes")
+        return path, offset, length
 
     def expert(self, name: str, expert: int) -> np.ndarray:
         """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor).
