@@ -11,7 +11,8 @@ Gemm → Softmax → TopK, GatherND of stacked ``[E, 2I, H]`` gate_up and ``[E, 
 Its expert weights are written chunk by chunk (one expert at a time) to one external-data file, so
 building it never holds more than one expert in memory. In the same run the script then
 
-1. copies the weight file (``shutil.copyfile``) and fsyncs the copy: the *copy time*;
+1. copies the weight file (``shutil.copyfile``) and fsyncs the copy, once before and once after the
+   conversion: the faster of the two is the *copy time*;
 2. converts the model in a child process (``python -m ndp_ep convert IN -o OUT --external-data --json``)
    and fsyncs the files it wrote: the *convert time*; the child's peak RSS comes from ``os.wait4``;
 3. checks the output: one sharded op per block, every shard initializer external, and a few shard
@@ -226,7 +227,7 @@ def main() -> int:
 
     parent = args.dir if args.dir is not None else REPO
     parent.mkdir(parents=True, exist_ok=True)
-    needed = int(2.1 * spec.expert_weight_bytes) + 256 * 2**20  # source + converted (+ the copy, deleted first)
+    needed = int(3.1 * spec.expert_weight_bytes) + 256 * 2**20  # source, converted and a copy at once
     free = shutil.disk_usage(parent).free
     print(f"disk free at {parent}: {free / 1e9:.1f} GB, needed: {needed / 1e9:.1f} GB")
     if free < needed:
@@ -242,9 +243,12 @@ def main() -> int:
             f"built {spec.layers} MoE layers x {spec.num_experts} experts (H={spec.hidden}, I={spec.ffn}) "
             f"in {build_s:.1f} s"
         )
-        copy_s, copy_sync_s = time_copy(data_path)
+        copy_before = time_copy(data_path)
         out_path = work / "converted.onnx"
         result, convert_s, convert_sync_s, peak_rss = run_conversion(model_path, out_path, args.shards)
+        copy_after = time_copy(data_path)
+        # the disk is shared and noisy: compare against the faster of the two copies (the stricter figure)
+        copy_s, copy_sync_s = min(copy_before, copy_after, key=lambda times: times[1])
         problems = check_output(spec, model_path, out_path, args.shards, args.seed)
         rss_target = RSS_ALLOWANCE_BYTES + spec.largest_tensor_bytes
         ratio = convert_sync_s / copy_sync_s
@@ -254,6 +258,7 @@ def main() -> int:
             "blocks_converted": len(result["moe_blocks"]),
             "copy_s": round(copy_s, 2),
             "copy_with_fsync_s": round(copy_sync_s, 2),
+            "copy_runs_with_fsync_s": [round(copy_before[1], 2), round(copy_after[1], 2)],
             "convert_s": round(convert_s, 2),
             "convert_with_fsync_s": round(convert_sync_s, 2),
             "ratio_to_copy": round(ratio, 2),
@@ -263,7 +268,10 @@ def main() -> int:
         }
         print(f"weight bytes:          {weight_bytes / 1e9:.2f} GB ({weight_bytes / GIB:.2f} GiB)")
         print(f"largest tensor:        {spec.largest_tensor_bytes / 2**20:.0f} MiB")
-        print(f"copy (+fsync):         {copy_s:.2f} s ({copy_sync_s:.2f} s)")
+        print(
+            f"copy (+fsync):         {copy_s:.2f} s ({copy_sync_s:.2f} s), the faster of "
+            f"{copy_before[1]:.2f} s before and {copy_after[1]:.2f} s after converting"
+        )
         print(f"convert (+fsync):      {convert_s:.2f} s ({convert_sync_s:.2f} s), {len(result['moe_blocks'])} blocks")
         verdict = "PASS" if ratio <= COPY_RATIO_TARGET else "MISS"
         print(f"ratio to copy:         {ratio:.2f} (target <= {COPY_RATIO_TARGET}) {verdict}")
