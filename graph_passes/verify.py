@@ -21,6 +21,7 @@ from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.weights import WeightStore
 
 DEFAULT_MAX_WEIGHT_BYTES = 512 * 2**20
+PROBE_SEQ_LEN = 16
 RTOL = 1e-4
 ATOL = 1e-5
 
@@ -72,24 +73,8 @@ def choose_readings(
     seed: int = 0,
 ) -> list[Verdict]:
     """Pick, for every candidate, the reading that reproduces its output on a real run of ``model``."""
-    import onnxruntime as ort
-
     checkable, probe = _probe_model(model, candidates, store, max_weight_bytes)
-    captured: dict[str, np.ndarray] = {}
-    if checkable:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
-        # could not resolve their relative file names anyway
-        external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-        if external:
-            values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(store.full(n))) for n in external]
-            options.add_external_initializers(external, values)
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        feeds = random_feeds(model, seed=seed, seq_len=16)
-        captured = dict(zip(names, session.run(names, feeds), strict=True))
-        del session, options
+    captured = _capture(probe, store, random_feeds(model, seed=seed, seq_len=PROBE_SEQ_LEN)) if checkable else {}
     verdicts: list[Verdict] = []
     for candidate in candidates:
         if candidate not in checkable:
@@ -132,6 +117,33 @@ def choose_readings(
     return verdicts
 
 
+def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # no arena: the large per-slot weight copies a gathered block makes are returned to the system at once
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
+    # could not resolve their relative file names anyway
+    external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(store.full(n))) for n in external]
+        options.add_external_initializers(external, values)
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def _activation_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
+    """What running the block may hold at once besides its weights: a copy of the selected experts' weights
+    per routed slot (the gathered form materialises exactly that) for the probe's tokens."""
+    per_expert = _weight_bytes(plan, store) // max(plan.num_experts, 1)
+    return PROBE_SEQ_LEN * plan.top_k * per_expert
+
+
 def _live_nodes(nodes: list[onnx.NodeProto], wanted: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
     """The nodes (in order) needed to compute ``wanted``, and every value name they read."""
     live_values = set(wanted)
@@ -165,8 +177,9 @@ def _probe_model(
     """The candidates that can be checked, and a model computing exactly the values their check needs.
 
     Candidates are taken in order while the weights of every initializer the probe reads (the block's
-    experts and everything upstream of it) stay within ``max_weight_bytes`` in total, so the check never
-    loads more than that. External initializers stay headers in the probe (the caller supplies arrays).
+    experts and everything upstream of it), plus the largest block's per-slot weight copies, stay within
+    ``max_weight_bytes`` in total, so the check never holds much more than that. External initializers
+    stay headers in the probe (the caller supplies arrays).
     """
     initializers = {t.name: t for t in model.graph.initializer}
     graph = onnx.GraphProto()
@@ -181,7 +194,8 @@ def _probe_model(
         _insert_router_nodes(trial, [reading])
         wanted = [v for c in [*chosen, candidate] for v in _wanted_values(c.readings[0])]
         _, reads = _live_nodes(list(trial.node), wanted)
-        if sum(store.nbytes(n) for n in reads if n in initializers) > max_weight_bytes:
+        activations = max(_activation_bytes(c.readings[0], store) for c in [*chosen, candidate])
+        if sum(store.nbytes(n) for n in reads if n in initializers) + activations > max_weight_bytes:
             continue
         chosen.append(candidate)
         graph = trial
