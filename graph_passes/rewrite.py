@@ -318,7 +318,9 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
     path = Path(path)
     model = rewritten.model
     store = rewritten.store
-    uses_external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+    uses_external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer) or bool(
+        store is not None and getattr(store, "has_external_data", False)
+    )
     total = sum(lz.nbytes for lz in rewritten.lazy.values()) + sum(
         len(t.raw_data) for t in model.graph.initializer if t.name not in rewritten.lazy
     )

@@ -29,6 +29,7 @@ class WeightStore:
         """
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.tensors = {t.name: t for t in model.graph.initializer}
+        self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         for tensor in model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL and self.nbytes(tensor.name) <= INLINE_MAX_BYTES:
                 if self.base_dir is None:

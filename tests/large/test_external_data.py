@@ -140,3 +140,10 @@ def test_failure_while_streaming_weights_leaves_no_files(external_model, tmp_pat
     with pytest.raises(GraphPassError, match="half-way"):
         save_rewritten(rewritten, out_dir / "converted.onnx", external=True)
     assert list(out_dir.iterdir()) == []
+
+
+def test_external_input_gives_external_output_by_default(external_model, tmp_path, cli):
+    out = tmp_path / "converted.onnx"
+    done = cli("convert", str(external_model), "-o", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(Path(f).name for f in json.loads(done.stdout)["files"]) == ["converted.onnx", "converted.onnx.data"]
