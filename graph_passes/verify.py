@@ -47,16 +47,14 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.nd
     return out.reshape(x.shape[:-1] + (hidden,))
 
 
-def _insert_router_nodes(graph: onnx.GraphProto, plans: list[MoEBlockPlan]) -> None:
-    """Add each plan's router nodes right after the node producing the last value they read."""
-    for plan in plans:
-        if not plan.router_nodes:
-            continue
-        produced = {o: position for position, node in enumerate(graph.node) for o in node.output}
-        reads = [i for n in plan.router_nodes for i in n.input if i in produced]
-        position = max((produced[i] for i in reads), default=-1) + 1
-        for offset, node in enumerate(plan.router_nodes):
-            graph.node.insert(position + offset, node)
+def _with_router_nodes(nodes: list[onnx.NodeProto], plan: MoEBlockPlan) -> list[onnx.NodeProto]:
+    """``nodes`` plus ``plan``'s router nodes right after the node producing the last value they read."""
+    if not plan.router_nodes:
+        return nodes
+    produced = {o: position for position, node in enumerate(nodes) for o in node.output}
+    reads = [i for n in plan.router_nodes for i in n.input if i in produced]
+    position = max((produced[i] for i in reads), default=-1) + 1
+    return [*nodes[:position], *plan.router_nodes, *nodes[position:]]
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
@@ -182,28 +180,25 @@ def _probe_model(
     stay headers in the probe (the caller supplies arrays).
     """
     initializers = {t.name: t for t in model.graph.initializer}
-    graph = onnx.GraphProto()
-    graph.node.extend(model.graph.node)
+    nodes = list(model.graph.node)  # references: trials below never copy a NodeProto
     chosen: list[MoECandidate] = []
     for candidate in candidates:
         reading = candidate.readings[0]
         if _weight_bytes(reading, store) > max_weight_bytes:
             continue
-        trial = onnx.GraphProto()
-        trial.node.extend(graph.node)
-        _insert_router_nodes(trial, [reading])
+        trial = _with_router_nodes(nodes, reading)
         wanted = [v for c in [*chosen, candidate] for v in _wanted_values(c.readings[0])]
-        _, reads = _live_nodes(list(trial.node), wanted)
+        _, reads = _live_nodes(trial, wanted)
         activations = max(_activation_bytes(c.readings[0], store) for c in [*chosen, candidate])
         if sum(store.nbytes(n) for n in reads if n in initializers) + activations > max_weight_bytes:
             continue
         chosen.append(candidate)
-        graph = trial
+        nodes = trial
     probe = onnx.ModelProto()
     if not chosen:
         return chosen, probe
     wanted = list(dict.fromkeys(v for c in chosen for v in _wanted_values(c.readings[0])))
-    nodes, reads = _live_nodes(list(graph.node), wanted)
+    nodes, reads = _live_nodes(nodes, wanted)
     for field_name in ("ir_version", "producer_name", "domain", "model_version"):
         setattr(probe, field_name, getattr(model, field_name))
     probe.opset_import.extend(model.opset_import)
