@@ -19,6 +19,7 @@ The kernel records the routing each call took (tokens per expert) for the latenc
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import importlib.machinery
 import importlib.util
@@ -41,6 +42,7 @@ from ndp_ep.errors import NdpEpError
 CUSTOM_DOMAIN = "ai.onnx.contrib"  # the domain onnxruntime-extensions registers Python ops in
 ORT_OP_TYPE = "NdpShardedMoE"
 _NATIVE_NAME = "onnxruntime_extensions._extensions_pydll"
+RESERVED_PYTHON_OP_SLOTS = 15  # with ours, 17 entries: a doubling vector then has capacity 32
 
 
 class ExtensionsUnavailableError(NdpEpError):
@@ -213,9 +215,34 @@ class PythonOpBridge:
         definition.output_types = [types.dt_float]
         definition.attrs = {"kernel": types.dt_string}
         self._our_op_id = definition.obj_id
-        self._definition = definition  # the native side keeps a pointer: keep it alive
-        self.native.add_custom_op(definition)
+        self._add_for_process_lifetime(definition)
+        self._reserve_op_slots()
         self.install_hook()
+
+    def _add_for_process_lifetime(self, definition) -> None:
+        # The native op table keeps a raw pointer to the definition for the life of the process: never let
+        # Python free it.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(definition))
+        self.native.add_custom_op(definition)
+
+    def _reserve_op_slots(self) -> None:
+        """Pad the native op table so that later Python ops do not move it.
+
+        onnxruntime-extensions keeps each domain's Python-op factories in a ``std::vector`` and hands ONNX
+        Runtime pointers into it; a later ``add_custom_op`` that grows the vector (``import
+        onnxruntime_extensions`` itself adds one, a user's ``@onnx_op`` another) leaves every session created
+        before with dangling pointers, which crash when it runs. Growing the vector now, while no session of
+        ours exists, to just past a doubling leaves room for ``RESERVED_PYTHON_OP_SLOTS`` later additions.
+        """
+        types = self.native.PyCustomOpDef
+        for slot in range(RESERVED_PYTHON_OP_SLOTS + 1):
+            placeholder = types()
+            placeholder.op_type = f"NdpEpReservedSlot{slot}"
+            placeholder.obj_id = 0  # never invoked: no node uses these op types
+            placeholder.input_types = [types.dt_float]
+            placeholder.output_types = [types.dt_float]
+            placeholder.attrs = {}
+            self._add_for_process_lifetime(placeholder)
 
     @property
     def library_path(self) -> str:
