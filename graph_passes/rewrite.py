@@ -223,8 +223,7 @@ def apply_plans(
     """
     plans = list(plans)
     shards_of = shards if isinstance(shards, dict) else {p.name: shards for p in plans}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out, stubbed = _copy_without_expert_bytes(model, plans)
     graph = out.graph
     lazy: dict[str, LazyTensor] = {}
     replaced_by_plan: dict[str, set[str]] = {}
@@ -266,8 +265,56 @@ def apply_plans(
             props = {p.key: p for p in node.metadata_props}
             replaced = json.loads(props["ndp_ep.replaced_nodes"].value)
             props["ndp_ep.replaced_nodes"].value = json.dumps(replaced + side_nodes[block])
+    originals = {t.name: t for t in model.graph.initializer if t.name in stubbed}
+    for tensor in graph.initializer:  # an expert weight still read elsewhere keeps its bytes
+        if tensor.name in stubbed:
+            tensor.CopyFrom(originals[tensor.name])
     kept = {t.name for t in graph.initializer}
     return RewrittenModel(out, {k: v for k, v in lazy.items() if k in kept}, store)
+
+
+def _expert_initializers(plan: MoEBlockPlan) -> set[str]:
+    w = plan.weights
+    names = {m.initializer for m in (w.up, w.down, w.gate) if m is not None and m.initializer}
+    names |= {n for m in (w.up, w.down, w.gate) if m is not None for n in m.per_expert}
+    names |= {b.initializer for b in (w.up_bias, w.gate_bias, w.down_bias) if b is not None}
+    return names
+
+
+def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]) -> tuple[onnx.ModelProto, set]:
+    """A copy of ``model`` whose inline expert weights (about to be replaced by shards) are headers only.
+
+    Copying them only to delete them would double the memory an embedded model holds. Returns the copy and
+    the names of the tensors stubbed (the caller restores any that stay in use).
+    """
+    expert_names = set().union(*(_expert_initializers(p) for p in plans)) if plans else set()
+    stubbed = {
+        t.name
+        for t in model.graph.initializer
+        if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and t.ByteSize() > 4096
+    }
+    out = onnx.ModelProto()
+    if not stubbed:
+        out.CopyFrom(model)
+        return out, stubbed
+    for source, target, skipped in ((model, out, "graph"), (model.graph, out.graph, "initializer")):
+        for descriptor, value in source.ListFields():
+            if descriptor.name == skipped:
+                continue
+            if hasattr(value, "extend"):  # repeated field
+                getattr(target, descriptor.name).extend(value)
+            elif hasattr(value, "CopyFrom"):  # message field
+                getattr(target, descriptor.name).CopyFrom(value)
+            else:
+                setattr(target, descriptor.name, value)
+    for tensor in model.graph.initializer:
+        if tensor.name in stubbed:
+            header = out.graph.initializer.add()
+            header.name, header.data_type = tensor.name, tensor.data_type
+            header.dims.extend(tensor.dims)
+        else:
+            out.graph.initializer.add().CopyFrom(tensor)
+    return out, stubbed
 
 
 def _side_nodes_by_block(

@@ -16,6 +16,7 @@ from graph_passes.errors import GraphPassError
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
 INLINE_MAX_BYTES = 1 << 16
+RAW_CACHE_TENSORS = 3  # gate_up, down and one bias: what producing one expert reads
 
 
 class WeightStore:
@@ -29,6 +30,7 @@ class WeightStore:
         """
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.tensors = {t.name: t for t in model.graph.initializer}
+        self._raw_cache: dict[str, bytes] = {}
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         for tensor in model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL and self.nbytes(tensor.name) <= INLINE_MAX_BYTES:
@@ -79,11 +81,26 @@ class WeightStore:
             # a read-only view of the file: the caller's transposing copy is the only copy made
             window = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(per_expert,))
             return window.view(np.ndarray).reshape(dims[1:])
-        if tensor.raw_data:
+        raw = self._raw_bytes(tensor)
+        if raw:
             start = expert * per_expert * dtype.itemsize
-            flat = np.frombuffer(tensor.raw_data, dtype=dtype, count=per_expert, offset=start)
+            flat = np.frombuffer(raw, dtype=dtype, count=per_expert, offset=start)
             return flat.reshape(dims[1:]).copy()
         return numpy_helper.to_array(tensor)[expert]
+
+    def _raw_bytes(self, tensor: TensorProto) -> bytes:
+        """``tensor.raw_data``, kept for the few most recently read tensors.
+
+        Every access to a protobuf bytes field copies the whole field; reading E experts of a stacked
+        inline tensor one by one would copy it E times.
+        """
+        cached = self._raw_cache.pop(tensor.name, None)
+        if cached is None:
+            cached = tensor.raw_data
+            while len(self._raw_cache) >= RAW_CACHE_TENSORS:
+                self._raw_cache.pop(next(iter(self._raw_cache)))
+        self._raw_cache[tensor.name] = cached
+        return cached
 
     def full(self, name: str) -> np.ndarray:
         tensor = self.tensors[name]
