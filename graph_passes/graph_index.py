@@ -180,7 +180,8 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     large = [
         t
         for t in graph.initializer
-        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > WEIGHTLESS_MAX_BYTES
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        or int(np.prod(t.dims, dtype=np.int64)) > WEIGHTLESS_MAX_BYTES // 4  # ByteSize() would serialize it
     ]
     if not large:
         probe.CopyFrom(model)

@@ -291,7 +291,7 @@ def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]
     stubbed = {
         t.name
         for t in model.graph.initializer
-        if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and t.ByteSize() > 4096
+        if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and _np_size(t) > 1024
     }
     out = onnx.ModelProto()
     if not stubbed:
