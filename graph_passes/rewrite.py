@@ -376,7 +376,7 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
     if not external:
         tmp = _atomic_path(path)
         try:
-            onnx.save(materialize_with_store(rewritten), tmp)
+            _write_embedded(rewritten, tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -428,6 +428,46 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
         tmp_model.unlink(missing_ok=True)
         tmp_data.unlink(missing_ok=True)
     return [path, data_path]
+
+
+def _write_embedded(rewritten: RewrittenModel, path: Path) -> None:
+    """Write one self-contained ``.onnx`` file holding one initializer's bytes in memory at a time.
+
+    The file is the model without initializers, followed by one ``ModelProto{graph{initializer: [t]}}``
+    record per initializer. Protobuf parsers merge repeated occurrences of a message field, so the file
+    reads back as a single model; the result is the same as ``onnx.save`` of the materialised model,
+    up to the order of the initializers.
+    """
+    model, store = rewritten.model, rewritten.store
+    header = onnx.ModelProto()
+    for source, target, skipped in ((model, header, "graph"), (model.graph, header.graph, "initializer")):
+        for descriptor, value in source.ListFields():
+            if descriptor.name == skipped:
+                continue
+            if hasattr(value, "extend"):  # repeated field
+                getattr(target, descriptor.name).extend(value)
+            elif hasattr(value, "CopyFrom"):  # message field
+                getattr(target, descriptor.name).CopyFrom(value)
+            else:
+                setattr(target, descriptor.name, value)
+    with open(path, "wb") as model_file:
+        model_file.write(header.SerializeToString())
+        for tensor in model.graph.initializer:
+            record = onnx.ModelProto()
+            written = record.graph.initializer.add()
+            lazy = rewritten.lazy.get(tensor.name)
+            if lazy is not None:
+                written.name, written.data_type = tensor.name, TensorProto.FLOAT
+                written.dims.extend(tensor.dims)
+                written.raw_data = np.ascontiguousarray(lazy.produce(), dtype=np.float32).tobytes()
+            elif tensor.data_location == TensorProto.EXTERNAL:
+                if store is None:
+                    raise GraphPassError(f"cannot read external data of {tensor.name}")
+                written.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(store.full(tensor.name))))
+                written.name = tensor.name
+            else:
+                written.CopyFrom(tensor)
+            model_file.write(record.SerializeToString())
 
 
 def _np_size(tensor: TensorProto) -> int:
