@@ -17,7 +17,7 @@ from onnx import TensorProto
 
 from graph_passes.convert import convert
 from graph_passes.errors import GraphPassError
-from graph_passes.rewrite import materialize, save_rewritten
+from graph_passes.rewrite import materialize, materialize_with_store, save_rewritten
 from ndp_ep import InferenceSession
 from sample_models.build_samples import MoEBlockSpec, build_moe_decoder
 
@@ -147,3 +147,18 @@ def test_external_input_gives_external_output_by_default(external_model, tmp_pat
     done = cli("convert", str(external_model), "-o", str(out), "--json")
     assert done.returncode == 0, done.stderr
     assert sorted(Path(f).name for f in json.loads(done.stdout)["files"]) == ["converted.onnx", "converted.onnx.data"]
+
+
+def test_embedded_output_reads_back_as_the_materialised_model(external_model, tmp_path):
+    rewritten, _ = convert(external_model, shards=2)
+    (path,) = save_rewritten(rewritten, tmp_path / "embedded.onnx", external=False)
+    saved = onnx.load(str(path))
+    expected = materialize_with_store(rewritten)
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in saved.graph.initializer)
+    saved_arrays = {t.name: onnx.numpy_helper.to_array(t) for t in saved.graph.initializer}
+    assert set(saved_arrays) == {t.name for t in expected.graph.initializer}
+    for tensor in expected.graph.initializer:
+        np.testing.assert_array_equal(saved_arrays[tensor.name], onnx.numpy_helper.to_array(tensor))
+    saved.graph.ClearField("initializer")
+    expected.graph.ClearField("initializer")
+    assert saved == expected
