@@ -101,8 +101,11 @@ def convert(
     if not isinstance(shards, int) or shards < 1:
         raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
     model, data_dir = load_model(source)
-    model_copy = onnx.ModelProto()
-    model_copy.CopyFrom(model)
+    if isinstance(source, onnx.ModelProto):  # the caller's model: never mutate it (node names, small weights)
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+    else:  # loaded here and private: no need to duplicate its embedded weights
+        model_copy = model
     name_unnamed_nodes(model_copy)
     store = WeightStore(model_copy, base_dir if base_dir is not None else data_dir)
     index = GraphIndex(model_copy)

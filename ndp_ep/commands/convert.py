@@ -10,7 +10,13 @@ HELP = "convert an ONNX MoE model into one with tensor-parallel sharded expert o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="input ONNX model")
-    parser.add_argument("-o", "--output", required=True, help="output ONNX model (weights > 2 GB go to OUT.data)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output ONNX model; weights go to OUT.onnx.data when the input used external data, "
+        "they exceed 1.8 GB, or --external-data is given",
+    )
     parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or TOML file")
     parser.add_argument("--ndp-units", type=int, default=None, help="override the preset's NDP unit count")
     parser.add_argument("--shards", type=int, default=None, help="shards per expert (default: NDP units)")
