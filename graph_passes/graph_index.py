@@ -205,3 +205,27 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             probe.graph.initializer.add().CopyFrom(tensor)
     return probe
+
+
+def live_nodes(nodes: list[onnx.NodeProto], wanted: list[str] | set[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes (in their order) needed to compute the values ``wanted``, and every value name they read."""
+    live_values = set(wanted)
+    keep: list[onnx.NodeProto] = []
+    for node in reversed(nodes):
+        if any(o in live_values for o in node.output if o):
+            keep.append(node)
+            live_values.update(i for i in node.input if i)
+            for attr in node.attribute:  # values captured by subgraphs
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    live_values.update(subgraph_reads(attr.g))
+    return list(reversed(keep)), live_values
+
+
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a subgraph (and its nested subgraphs) reads."""
+    names = {i for n in graph.node for i in n.input if i}
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= subgraph_reads(attr.g)
+    return names

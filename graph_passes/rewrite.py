@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 
 from graph_passes.errors import GraphPassError
 from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert
+from graph_passes.graph_index import live_nodes
 from graph_passes.plan import MoEBlockPlan
 from graph_passes.weights import WeightStore
 
@@ -184,34 +185,16 @@ def sharded_node(plan: MoEBlockPlan, shards: int, weight_inputs: list[str]) -> o
 
 
 def _remove_dead_nodes(graph: onnx.GraphProto) -> list[str]:
-    """Drop nodes none of whose outputs reach a graph output; returns their names."""
-    live_values = {o.name for o in graph.output}
-    keep: list[onnx.NodeProto] = []
-    removed: list[str] = []
-    for node in reversed(graph.node):
-        if any(o in live_values for o in node.output if o):
-            keep.append(node)
-            live_values.update(i for i in node.input if i)
-            for attr in node.attribute:  # values captured by subgraphs
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    live_values.update(_subgraph_inputs(attr.g))
-        else:
-            removed.append(node.name)
+    """Drop nodes none of whose outputs reach a graph output, and unused initializers; returns the nodes' names."""
+    keep, live_values = live_nodes(list(graph.node), {o.name for o in graph.output})
+    kept = {node.name for node in keep}
+    removed = [node.name for node in graph.node if node.name not in kept]
     del graph.node[:]
-    graph.node.extend(reversed(keep))
+    graph.node.extend(keep)
     unused = [t for t in graph.initializer if t.name not in live_values]
     for tensor in unused:
         graph.initializer.remove(tensor)
     return removed
-
-
-def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
-    names = {i for n in graph.node for i in n.input if i}
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                names |= _subgraph_inputs(attr.g)
-    return names
 
 
 def apply_plans(

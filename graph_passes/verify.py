@@ -17,6 +17,7 @@ import onnx
 
 from graph_passes.expert_math import expert_ffn, group_slots_by_expert, load_expert
 from graph_passes.feeds import random_feeds
+from graph_passes.graph_index import live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.weights import WeightStore
 
@@ -142,29 +143,6 @@ def _activation_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
     return PROBE_SEQ_LEN * plan.top_k * per_expert
 
 
-def _live_nodes(nodes: list[onnx.NodeProto], wanted: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
-    """The nodes (in order) needed to compute ``wanted``, and every value name they read."""
-    live_values = set(wanted)
-    keep: list[onnx.NodeProto] = []
-    for node in reversed(nodes):
-        if any(o in live_values for o in node.output if o):
-            keep.append(node)
-            live_values.update(i for i in node.input if i)
-            for attr in node.attribute:  # values captured by subgraphs
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    live_values.update(_subgraph_reads(attr.g))
-    return list(reversed(keep)), live_values
-
-
-def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
-    names = {i for n in graph.node for i in n.input if i}
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                names |= _subgraph_reads(attr.g)
-    return names
-
-
 def _wanted_values(plan: MoEBlockPlan) -> list[str]:
     return [plan.hidden_value, plan.expert_ids_value, plan.routing_weights_value, plan.output_value]
 
@@ -188,7 +166,7 @@ def _probe_model(
             continue
         trial = _with_router_nodes(nodes, reading)
         wanted = [v for c in [*chosen, candidate] for v in _wanted_values(c.readings[0])]
-        _, reads = _live_nodes(trial, wanted)
+        _, reads = live_nodes(trial, wanted)
         activations = max(_activation_bytes(c.readings[0], store) for c in [*chosen, candidate])
         if sum(store.nbytes(n) for n in reads if n in initializers) + activations > max_weight_bytes:
             continue
@@ -198,7 +176,7 @@ def _probe_model(
     if not chosen:
         return chosen, probe
     wanted = list(dict.fromkeys(v for c in chosen for v in _wanted_values(c.readings[0])))
-    nodes, reads = _live_nodes(nodes, wanted)
+    nodes, reads = live_nodes(nodes, wanted)
     for field_name in ("ir_version", "producer_name", "domain", "model_version"):
         setattr(probe, field_name, getattr(model, field_name))
     probe.opset_import.extend(model.opset_import)
