@@ -153,7 +153,7 @@ class KernelRegistry:
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def add(self, kernel: _BoundKernel, owner: object) -> str:
+    def add(self, kernel: Callable, owner: object) -> str:
         """Register ``kernel`` until ``owner`` (its session) is garbage-collected."""
         with self._lock:
             key = f"k{next(self._counter)}"
@@ -166,20 +166,6 @@ class KernelRegistry:
         if bound is None:
             raise RuntimeError(f"ndp-ep kernel {key!r} is not registered (its session was closed)")
         return bound
-
-
-class _BoundKernel:
-    """A kernel plus the callback that records the routing (expert ids) of every call."""
-
-    def __init__(self, experts: ShardedExperts, layer_index: int, record: Callable[[int, np.ndarray], None]):
-        self.experts = experts
-        self.layer_index = layer_index
-        self.record = record
-
-    def __call__(self, hidden, expert_ids, routing_weights) -> np.ndarray:
-        out = self.experts(hidden, expert_ids, routing_weights)
-        self.record(self.layer_index, expert_ids)  # the bridge hands us a fresh array per call: no copy needed
-        return out
 
 
 def _load_native() -> ModuleType:

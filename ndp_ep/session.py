@@ -28,12 +28,17 @@ from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
 from hw_model.simulator import DEFAULT_POLICY, MoESimulator
 from hw_model.workload import ExpertShape, MoELayerShape
 from ndp_ep.costing import NonExpertCoster
+from ndp_ep.decode_graph import MIN_OPSET, compiled_node
 from ndp_ep.errors import FeedError, ModelLoadError
-from ndp_ep.kernels import CUSTOM_DOMAIN, ORT_OP_TYPE, ShardedExperts, _BoundKernel, python_op_bridge
+from ndp_ep.kernels import CUSTOM_DOMAIN, ORT_OP_TYPE, ShardedExperts, python_op_bridge
 from ndp_ep.partition import annotate_placement, is_ndp_supported
 from ndp_ep.report import LayerReport, RunReport
 
 PROVIDER_NAME = "NdpExecutionProvider"
+# decode steps run as ORT kernels (a second copy of the expert weights) only while that copy is small
+NATIVE_DECODE_MAX_WEIGHT_BYTES = 1 << 30
+ROUTING_OUTPUT = "ndp_ep/expert_ids"  # every claimed layer's expert ids of this run, flattened, in layer order
+ROUTING_FLAT_SHAPE = "ndp_ep/flat_shape"
 _ORT_TYPES = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
@@ -89,10 +94,9 @@ class InferenceSession:
             requested = shards or max(self.system.num_ndp_units, 1)
             rewritten, self.conversion_report = convert(proto, shards=requested, strict=strict, base_dir=base_dir)
             converted = materialize_with_store(rewritten)
-        self._requested_policy = policy
-        self._bound: list[_BoundKernel] = []
         self._layers: list[MoELayerShape] = []
-        self._layer_names: list[str] = []
+        self._routing_outputs: list[str] = []
+        self.native_decode_layers = 0  # claimed layers whose decode steps run as ONNX Runtime kernels
         bridge = python_op_bridge()
         ort_model = self._prepare_for_ort(converted, bridge)
         self.policy = policy or DEFAULT_POLICY
@@ -108,30 +112,40 @@ class InferenceSession:
         self._bridge = bridge
         self._session = ort.InferenceSession(ort_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name: i for i in self._session.get_inputs()}
-        self._local = threading.local()
+        self._total_top_k = sum(layer.top_k for layer in self._layers)
+        routing = set(self._routing_outputs)
+        self._outputs = [o for o in self._session.get_outputs() if o.name not in routing]
+        self._output_names = [o.name for o in self._outputs]
+        self._all_output_names = self._output_names + self._routing_outputs
         self._lock = threading.Lock()
-        # One packed int64 array per run not yet simulated (see _pack_run): few GC-tracked objects per run.
-        self._pending: list[np.ndarray] = []
+        # Runs not yet simulated: (input-shape signature id, all layers' expert ids as ONNX Runtime returned them)
+        self._pending: list[tuple[int, np.ndarray | None]] = []
         self._signatures: dict[tuple, int] = {}
         self._signature_list: list[dict[str, tuple[int, ...]]] = []
         self._reports: list[RunReport] = []
 
     # -- preparation -------------------------------------------------------------------------------------
     def _prepare_for_ort(self, converted: onnx.ModelProto, bridge) -> onnx.ModelProto:
+        """The model ONNX Runtime runs: each claimed node compiled (see :mod:`ndp_ep.decode_graph`), its
+        weights taken by the kernels, and each layer's expert ids exposed as an extra output for the report."""
         model = onnx.ModelProto()
         model.CopyFrom(converted)
         graph = model.graph
         initializers = {t.name: t for t in graph.initializer}
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         claimed_weights: set[str] = set()
+        rebuilt: list[onnx.NodeProto] = []
+        routing_parts: list[str] = []
+        is_decode: str | None = None
         for node in graph.node:
             if not is_ndp_supported(node):
+                rebuilt.append(node)
                 continue
             attrs = _attrs(node)
             experts = _pack_experts(node, attrs, initializers)
             claimed_weights.update(node.input[3:])
-            bound = _BoundKernel(experts, len(self._layers), self._record)
-            self._bound.append(bound)
-            key = bridge.registry.add(bound, owner=self)
+            key = bridge.registry.add(experts, owner=self)
+            layer_index = len(self._layers)
             self._layers.append(
                 MoELayerShape(
                     name=attrs["layer"],
@@ -140,14 +154,39 @@ class InferenceSession:
                     expert=ExpertShape(int(attrs["hidden"]), int(attrs["ffn"]), experts.gated, self.dtype),
                 )
             )
-            self._layer_names.append(attrs["layer"])
-            inputs = list(node.input[:3])
-            node.ClearField("input")
-            node.input.extend(inputs)
-            node.ClearField("attribute")
-            node.attribute.append(onnx.helper.make_attribute("kernel", key))
-            node.domain, node.op_type = CUSTOM_DOMAIN, ORT_OP_TYPE
-            del node.metadata_props[:]
+            hidden, ids, weights = node.input[:3]
+            prefix = f"ndp_ep/layer{layer_index}"
+            weight_bytes = experts.first.nbytes + experts.down.nbytes
+            if opset >= MIN_OPSET and weight_bytes <= NATIVE_DECODE_MAX_WEIGHT_BYTES:
+                self.native_decode_layers += 1
+                nodes, new_initializers, is_decode = compiled_node(
+                    experts, key, prefix, hidden, ids, weights, node.output[0], is_decode
+                )
+                graph.initializer.extend(new_initializers)
+            else:  # every invocation through the Python kernel
+                nodes = [
+                    onnx.helper.make_node(
+                        ORT_OP_TYPE,
+                        [hidden, ids, weights],
+                        [node.output[0]],
+                        name=node.name,
+                        domain=CUSTOM_DOMAIN,
+                        kernel=key,
+                    )
+                ]
+            flat_ids = f"{prefix}/expert_ids"
+            nodes.append(onnx.helper.make_node("Reshape", [ids, ROUTING_FLAT_SHAPE], [flat_ids], name=flat_ids))
+            routing_parts.append(flat_ids)
+            rebuilt.extend(nodes)
+        if routing_parts:  # one extra output for all layers: each fetched output costs a few microseconds
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), ROUTING_FLAT_SHAPE))
+            rebuilt.append(
+                onnx.helper.make_node("Concat", routing_parts, [ROUTING_OUTPUT], name=ROUTING_OUTPUT, axis=0)
+            )
+            graph.output.append(onnx.helper.make_tensor_value_info(ROUTING_OUTPUT, onnx.TensorProto.INT64, None))
+            self._routing_outputs.append(ROUTING_OUTPUT)
+        del graph.node[:]
+        graph.node.extend(rebuilt)
         still_used = {i for n in graph.node for i in n.input}
         for name in claimed_weights - still_used:
             graph.initializer.remove(initializers[name])
@@ -163,17 +202,12 @@ class InferenceSession:
         elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in ort_model.graph.initializer)
         return float(elements * DTYPE_BYTES[self.dtype])
 
-    def _record(self, layer_index: int, expert_ids: np.ndarray) -> None:
-        current = getattr(self._local, "routing", None)
-        if current is not None:
-            current[layer_index] = expert_ids
-
     # -- ONNX Runtime's API ------------------------------------------------------------------------------
     def get_inputs(self):
         return self._session.get_inputs()
 
     def get_outputs(self):
-        return self._session.get_outputs()
+        return list(self._outputs)
 
     def get_modelmeta(self):
         return self._session.get_modelmeta()
@@ -186,10 +220,11 @@ class InferenceSession:
 
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list[np.ndarray]:
         """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`."""
+        names = list(output_names) if output_names else self._output_names
         self._bridge.install_hook()
-        self._local.routing = {}
         try:
-            outputs = self._session.run(output_names, input_feed, run_options)
+            fetch = self._all_output_names if not output_names else names + self._routing_outputs
+            results = self._session.run(fetch, input_feed, run_options)
         except (
             ort.capi.onnxruntime_pybind11_state.InvalidArgument,
             ort.capi.onnxruntime_pybind11_state.Fail,
@@ -200,34 +235,25 @@ class InferenceSession:
             # ONNX Runtime validated the feeds; say in one line what is wrong with them, else re-raise
             self._check_feeds(input_feed)
             raise
-        finally:
-            routing, self._local.routing = self._local.routing, None
-        feeds = input_feed
+        key = tuple((name, getattr(value, "shape", None) or np.shape(value)) for name, value in input_feed.items())
         with self._lock:
-            self._pending.append(self._pack_run(feeds, routing))
-        return outputs
+            signature = self._signatures.get(key)
+            if signature is None:
+                signature = self._signatures[key] = len(self._signature_list)
+                self._signature_list.append(dict(key))
+            self._pending.append((signature, results[-1] if self._routing_outputs else None))
+        return results[: len(names)]
 
-    def _pack_run(self, feeds: Mapping[str, Any], routing: dict[int, np.ndarray]) -> np.ndarray:
-        """[signature id, layers, (layer index, id count) per layer, all expert ids]."""
-        key = tuple((name, np.shape(value)) for name, value in feeds.items())
-        signature = self._signatures.get(key)
-        if signature is None:
-            signature = self._signatures[key] = len(self._signature_list)
-            self._signature_list.append(dict(key))
-        header = [signature, len(routing)]
-        for layer_index, ids in routing.items():
-            header += [layer_index, ids.size]
-        return np.concatenate([np.asarray(header, dtype=np.int64), *(ids.reshape(-1) for ids in routing.values())])
-
-    def _unpack_run(self, packed: np.ndarray) -> tuple[dict[str, tuple[int, ...]], dict[int, np.ndarray]]:
-        layers = int(packed[1])
-        header = packed[2 : 2 + 2 * layers].reshape(layers, 2)
+    def _split_routing(self, all_ids: np.ndarray) -> dict[int, np.ndarray]:
+        """Per layer, the expert ids of this run (``[tokens * top_k]``), from the concatenated output."""
+        tokens = all_ids.size // self._total_top_k
         routing: dict[int, np.ndarray] = {}
-        position = 2 + 2 * layers
-        for layer_index, size in header:
-            routing[int(layer_index)] = packed[position : position + size]
-            position += size
-        return self._signature_list[int(packed[0])], routing
+        start = 0
+        for index, layer in enumerate(self._layers):
+            stop = start + tokens * layer.top_k
+            routing[index] = all_ids[start:stop]
+            start = stop
+        return routing
 
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(input_feed, Mapping):
@@ -261,8 +287,9 @@ class InferenceSession:
         """Reports of every run so far, in run order."""
         with self._lock:
             pending, self._pending = self._pending, []
-            for packed in pending:
-                self._reports.append(self._simulate(len(self._reports), *self._unpack_run(packed)))
+            for signature, all_ids in pending:
+                routing = self._split_routing(all_ids) if all_ids is not None else {}
+                self._reports.append(self._simulate(len(self._reports), self._signature_list[signature], routing))
             return list(self._reports)
 
     @property

@@ -33,10 +33,8 @@ def _plan(activation: str, experts: int, top_k: int, hidden: int, ffn: int) -> M
     )
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("tokens", [1, 5])
-@pytest.mark.parametrize("biases", [False, True])
-def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
+def _kernel_and_reference(activation: str, biases: bool):
+    """A sharded kernel and, for checking it, the unsharded experts it was cut from."""
     experts, top_k, hidden, ffn, shards = 4, 2, 16, 24, 3
     rng = np.random.default_rng(7)
     plan = _plan(activation, experts, top_k, hidden, ffn)
@@ -75,6 +73,16 @@ def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
         first_bias=np.stack([[first_bias(a, s) for s in range(shards)] for a in arrays]) if biases else None,
         down_bias=np.stack([a.down_bias for a in arrays]) if biases else None,
     )
+    return kernel, plan, arrays
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("biases", [False, True])
+def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
+    kernel, plan, arrays = _kernel_and_reference(activation, biases)
+    rng = np.random.default_rng(tokens)
+    hidden, experts, top_k = plan.hidden, plan.num_experts, plan.top_k
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]).astype(np.int64)
     rw = rng.random((tokens, top_k)).astype(np.float32)
@@ -84,6 +92,40 @@ def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
             expected[t] += rw[t, k] * expert_ffn(plan, x[t : t + 1], arrays[ids[t, k]])[0]
     got = kernel(x, ids, rw)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("biases", [False, True])
+def test_native_decode_graph_equals_the_python_kernel(activation, biases):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from ndp_ep.decode_graph import decode_branch
+
+    kernel, plan, _ = _kernel_and_reference(activation, biases)
+    nodes, initializers = decode_branch(kernel, "t", "x", "ids", "rw", "y")
+    graph = helper.make_graph(
+        nodes,
+        "decode",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, plan.hidden]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, plan.top_k]),
+            helper.make_tensor_value_info("rw", TensorProto.FLOAT, [1, plan.top_k]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        x = rng.standard_normal((1, 1, plan.hidden)).astype(np.float32)
+        ids = rng.choice(plan.num_experts, plan.top_k, replace=False).astype(np.int64).reshape(1, -1)
+        rw = rng.random((1, plan.top_k)).astype(np.float32)
+        (native,) = session.run(None, {"x": x, "ids": ids, "rw": rw})
+        expected = kernel(x, ids, rw)
+        assert native.shape == expected.shape == (1, 1, plan.hidden)
+        np.testing.assert_allclose(native, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
 def test_kernel_rejects_out_of_range_expert_ids():
