@@ -14,7 +14,8 @@ Like a real execution provider, the session hands each kernel its weights when t
     NdpShardedMoE(hidden[..,H] f32, expert_ids[..,K] i64, routing_weights[..,K] f32) -> [..,H] f32
     attribute kernel: key of the prepared kernel in this process's registry
 
-The kernel records the routing each call took (tokens per expert) for the latency report.
+The session compiles each claimed node so that decode steps (one token) run as ONNX Runtime kernels instead
+(:mod:`ndp_ep.decode_graph`); this Python kernel serves prefill, where it groups tokens by expert.
 """
 
 from __future__ import annotations
