@@ -65,7 +65,14 @@ def has_sharded_ops(model: onnx.ModelProto) -> bool:
 
 
 class InferenceSession:
-    """An ONNX Runtime session whose MoE experts run on the (simulated) NDP provider."""
+    """An ONNX Runtime session whose MoE experts run on the (simulated) NDP provider.
+
+    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count;
+    ``policy``: a scheduling policy of :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
+    shards per expert when converting in memory (default: the NDP unit count); ``dtype``: the deployment
+    dtype the report simulates. ``sess_options`` is copied; ``providers`` is accepted for API compatibility:
+    the numerics always run on ONNX Runtime's CPU provider.
+    """
 
     def __init__(
         self,
@@ -100,7 +107,7 @@ class InferenceSession:
         bridge = python_op_bridge()
         ort_model = self._prepare_for_ort(converted, bridge)
         self.policy = policy or DEFAULT_POLICY
-        reserved = self._non_expert_weight_bytes(ort_model)
+        reserved = self._non_expert_weight_bytes(converted)
         self.simulator = (
             MoESimulator(self.system, self._layers, self.policy, gpu_reserved_bytes=reserved) if self._layers else None
         )
@@ -197,9 +204,12 @@ class InferenceSession:
         model.opset_import.extend(opsets)
         return model
 
-    def _non_expert_weight_bytes(self, ort_model: onnx.ModelProto) -> float:
+    def _non_expert_weight_bytes(self, converted: onnx.ModelProto) -> float:
         """GPU memory the non-expert weights take at the simulated dtype (not available to experts)."""
-        elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in ort_model.graph.initializer)
+        expert_weights = {i for n in converted.graph.node if is_ndp_supported(n) for i in n.input[3:]}
+        elements = sum(
+            int(np.prod(t.dims, dtype=np.int64)) for t in converted.graph.initializer if t.name not in expert_weights
+        )
         return float(elements * DTYPE_BYTES[self.dtype])
 
     # -- ONNX Runtime's API ------------------------------------------------------------------------------
