@@ -91,3 +91,12 @@ def test_decode_steps_match_with_and_without_the_native_decode_graph(block, monk
     assert python_only.native_decode_layers == 0
     np.testing.assert_allclose(native.run(None, feeds)[0], python_only.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
     assert native.last_report.layers[0].expert_tokens == python_only.last_report.layers[0].expert_tokens
+
+
+def test_gpu_memory_reserved_for_non_expert_weights_excludes_the_experts(samples_dir):
+    import onnx
+
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", dtype="bf16")
+    original = onnx.load(samples_dir / "moe_decoder.onnx")
+    non_expert = sum(int(np.prod(t.dims)) for t in original.graph.initializer if "experts" not in t.name)
+    assert session._non_expert_weight_bytes(session.converted_model) == 2 * non_expert
