@@ -92,13 +92,24 @@ def _activation(e: _Emitter, experts: ShardedExperts, h: str, width: int) -> str
     return e.op("Mul", [e.op("Add", [up, e.const("one_s", np.float32(1.0))]), glu])
 
 
-def decode_branch(experts: ShardedExperts, prefix: str, hidden: str, ids: str, weights: str, output: str):
-    """Nodes and initializers computing one token's sharded experts with ONNX ops; last node writes ``output``."""
+def decode_branch(
+    experts: ShardedExperts,
+    prefix: str,
+    hidden: str,
+    ids: str,
+    weights: str,
+    output: str,
+    flat_ids: str | None = None,
+):
+    """Nodes and initializers computing one token's sharded experts with ONNX ops; last node writes ``output``.
+
+    ``flat_ids``: the ids already flattened to ``[K]`` by the caller (the session shares that with the routing
+    output), else they are flattened here."""
     e = _Emitter(prefix)
     num_experts, shards, hidden_size, width = experts.first.shape
     first = e.const("first", experts.first)
     down = e.const("down", experts.down)
-    ids_flat = e.op("Reshape", [ids, e.const("flat", np.array([-1], np.int64))])
+    ids_flat = flat_ids or e.op("Reshape", [ids, e.const("flat", np.array([-1], np.int64))])
     x = e.op("Reshape", [hidden, e.const("row", np.array([1, 1, 1, hidden_size], np.int64))])
     h = e.op("MatMul", [x, e.op("Gather", [first, ids_flat], axis=0)])  # [K, S, 1, W]
     if experts.first_bias is not None:
@@ -124,11 +135,14 @@ def compiled_node(
     weights: str,
     output: str,
     is_decode: str | None = None,
+    flat_ids: str | None = None,
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
     """The If node that replaces one claimed node, and the nodes computing its condition unless ``is_decode``
     (a boolean computed for an earlier layer: every layer of a run sees the same token count) is given.
     Returns the nodes, the initializers and the condition's value name."""
-    then_nodes, initializers = decode_branch(experts, f"{prefix}/decode", hidden, ids, weights, f"{prefix}/decode_out")
+    then_nodes, initializers = decode_branch(
+        experts, f"{prefix}/decode", hidden, ids, weights, f"{prefix}/decode_out", flat_ids
+    )
     python_op = helper.make_node(
         ORT_OP_TYPE,
         [hidden, ids, weights],

@@ -163,15 +163,18 @@ class InferenceSession:
             )
             hidden, ids, weights = node.input[:3]
             prefix = f"ndp_ep/layer{layer_index}"
+            flat_ids = f"{prefix}/expert_ids"  # read by the routing output and by the native decode branch
+            nodes = [onnx.helper.make_node("Reshape", [ids, ROUTING_FLAT_SHAPE], [flat_ids], name=flat_ids)]
             weight_bytes = experts.first.nbytes + experts.down.nbytes
             if opset >= MIN_OPSET and weight_bytes <= NATIVE_DECODE_MAX_WEIGHT_BYTES:
                 self.native_decode_layers += 1
-                nodes, new_initializers, is_decode = compiled_node(
-                    experts, key, prefix, hidden, ids, weights, node.output[0], is_decode
+                compiled, new_initializers, is_decode = compiled_node(
+                    experts, key, prefix, hidden, ids, weights, node.output[0], is_decode, flat_ids
                 )
+                nodes += compiled
                 graph.initializer.extend(new_initializers)
             else:  # every invocation through the Python kernel
-                nodes = [
+                nodes.append(
                     onnx.helper.make_node(
                         ORT_OP_TYPE,
                         [hidden, ids, weights],
@@ -180,9 +183,7 @@ class InferenceSession:
                         domain=CUSTOM_DOMAIN,
                         kernel=key,
                     )
-                ]
-            flat_ids = f"{prefix}/expert_ids"
-            nodes.append(onnx.helper.make_node("Reshape", [ids, ROUTING_FLAT_SHAPE], [flat_ids], name=flat_ids))
+                )
             routing_parts.append(flat_ids)
             rebuilt.extend(nodes)
         if routing_parts:  # one extra output for all layers: each fetched output costs a few microseconds
