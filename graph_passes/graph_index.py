@@ -186,8 +186,13 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     if not large:
         probe.CopyFrom(model)
         return probe
-    large_names = {t.name for t in large}
-    for source, target, skipped in ((model, probe, "graph"), (graph, probe.graph, "initializer")):
+    return copy_with_stubbed_initializers(model, {t.name for t in large})
+
+
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every field but ``graph.initializer`` (which stays empty)."""
+    out = onnx.ModelProto()
+    for source, target, skipped in ((model, out, "graph"), (model.graph, out.graph, "initializer")):
         for descriptor, value in source.ListFields():
             if descriptor.name == skipped:
                 continue
@@ -197,14 +202,24 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
                 getattr(target, descriptor.name).CopyFrom(value)
             else:
                 setattr(target, descriptor.name, value)
-    for tensor in graph.initializer:
-        if tensor.name in large_names:
-            header = probe.graph.initializer.add()
+    return out
+
+
+def copy_with_stubbed_initializers(model: onnx.ModelProto, stubbed: set[str]) -> onnx.ModelProto:
+    """A copy of ``model`` in which the initializers named in ``stubbed`` keep only name, dtype and dims."""
+    if not stubbed:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        return out
+    out = copy_without_initializers(model)
+    for tensor in model.graph.initializer:
+        if tensor.name in stubbed:
+            header = out.graph.initializer.add()
             header.name, header.data_type = tensor.name, tensor.data_type
             header.dims.extend(tensor.dims)
         else:
-            probe.graph.initializer.add().CopyFrom(tensor)
-    return probe
+            out.graph.initializer.add().CopyFrom(tensor)
+    return out
 
 
 def live_nodes(nodes: list[onnx.NodeProto], wanted: list[str] | set[str]) -> tuple[list[onnx.NodeProto], set[str]]:

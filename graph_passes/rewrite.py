@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 
 from graph_passes.errors import GraphPassError
 from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert
-from graph_passes.graph_index import live_nodes
+from graph_passes.graph_index import copy_with_stubbed_initializers, copy_without_initializers, live_nodes
 from graph_passes.plan import MoEBlockPlan
 from graph_passes.weights import WeightStore
 
@@ -276,28 +276,7 @@ def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]
         for t in model.graph.initializer
         if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and _np_size(t) > 1024
     }
-    out = onnx.ModelProto()
-    if not stubbed:
-        out.CopyFrom(model)
-        return out, stubbed
-    for source, target, skipped in ((model, out, "graph"), (model.graph, out.graph, "initializer")):
-        for descriptor, value in source.ListFields():
-            if descriptor.name == skipped:
-                continue
-            if hasattr(value, "extend"):  # repeated field
-                getattr(target, descriptor.name).extend(value)
-            elif hasattr(value, "CopyFrom"):  # message field
-                getattr(target, descriptor.name).CopyFrom(value)
-            else:
-                setattr(target, descriptor.name, value)
-    for tensor in model.graph.initializer:
-        if tensor.name in stubbed:
-            header = out.graph.initializer.add()
-            header.name, header.data_type = tensor.name, tensor.data_type
-            header.dims.extend(tensor.dims)
-        else:
-            out.graph.initializer.add().CopyFrom(tensor)
-    return out, stubbed
+    return copy_with_stubbed_initializers(model, stubbed), stubbed
 
 
 def _side_nodes_by_block(
@@ -422,17 +401,7 @@ def _write_embedded(rewritten: RewrittenModel, path: Path) -> None:
     up to the order of the initializers.
     """
     model, store = rewritten.model, rewritten.store
-    header = onnx.ModelProto()
-    for source, target, skipped in ((model, header, "graph"), (model.graph, header.graph, "initializer")):
-        for descriptor, value in source.ListFields():
-            if descriptor.name == skipped:
-                continue
-            if hasattr(value, "extend"):  # repeated field
-                getattr(target, descriptor.name).extend(value)
-            elif hasattr(value, "CopyFrom"):  # message field
-                getattr(target, descriptor.name).CopyFrom(value)
-            else:
-                setattr(target, descriptor.name, value)
+    header = copy_without_initializers(model)
     with open(path, "wb") as model_file:
         model_file.write(header.SerializeToString())
         for tensor in model.graph.initializer:
