@@ -156,7 +156,7 @@ def convert(
                 top_k=plan.top_k,
                 hidden=plan.hidden,
                 ffn=plan.ffn,
-                shards=shards,
+                shards=block_shards,
                 activation=plan.activation,
                 replaced_nodes=len(plan.replaced_nodes),
                 checked_numerically=verdict.checked_numerically,

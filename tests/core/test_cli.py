@@ -151,3 +151,14 @@ def test_strict_conversion_fails_when_a_block_is_skipped(cli, tmp_path):
     assert payload["moe_blocks"] == [] and payload["skipped"], payload
     _assert_one_line_error(cli("convert", str(path), "-o", str(tmp_path / "strict.onnx"), "--strict"), "strict")
     assert not (tmp_path / "strict.onnx").exists()
+
+
+def test_shard_count_that_does_not_divide_the_ffn_falls_back_to_its_largest_divisor(cli, samples_dir, tmp_path):
+    out = tmp_path / "block.onnx"
+    done = cli("convert", str(samples_dir / "moe_block.onnx"), "-o", str(out), "--shards", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["shards"] == 3 and [b["shards"] for b in payload["moe_blocks"]] == [2]
+    assert any("using 2 shards" in note for note in payload["notes"])
+    node = next(n for n in onnx.load(out).graph.node if n.op_type == "ShardedMoEExperts")
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["shards"] == 2
