@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,6 +124,10 @@ def convert(
             candidate = found if isinstance(found, MoECandidate) else MoECandidate((found,))
             if candidate.output_value in claimed_outputs:
                 continue
+            if claimed_nodes.intersection(candidate.readings[0].replaced_nodes):
+                skipped.append(Skip(candidate.name, "its nodes overlap a block another rule already claimed"))
+                continue
+            candidate = _with_unique_name(candidate, {c.name for c in candidates})
             claimed_outputs.add(candidate.output_value)
             claimed_nodes.update(candidate.readings[0].replaced_nodes)
             candidates.append(candidate)
@@ -168,6 +173,17 @@ def convert(
         raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
     rewritten = apply_plans(model_copy, plans, shards_by_block, store)
     return rewritten, ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
+
+
+def _with_unique_name(candidate: MoECandidate, taken: set[str]) -> MoECandidate:
+    """Block names prefix the shard initializers, so two blocks must never share one."""
+    if candidate.name not in taken:
+        return candidate
+    suffix = 1
+    while f"{candidate.name}_{suffix}" in taken:
+        suffix += 1
+    name = f"{candidate.name}_{suffix}"
+    return dataclasses.replace(candidate, readings=tuple(dataclasses.replace(r, name=name) for r in candidate.readings))
 
 
 def _weights_supported(plan: MoEBlockPlan, store: WeightStore) -> bool:

@@ -46,3 +46,32 @@ def test_committed_samples_match_their_builder(samples_dir, tmp_path):
 
     assert onnx.load(samples_dir / "moe_block.onnx") == build_samples.build_moe_block()
     assert onnx.load(samples_dir / "moe_decoder.onnx") == build_samples.build_moe_decoder()
+
+
+def test_blocks_claimed_twice_get_distinct_names_and_overlaps_are_skipped(samples_dir):
+    import onnx
+
+    from graph_passes.convert import convert
+    from graph_passes.graph_index import GraphIndex
+    from graph_passes.rules.gathered_experts import GatheredExpertsRule
+
+    class RenamingRule:
+        """Finds the same blocks as the general rule but names every one of them "moe"."""
+
+        name = "renaming"
+
+        def find(self, index: GraphIndex):
+            import dataclasses
+
+            found = GatheredExpertsRule().find(index)
+            return [
+                dataclasses.replace(c, readings=tuple(dataclasses.replace(r, name="moe") for r in c.readings))
+                for c in found
+            ]
+
+    model = onnx.load(samples_dir / "moe_decoder.onnx")
+    rewritten, report = convert(model, shards=2, rules=[RenamingRule(), GatheredExpertsRule()])
+    assert [b.name for b in report.blocks] == ["moe", "moe_1", "moe_2"]
+    assert [s.reason for s in report.skipped] == []  # the general rule's finds were the same outputs: ignored
+    names = [t.name for t in rewritten.model.graph.initializer]
+    assert len(names) == len(set(names))
