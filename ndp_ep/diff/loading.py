@@ -24,6 +24,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
+from ndp_ep.diff.result import NodeRef
 from ndp_ep.errors import ModelLoadError
 
 HASH_CHUNK_BYTES = 1 << 20
@@ -70,24 +71,13 @@ class InitializerRecord:
 
 
 @dataclass(frozen=True)
-class NodeRecord:
+class NodeRecord(NodeRef):
     """One node with its attributes rendered canonically (comparable strings) and its metadata_props."""
 
-    index: int
-    name: str
-    op_type: str
-    domain: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: Mapping[str, str]
     metadata: Mapping[str, str]
-
-    @property
-    def qualified_op(self) -> str:
-        return self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain}::{self.op_type}"
-
-    def label(self) -> str:
-        return f"{self.name or f'#{self.index}'} ({self.qualified_op})"
 
 
 @dataclass(frozen=True)

@@ -39,24 +39,23 @@ class ShardedNode:
     replaced_names: tuple[str, ...] | None
 
 
-def _attribute_value(node: NodeRecord, name: str) -> Any:
-    text = node.attributes.get(name)
+def _json_entry(entries: Mapping[str, str], key: str) -> Any:
+    """The JSON value stored as text under ``key`` (a node attribute or metadata entry), else None."""
+    text = entries.get(key)
     if text is None:
         return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return None
+
+
+def _attribute_value(node: NodeRecord, name: str) -> Any:
+    return _json_entry(node.attributes, name)
 
 
 def _json_metadata(node: NodeRecord, key: str) -> Any:
-    text = node.metadata.get(key)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
+    return _json_entry(node.metadata, key)
 
 
 def _as_int(value: Any) -> int | None:
