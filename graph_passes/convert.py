@@ -156,13 +156,7 @@ def convert(
         reports.append(
             BlockReport(
                 name=plan.name,
-                rule=plan.rule,
-                num_experts=plan.num_experts,
-                top_k=plan.top_k,
-                hidden=plan.hidden,
-                ffn=plan.ffn,
-                shards=block_shards,
-                activation=plan.activation,
+                **plan.summary(block_shards),
                 replaced_nodes=len(plan.replaced_nodes),
                 checked_numerically=verdict.checked_numerically,
                 max_abs_error=verdict.max_abs_error,

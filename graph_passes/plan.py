@@ -110,6 +110,18 @@ class MoEBlockPlan:
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
 
+    def summary(self, shards: int) -> dict:
+        """What the conversion report and the sharded node's ``ndp_ep.block`` metadata say about the block."""
+        return {
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "hidden": self.hidden,
+            "ffn": self.ffn,
+            "shards": shards,
+            "activation": self.activation,
+            "rule": self.rule,
+        }
+
 
 @dataclass(frozen=True)
 class Skip:

@@ -166,15 +166,7 @@ def sharded_node(plan: MoEBlockPlan, shards: int, weight_inputs: list[str]) -> o
         has_first_bias=int(plan.weights.up_bias is not None or plan.weights.gate_bias is not None),
         has_down_bias=int(plan.weights.down_bias is not None),
     )
-    block = {
-        "num_experts": plan.num_experts,
-        "top_k": plan.top_k,
-        "hidden": plan.hidden,
-        "ffn": plan.ffn,
-        "shards": shards,
-        "activation": plan.activation,
-        "rule": plan.rule,
-    }
+    block = plan.summary(shards)
     for key, value in (
         ("ndp_ep.replaced_nodes", json.dumps(list(plan.replaced_nodes))),
         ("ndp_ep.block", json.dumps(block)),
