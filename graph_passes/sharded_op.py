@@ -1,0 +1,359 @@
+"""The ``ndp_ep::ShardedMoEExperts`` operator contract: the one place that builds and parses the node.
+
+Everything that writes or reads a sharded expert node — the rewriter, the provider's claim step and native
+kernels (``native/``, which mirror this docstring in C++), the report's costing and the graph diff — goes
+through this module. Nothing else spells the domain, the op type, the attribute names, the metadata keys or
+the shard names.
+
+Node
+----
+Domain ``ndp_ep`` (opset 1), op type ``ShardedMoEExperts``. One node computes, for a block of ``E`` experts
+with hidden width ``H``, FFN width ``I`` and ``S`` tensor-parallel shards::
+
+    y[t] = sum_k routing_weights[t, k] * sum_s  Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
+
+Inputs, in order:
+
+    0  hidden           [..., H]  T (float32 | float16 | bfloat16); leading dims are flattened to tokens
+    1  expert_ids       [tokens, K] int64 or int32
+    2  routing_weights  [tokens, K] T or float32
+    3… weight groups, each listed expert-major then shard (``e * S + s``), in this order:
+       first             E*S   float: [H, F/S]          gate columns of shard s then up columns (F = 2I gated, I plain)
+                               quantized: [F/S, H*bits/8] uint8, rows = output features (gate rows then up rows),
+                               the input dim packed along the last axis, low nibble first for 4 bits
+       down              E*S   float: [I/S, H]          rows s*I/S..(s+1)*I/S of the down projection
+                               quantized: [H, (I/S)*bits/8] uint8, rows = output features
+       first_scales      E*S   quantized only: [F/S, H/block]        T (or float32)
+       down_scales       E*S   quantized only: [H, (I/S)/block]      T (or float32)
+       first_zero_points E*S   quantized with zero points only: uint8 [F/S, ceil(H/block)*bits/8] (packed like weights)
+       down_zero_points  E*S   quantized with zero points only: uint8 [H, ceil((I/S)/block)*bits/8]
+       first_bias        E*S   has_first_bias only: [F/S] (gate part then up part)
+       down_bias         E     has_down_bias only: [H] (added once per expert, not per shard)
+
+Output 0: ``[..., H]`` of the hidden state's dtype (and shape).
+
+A quantized value dequantizes as ``(q - zero_point) * scale`` with ``q`` unsigned; without a zero-point
+tensor the zero point is ``2**(bits-1)`` (8 for int4, 128 for int8), as ONNX Runtime's ``com.microsoft.QMoE``
+does. ``quant_block_size`` is the number of consecutive input elements sharing one scale; a per-channel
+quantized source is written with ``quant_block_size`` equal to the shard's input width.
+
+Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_experts``, ``top_k``, ``hidden``,
+``ffn`` (I), ``shards`` (S), ``activation`` (a name of :mod:`graph_passes.plan`'s ``ACTIVATIONS``),
+``activation_alpha``, ``activation_limit``, ``activation_beta`` (``swiglu_clamp`` only:
+``g = min(gate, limit); u = clip(up, -limit, limit); act = (u + beta) * g * sigmoid(alpha * g)``, beta absent
+means 1), ``has_first_bias``, ``has_down_bias``,
+``weight_dtype`` (``float32``, ``float16``, ``bfloat16``, ``int8``, ``int4``; absent means ``float32``),
+``quant_block_size`` (quantized only), ``has_zero_points`` (quantized only).
+
+Metadata (node ``metadata_props``): ``ndp_ep.replaced_nodes`` (JSON list of the original node names),
+``ndp_ep.block`` (JSON summary of the block, :meth:`MoEBlockPlan.summary`), ``ndp_ep.placement`` (JSON,
+written by the claim step: shard → NDP unit and the per-invocation GPU/NDP choice).
+
+Weight names: ``{block}.experts.{e}.shard{s}.{kind}`` with ``kind`` one of ``gate_up`` (``up`` for plain
+experts), ``down``, ``gate_up_scales`` …, and ``{block}.experts.{e}.down_bias``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+DOMAIN = "ndp_ep"
+OPSET = 1
+OP_TYPE = "ShardedMoEExperts"
+NODE_SUFFIX = "/" + OP_TYPE
+
+META_REPLACED_NODES = "ndp_ep.replaced_nodes"
+META_BLOCK = "ndp_ep.block"
+META_PLACEMENT = "ndp_ep.placement"
+# Model-level metadata naming what a model needs to run, for tools that open it without the provider.
+MODEL_META_REQUIRES = "ndp_ep.requires"
+
+FLOAT_WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
+WEIGHT_DTYPES = FLOAT_WEIGHT_DTYPES + QUANTIZED_WEIGHT_DTYPES
+QUANT_BITS = {"int8": 8, "int4": 4}
+
+ATTRIBUTES: dict[str, type] = {
+    "layer": str,
+    "num_experts": int,
+    "top_k": int,
+    "hidden": int,
+    "ffn": int,
+    "shards": int,
+    "activation": str,
+    "activation_alpha": float,
+    "activation_limit": float,
+    "activation_beta": float,
+    "has_first_bias": int,
+    "has_down_bias": int,
+    "weight_dtype": str,
+    "quant_block_size": int,
+    "has_zero_points": int,
+}
+
+
+class ShardedOpError(ValueError):
+    """A node claims to be a sharded expert op but breaks the contract (tampered attributes or inputs)."""
+
+
+@dataclass(frozen=True)
+class ShardedOpSpec:
+    """The attributes of one sharded expert node, validated."""
+
+    layer: str
+    num_experts: int
+    top_k: int
+    hidden: int
+    ffn: int
+    shards: int
+    activation: str
+    activation_alpha: float = 1.702
+    activation_limit: float = 7.0
+    activation_beta: float = 1.0
+    has_first_bias: bool = False
+    has_down_bias: bool = False
+    weight_dtype: str = "float32"
+    quant_block_size: int = 0
+    has_zero_points: bool = False
+
+    def __post_init__(self) -> None:
+        from graph_passes.plan import ACTIVATIONS
+
+        for field_name in ("num_experts", "top_k", "hidden", "ffn", "shards"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 1:
+                raise ShardedOpError(f"{self.layer}: attribute {field_name} must be a positive integer, got {value!r}")
+        if self.top_k > self.num_experts:
+            raise ShardedOpError(f"{self.layer}: top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        if self.ffn % self.shards:
+            raise ShardedOpError(f"{self.layer}: ffn {self.ffn} is not divisible by {self.shards} shards")
+        if self.activation not in ACTIVATIONS:
+            raise ShardedOpError(f"{self.layer}: unknown activation {self.activation!r}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ShardedOpError(f"{self.layer}: unknown weight_dtype {self.weight_dtype!r}")
+        if self.quantized:
+            block = self.quant_block_size
+            if block < 1 or self.hidden % block or self.shard_width % block:
+                raise ShardedOpError(
+                    f"{self.layer}: quant_block_size {block} must divide hidden {self.hidden} "
+                    f"and the shard width {self.shard_width}"
+                )
+        elif self.quant_block_size or self.has_zero_points:
+            raise ShardedOpError(f"{self.layer}: quantization attributes on {self.weight_dtype} weights")
+
+    @property
+    def gated(self) -> bool:
+        from graph_passes.plan import GATED_ACTIVATIONS
+
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_dtype in QUANTIZED_WEIGHT_DTYPES
+
+    @property
+    def bits(self) -> int:
+        return QUANT_BITS.get(self.weight_dtype, 0)
+
+    @property
+    def shard_width(self) -> int:
+        """I/S: the FFN columns one shard computes."""
+        return self.ffn // self.shards
+
+    @property
+    def first_kind(self) -> str:
+        return "gate_up" if self.gated else "up"
+
+    def input_groups(self) -> list[tuple[str, int]]:
+        """``(group, count)`` for the weight inputs after the three activations, in input order."""
+        per_shard = self.num_experts * self.shards
+        groups = [("first", per_shard), ("down", per_shard)]
+        if self.quantized:
+            groups += [("first_scales", per_shard), ("down_scales", per_shard)]
+            if self.has_zero_points:
+                groups += [("first_zero_points", per_shard), ("down_zero_points", per_shard)]
+        if self.has_first_bias:
+            groups.append(("first_bias", per_shard))
+        if self.has_down_bias:
+            groups.append(("down_bias", self.num_experts))
+        return groups
+
+    def weight_names(self, block: str | None = None) -> list[str]:
+        """Every weight input's name, in input order, for a block named ``block`` (default: ``layer``)."""
+        block = self.layer if block is None else block
+        names: list[str] = []
+        for group, _count in self.input_groups():
+            if group == "down_bias":
+                names += [f"{block}.experts.{e}.down_bias" for e in range(self.num_experts)]
+                continue
+            kind = _group_kind(group, self.first_kind)
+            names += [
+                f"{block}.experts.{e}.shard{s}.{kind}" for e in range(self.num_experts) for s in range(self.shards)
+            ]
+        return names
+
+    def split_inputs(self, weight_inputs: Sequence[str]) -> dict[str, list[str]]:
+        """The node's weight inputs (``node.input[3:]``) grouped by :meth:`input_groups`."""
+        expected = sum(count for _, count in self.input_groups())
+        if len(weight_inputs) != expected:
+            raise ShardedOpError(f"{self.layer}: expected {expected} weight inputs, found {len(weight_inputs)}")
+        out: dict[str, list[str]] = {}
+        position = 0
+        for group, count in self.input_groups():
+            out[group] = list(weight_inputs[position : position + count])
+            position += count
+        return out
+
+    def attributes(self) -> dict[str, object]:
+        """Keyword arguments for ``onnx.helper.make_node`` (quantization attributes only when quantized)."""
+        attrs: dict[str, object] = {
+            "layer": self.layer,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "hidden": self.hidden,
+            "ffn": self.ffn,
+            "shards": self.shards,
+            "activation": self.activation,
+            "activation_alpha": float(self.activation_alpha),
+            "activation_limit": float(self.activation_limit),
+            "has_first_bias": int(self.has_first_bias),
+            "has_down_bias": int(self.has_down_bias),
+            "weight_dtype": self.weight_dtype,
+        }
+        if self.activation_beta != 1.0:
+            attrs["activation_beta"] = float(self.activation_beta)
+        if self.quantized:
+            attrs["quant_block_size"] = self.quant_block_size
+            attrs["has_zero_points"] = int(self.has_zero_points)
+        return attrs
+
+
+def _group_kind(group: str, first_kind: str) -> str:
+    return group.replace("first", first_kind, 1) if group.startswith("first") else group
+
+
+_SHARD_NAME = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.shard(?P<shard>\d+)\.(?P<kind>[a-z_]+)$")
+_DOWN_BIAS_NAME = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.down_bias$")
+
+
+@dataclass(frozen=True)
+class ShardName:
+    """A parsed weight name: ``shard`` is None for the per-expert down bias."""
+
+    block: str
+    expert: int
+    shard: int | None
+    kind: str
+
+
+def parse_shard_name(name: str) -> ShardName | None:
+    """Split a sharded weight's name into its parts, or None when ``name`` is not one."""
+    match = _SHARD_NAME.match(name)
+    if match:
+        return ShardName(match["block"], int(match["expert"]), int(match["shard"]), match["kind"])
+    match = _DOWN_BIAS_NAME.match(name)
+    if match:
+        return ShardName(match["block"], int(match["expert"]), None, "down_bias")
+    return None
+
+
+def is_sharded_node(node) -> bool:
+    """True for an ``onnx.NodeProto`` (or anything with ``domain``/``op_type``) of this op."""
+    return node.domain == DOMAIN and node.op_type == OP_TYPE
+
+
+def node_name(block: str) -> str:
+    return block + NODE_SUFFIX
+
+
+def block_of_node_name(name: str) -> str | None:
+    return name[: -len(NODE_SUFFIX)] if name.endswith(NODE_SUFFIX) else None
+
+
+def parse_node(node) -> ShardedOpSpec:
+    """The validated spec of an ``onnx.NodeProto`` of this op; :class:`ShardedOpError` names what is wrong."""
+    from onnx import helper
+
+    if not is_sharded_node(node):
+        raise ShardedOpError(f"{node.name}: not a {DOMAIN}::{OP_TYPE} node")
+    values: dict[str, object] = {}
+    for attribute in node.attribute:
+        if attribute.name not in ATTRIBUTES:
+            raise ShardedOpError(f"{node.name}: unknown attribute {attribute.name!r}")
+        value = helper.get_attribute_value(attribute)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        expected = ATTRIBUTES[attribute.name]
+        if expected is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, expected):
+            raise ShardedOpError(f"{node.name}: attribute {attribute.name} must be {expected.__name__}")
+        values[attribute.name] = value
+    missing = [n for n in ("layer", "num_experts", "top_k", "hidden", "ffn", "shards", "activation") if n not in values]
+    if missing:
+        raise ShardedOpError(f"{node.name}: missing attribute(s) {', '.join(missing)}")
+    for flag in ("has_first_bias", "has_down_bias", "has_zero_points"):
+        if flag in values:
+            if values[flag] not in (0, 1):
+                raise ShardedOpError(f"{node.name}: attribute {flag} must be 0 or 1")
+            values[flag] = bool(values[flag])
+    spec = ShardedOpSpec(**values)  # type: ignore[arg-type]
+    if len(node.input) < 3 or len(node.output) != 1:
+        raise ShardedOpError(f"{node.name}: needs hidden, expert_ids, routing_weights inputs and one output")
+    spec.split_inputs(list(node.input[3:]))
+    return spec
+
+
+def make_node(
+    spec: ShardedOpSpec,
+    hidden: str,
+    expert_ids: str,
+    routing_weights: str,
+    output: str,
+    weight_inputs: Sequence[str],
+    *,
+    block: str | None = None,
+    replaced_nodes: Iterable[str] = (),
+    summary: dict | None = None,
+):
+    """An ``onnx.NodeProto`` of this op with its metadata (``weight_inputs`` as :meth:`ShardedOpSpec.weight_names`)."""
+    from onnx import helper
+
+    spec.split_inputs(list(weight_inputs))
+    block = spec.layer if block is None else block
+    node = helper.make_node(
+        OP_TYPE,
+        [hidden, expert_ids, routing_weights, *weight_inputs],
+        [output],
+        name=node_name(block),
+        domain=DOMAIN,
+        **spec.attributes(),
+    )
+    set_metadata(node, META_REPLACED_NODES, list(replaced_nodes))
+    if summary is not None:
+        set_metadata(node, META_BLOCK, summary)
+    return node
+
+
+def set_metadata(node, key: str, value) -> None:
+    """Set (or replace) one JSON metadata entry on a node."""
+    for entry in node.metadata_props:
+        if entry.key == key:
+            entry.value = json.dumps(value)
+            return
+    entry = node.metadata_props.add()
+    entry.key, entry.value = key, json.dumps(value)
+
+
+def get_metadata(node, key: str, default=None):
+    """One JSON metadata entry of a node (``default`` when absent or not valid JSON)."""
+    for entry in node.metadata_props:
+        if entry.key == key:
+            try:
+                return json.loads(entry.value)
+            except ValueError:
+                return default
+    return default
