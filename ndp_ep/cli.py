@@ -1,8 +1,13 @@
 """The ``ndp-ep`` command line: one subcommand per module in :mod:`ndp_ep.commands`.
 
 Each command module defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` and imports its
-heavy dependencies inside ``run`` so that ``ndp-ep --help`` stays fast. Input errors of any package become
-one line on stderr and exit code 2, with no traceback.
+heavy dependencies inside ``run`` so that ``ndp-ep --help`` stays fast. Options shared by several commands
+come from :mod:`ndp_ep.cli_args`. Conventions (docs/cli.md):
+
+- ``--help`` shows every option's default; ``--version`` prints the installed version.
+- Input errors of any package become one line on stderr (``ndp-ep CMD: error: ...``) and exit code 2, with
+  no traceback; graph-pass errors are translated by :func:`ndp_ep.errors.translate_graph_pass_error`.
+- ``--json`` prints JSON on stdout; files are written only where an option names them.
 """
 
 from __future__ import annotations
@@ -11,27 +16,77 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 COMMANDS = ("convert", "run", "demo", "bench", "validate", "diff")
 EXIT_BAD_INPUT = 2
+DISTRIBUTION = "ndp-ep"
+
+
+def version() -> str:
+    """The version of a checkout's ``pyproject.toml`` when run from one, else the installed distribution's."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        try:
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        except (OSError, ValueError):
+            project = {}
+        if project.get("name") == DISTRIBUTION and isinstance(project.get("version"), str):
+            return project["version"]
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _input_error_types() -> tuple[type[BaseException], ...]:
     from graph_passes.errors import GraphPassError
+    from graph_passes.sharded_op import ShardedOpError
     from hw_model.errors import HwModelError
     from ndp_ep.errors import NdpEpError
 
-    return (NdpEpError, GraphPassError, HwModelError, FileNotFoundError, IsADirectoryError, PermissionError)
+    return (NdpEpError, GraphPassError, ShardedOpError, HwModelError, OSError)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, plus ``(default: X)`` on every option whose default is a value and is not
+    already stated in its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default is not None
+            and default is not False
+            and default != argparse.SUPPRESS
+            and not (isinstance(default, list | tuple) and not default)
+            and "default" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse's own usage errors: exit 2 with one line
-        self.exit(EXIT_BAD_INPUT, f"ndp-ep: error: {message}\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ndp-ep", description="MoE inference on GPU + NDP-DIMM systems through ONNX Runtime")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"ndp_ep.commands.{name}")
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -40,21 +95,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_message(exc: BaseException) -> str:
+    """The one line shown for an input error: its first line; for an OS error, its reason and the path."""
+    from ndp_ep.errors import translate_graph_pass_error
+
+    translated = translate_graph_pass_error(exc)
+    if translated is not None:
+        exc = translated
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.strerror or 'cannot open'}: {exc.filename}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def warn(command: str, message: str) -> None:
+    """A one-line warning on stderr (``ndp-ep CMD: warning: ...``); the command goes on."""
+    print(f"ndp-ep {command}: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._module.run(args) or 0)
     except _input_error_types() as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(exc, OSError) and exc.filename is not None:
-            message = f"{exc.strerror or 'cannot open'}: {exc.filename}"
-        print(f"ndp-ep {args.command}: error: {message}", file=sys.stderr)
+        if isinstance(exc, BrokenPipeError):  # stdout closed early (``ndp-ep ... | head``)
+            sys.stderr.close()
+            return 0
+        print(f"ndp-ep {args.command}: error: {error_message(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # stdout closed early (``ndp-ep ... | head``)
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ from pathlib import Path
 import onnx
 
 from graph_passes.convert import ConversionReport, convert
-from graph_passes.errors import InvalidModelError, UnsupportedModelError
 from graph_passes.rewrite import save_rewritten
 from hw_model.hardware import SystemSpec, load_system
-from ndp_ep.errors import ConversionError, ModelLoadError
+from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
 
 DEFAULT_POLICY = "tp+lb+prefetch"
@@ -47,7 +46,8 @@ def convert_model(
     """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
 
     ``shards`` defaults to the number of NDP units of ``hw``. Raises :class:`ModelLoadError` for an input
-    that is missing or not ONNX and :class:`ConversionError` when ``strict`` and a block was skipped.
+    that is missing or not ONNX and :class:`ConversionError` when ``strict`` and a block was skipped or none
+    was converted.
     """
     system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
     output_path = Path(output_path)
@@ -56,12 +56,10 @@ def convert_model(
     if not output_path.parent.is_dir():
         raise ConversionError(f"output directory does not exist: {output_path.parent}")
     requested = shards if shards is not None else max(system.num_ndp_units, 1)
-    try:
+    with graph_pass_errors():
         rewritten, report = convert(source, shards=requested, strict=strict)
-    except InvalidModelError as exc:
-        raise ModelLoadError(str(exc)) from None
-    except UnsupportedModelError as exc:
-        raise ConversionError(str(exc)) from None
+    if strict and not report.blocks:
+        raise ConversionError("strict: nothing to convert: no MoE block found")
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     files = save_rewritten(rewritten, output_path, external=external_data)
     return ConversionResult(report, tuple(files), system, requested)

@@ -1,9 +1,17 @@
-"""``ndp-ep convert IN.onnx -o OUT.onnx``: rewrite MoE blocks into sharded expert ops."""
+"""``ndp-ep convert IN.onnx -o OUT.onnx``: rewrite MoE blocks into sharded expert ops.
+
+Prints what was converted, skipped or left alone; a model with nothing to convert (no MoE block, or one
+already converted) is said in words and still written unchanged, except under ``--strict``, which makes
+"nothing converted" an error (exit 2, nothing written).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from ndp_ep.cli_args import add_hardware_args, add_json_args, add_shards_arg
 
 HELP = "convert an ONNX MoE model into one with tensor-parallel sharded expert ops"
 
@@ -14,23 +22,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         required=True,
-        help="output ONNX model; weights go to OUT.onnx.data when the input used external data, "
-        "they exceed 1.8 GB, or --external-data is given",
+        metavar="OUT.onnx",
+        help="output ONNX model; the weights go to OUT.onnx.data when the input used external data, they "
+        "exceed 1.8 GB, or --external-data is given",
     )
-    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or TOML file")
-    parser.add_argument("--ndp-units", type=int, default=None, help="override the preset's NDP unit count")
-    parser.add_argument("--shards", type=int, default=None, help="shards per expert (default: NDP units)")
-    parser.add_argument("--strict", action="store_true", help="fail (exit 2) if any MoE block is skipped")
-    parser.add_argument("--external-data", action="store_true", default=None, help="always write weights to OUT.data")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_hardware_args(parser)
+    add_shards_arg(parser)
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 2, writing nothing, if any MoE block is skipped or nothing is converted (no MoE block found, "
+        "or the model is already converted)",
+    )
+    parser.add_argument(
+        "--external-data", action="store_true", default=None, help="always write the weights to OUT.onnx.data"
+    )
+    add_json_args(parser, what="the conversion report")
+
+
+def check_output_path(output: str) -> Path:
+    """The ``-o`` path, refused with the user's own words when it cannot name a file to write."""
+    from ndp_ep.errors import ConversionError
+
+    if not output.strip():
+        raise ConversionError("-o/--output is empty; name the converted model, e.g. -o model.ndp.onnx")
+    path = Path(output)
+    if path.is_dir():
+        raise ConversionError(f"-o {output} is a directory; name the converted file, e.g. -o {path / 'model.ndp.onnx'}")
+    return path
+
+
+def sharded_node_count(model: str | Path) -> int:
+    """How many sharded expert ops ``model`` already holds (0 when it cannot be read: the conversion says why)."""
+    import onnx
+
+    from graph_passes.sharded_op import is_sharded_node
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:  # unreadable or not ONNX: convert_model raises the typed error with the reason
+        return 0
+    return sum(1 for node in proto.graph.node if is_sharded_node(node))
 
 
 def run(args: argparse.Namespace) -> int:
+    from graph_passes.sharded_op import DOMAIN, OP_TYPE
     from ndp_ep.convert import convert_model
+    from ndp_ep.errors import ConversionError
+    from ndp_ep.text import plural
 
+    output = check_output_path(args.output)
+    already = sharded_node_count(args.model)
+    if already and args.strict:
+        raise ConversionError(
+            f"strict: nothing to convert: {args.model} is already converted "
+            f"({plural(already, f'{DOMAIN}::{OP_TYPE} node')})"
+        )
     result = convert_model(
         args.model,
-        args.output,
+        output,
         hw=args.hw,
         ndp_units=args.ndp_units,
         shards=args.shards,
@@ -42,11 +92,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     report = result.report
     print(f"wrote {', '.join(str(f) for f in result.files)}")
-    print(f"{len(report.blocks)} MoE block(s) rewritten into sharded expert ops:")
+    system = f"{result.system.name} with {plural(result.system.num_ndp_units, 'NDP unit')}"
+    if report.blocks:
+        print(f"converted {plural(len(report.blocks), 'MoE block')} into sharded expert ops (placed for {system}):")
+    elif already:
+        print(
+            f"nothing to do: {args.model} is already converted ({plural(already, f'{DOMAIN}::{OP_TYPE} node')}); "
+            "the copy is unchanged (--strict would make this an error)"
+        )
+    elif not report.skipped:
+        print(
+            f"nothing to do: no MoE block found in {args.model}; the copy is unchanged and runs as before "
+            "(--strict would make this an error)"
+        )
+    else:
+        print(f"no MoE block converted: {plural(len(report.skipped), 'candidate')} skipped (--strict makes this fail):")
     for block in report.blocks:
         print(
-            f"  {block.name}: {block.num_experts} experts, top-{block.top_k}, hidden {block.hidden}, "
-            f"ffn {block.ffn}, {block.activation}, {block.shards} shards, {block.replaced_nodes} nodes replaced"
+            f"  {block.name}: {plural(block.num_experts, 'expert')}, top-{block.top_k}, hidden {block.hidden}, "
+            f"ffn {block.ffn}, {block.activation}, {plural(block.shards, 'shard')}, "
+            f"{plural(block.replaced_nodes, 'node')} replaced"
         )
     for skip in report.skipped:
         print(f"  skipped {skip.where}: {skip.reason}")

@@ -1,32 +1,59 @@
-"""``ndp-ep run MODEL.onnx``: run a model through the provider and print the simulated-latency report."""
+"""``ndp-ep run MODEL.onnx``: run a model through the provider and print the simulated-latency report.
+
+A model converted for another shard count than the simulated hardware's NDP units still runs: the outputs
+use the model's shards; the simulator splits every expert over all the hardware's units, as a conversion
+for that hardware would (a warning says so).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg
+
 HELP = "run an ONNX model (converted or not) through the NDP provider and report simulated latency"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model (converted by ndp-ep convert, or an exported MoE model)")
-    parser.add_argument("--inputs", help=".npz of input feeds (default: random feeds from the input signature)")
-    parser.add_argument("--outputs", help="write the outputs to this .npz")
-    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or TOML file")
-    parser.add_argument("--ndp-units", type=int, default=None, help="override the preset's NDP unit count")
-    parser.add_argument("--policy", default=None, help="scheduling policy (default: tp+lb+prefetch)")
-    parser.add_argument("--seq-len", type=int, default=8, help="size of symbolic dims in random feeds")
-    parser.add_argument("--seed", type=int, default=0, help="seed of random feeds")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
+        "--inputs", metavar="FEEDS.npz", help=".npz of input feeds (default: random feeds from the input signature)"
+    )
+    parser.add_argument("--outputs", metavar="OUT.npz", help="write the outputs to this .npz file")
+    add_hardware_args(parser)
+    add_policy_arg(parser)
+    add_feed_args(parser)
+    add_json_args(parser, what="the run's report and the outputs' shapes")
+
+
+def shard_mismatch(converted_model, ndp_units: int) -> str | None:
+    """A sentence for the user when a layer's shard count differs from the simulated NDP unit count, else None."""
+    from graph_passes.sharded_op import is_sharded_node, parse_node
+    from ndp_ep.text import plural
+
+    shards = sorted({parse_node(n).shards for n in converted_model.graph.node if is_sharded_node(n)})
+    if not shards or shards == [ndp_units]:
+        return None
+    counts = " and ".join(str(s) for s in shards)
+    return (
+        f"the model's experts are split into {counts} shards but the hardware has {plural(ndp_units, 'NDP unit')}: "
+        f"the outputs use the model's shards; the simulated latency splits each expert over all {ndp_units} "
+        f"(as `ndp-ep convert --shards {ndp_units}` would)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.feeds import random_feeds
+    from ndp_ep.cli import warn
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession
 
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
+    mismatch = shard_mismatch(session.converted_model, session.system.num_ndp_units)
+    if mismatch:
+        warn("run", mismatch)
     if feeds is None:
         feeds = random_feeds(session.converted_model, seed=args.seed, seq_len=args.seq_len)
     names = [o.name for o in session.get_outputs()]

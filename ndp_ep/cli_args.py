@@ -1,0 +1,135 @@
+"""Argument builders and validators shared by every ``ndp-ep`` command: one definition per option.
+
+Every command that takes hardware, NDP units, shards, a sequence length, a seed, a policy or JSON output adds
+it through this module, so the same option is spelled, bounded, defaulted and documented the same way
+everywhere (``ndp-ep run --ndp-units 1e8`` and ``ndp-ep convert --ndp-units 0`` fail alike, with one line and
+exit code 2, before anything is allocated)::
+
+    add_hardware_args(parser)          # --hw (presets listed from hw_model/presets), --ndp-units
+    add_policy_arg(parser)             # --policy, choices from hw_model's policy list
+    add_feed_args(parser)              # --seq-len, --seed
+    add_json_args(parser)              # --json (stdout) [and --json-out FILE]
+
+Bounds (why each one):
+
+- ``--ndp-units`` 1..64: a host has at most a few dozen DIMM slots; the simulator's state grows with the unit
+  count (a run with 10,000 units took 113 s and 10^8 exhausted memory).
+- ``--shards`` 1..256: a shard is a column slice of one expert; more shards than that are never useful and the
+  number of weight tensors grows as experts x shards.
+- ``--seq-len`` 1..65,536: random feeds are allocated from it (2e9 reached 24 GB before the OOM killer).
+- ``--seed`` >= 0: numpy's generators reject negative seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+MAX_NDP_UNITS = 64
+MAX_SHARDS = 256
+MAX_SEQ_LEN = 65_536
+DEFAULT_HW = "paper"
+DEFAULT_SEQ_LEN = 8
+DEFAULT_SEED = 0
+
+
+def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` accepting a plain integer in ``[low, high]`` (no upper bound when ``high`` is None);
+    ``1e8``, ``2.5`` and ``0x10`` are refused."""
+    if high is not None and low > high:
+        raise ValueError(f"empty range [{low}, {high}]")
+    wanted = f"an integer from {low} to {high:,}" if high is not None else f"an integer of at least {low}"
+
+    def parse(text: str) -> int:
+        stripped = text.strip()
+        digits = stripped[1:] if stripped[:1] in "+-" else stripped
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        value = int(stripped)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value:,}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def preset_names() -> list[str]:
+    """The hardware presets shipped in ``hw_model/presets`` (found on disk, never hard-coded)."""
+    from hw_model.hardware import list_presets
+
+    return list_presets()
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every scheduling policy the simulator knows (the choices of ``--policy``)."""
+    from hw_model.policies import POLICIES
+
+    return tuple(POLICIES)
+
+
+def default_policy() -> str:
+    from hw_model.simulator import DEFAULT_POLICY
+
+    return DEFAULT_POLICY
+
+
+def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFAULT_HW, units: bool = True) -> None:
+    """``--hw NAME|FILE.toml`` (help lists the presets found) and, unless ``units=False``, ``--ndp-units N``."""
+    presets = ", ".join(preset_names())
+    parser.add_argument(
+        "--hw",
+        default=default_hw,
+        metavar="NAME|FILE.toml",
+        help=f"hardware: a preset ({presets}) or a TOML file with the same fields",
+    )
+    if units:
+        parser.add_argument(
+            "--ndp-units",
+            type=bounded_int(1, MAX_NDP_UNITS),
+            default=None,
+            metavar="N",
+            help=f"number of NDP units (1-{MAX_NDP_UNITS}; default: the preset's own count)",
+        )
+
+
+def add_shards_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shards",
+        type=bounded_int(1, MAX_SHARDS),
+        default=None,
+        metavar="N",
+        help=f"tensor-parallel shards per expert (1-{MAX_SHARDS}; default: the number of NDP units); a count that "
+        "does not divide the FFN width falls back to its largest divisor below it",
+    )
+
+
+def add_policy_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy",
+        choices=policy_names(),
+        default=default_policy(),
+        metavar="POLICY",
+        help=f"scheduling policy the simulator applies: {', '.join(policy_names())}",
+    )
+
+
+def add_feed_args(parser: argparse.ArgumentParser) -> None:
+    """``--seq-len`` and ``--seed`` of random feeds (used when no ``--inputs`` file is given)."""
+    parser.add_argument(
+        "--seq-len",
+        type=bounded_int(1, MAX_SEQ_LEN),
+        default=DEFAULT_SEQ_LEN,
+        metavar="N",
+        help=f"size of the symbolic (sequence) dimensions of random feeds, 1-{MAX_SEQ_LEN:,}",
+    )
+    parser.add_argument(
+        "--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help="seed of the random feeds"
+    )
+
+
+def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bool = False) -> None:
+    """``--json``: print ``what`` as JSON on stdout instead of text; ``--json-out FILE`` also writes it to a file."""
+    parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON document on stdout")
+    if file_option:
+        parser.add_argument("--json-out", metavar="FILE", help=f"also write {what} as JSON to FILE")
