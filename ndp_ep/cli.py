@@ -114,7 +114,11 @@ def warn(command: str, message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; returns its exit code (0 ok, 1 a negative answer such as ``diff``'s, 2 bad input)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a usage error already printed as one line
+        return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
     try:
         return int(args._module.run(args) or 0)
     except _input_error_types() as exc:
