@@ -218,7 +218,7 @@ def _resolve_block(
         source = "inferred"
     new_nodes = {sharded.node.index}
     frontier = deque([sharded.node.index])
-    while frontier:  # unmatched producers feeding the op (the Concat packing nodes)
+    while frontier:  # unmatched producers feeding the op (none in a conversion: its weights are initializers)
         for tensor in own.nodes[frontier.popleft()].inputs:
             producer = own_index.producer.get(tensor)
             if producer and producer[0] in own_unmatched and producer[0] not in new_nodes:
@@ -241,6 +241,7 @@ def _resolve_block(
         missing_replaced_nodes=missing,
         new_nodes=tuple(_ref(own, i) for i in sorted(new_nodes)),
         initializers=(),
+        contract_error=sharded.contract_error,
     )
 
 

@@ -4,9 +4,10 @@ Matching order: same name (then: unchanged / values_changed / reshaped / retyped
 name (renamed: only tensors with a same-dtype, same-shape counterpart are hashed), ndp-ep expert shards,
 generic splits/merges by name prefix and element totals, and what is left is removed or added.
 
-ndp-ep expert shards in B are named ``{block}.experts.{e}.shard{s}.{gate_up|down}``; the stacked tensors of A
-they came from are found among the removed initializers consumed by the block's replaced nodes (or named
-under the block), by kind (gate/up vs down) and element totals::
+ndp-ep expert shards in B are named ``{block}.experts.{e}.shard{s}.{kind}`` (read with
+:func:`graph_passes.sharded_op.parse_shard_name`, the op contract's parser); the stacked tensors of A they
+came from are found among the removed initializers consumed by the block's replaced nodes (or named under the
+block), by kind (gate/up vs down) and element totals::
 
     A: model.layers.0.mlp.experts.gate_up_proj [8, 128, 64]
     B: model.layers.0.mlp.experts.{0..7}.shard{0,1}.gate_up [64, 64]
@@ -22,12 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from graph_passes.sharded_op import parse_shard_name
 from ndp_ep.diff.loading import ContentHasher, InitializerRecord, ModelSnapshot
 from ndp_ep.diff.result import InitializerDiff, TensorRef
 
-SHARD_NAME = re.compile(
-    r"^(?P<block>.+)\.experts\.(?P<expert>\d+)(?:\.shard(?P<shard>\d+))?\.(?P<kind>gate_up|up|down)(?P<bias>_bias)?$"
-)
 SPLIT_SEPARATORS = (".", "_", "/", ":")
 
 
@@ -179,14 +178,12 @@ def _shard_groups(
     """
     groups: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
     for name in shards_left:
-        found = SHARD_NAME.match(name)
-        if found:
-            kind = found["kind"] + (found["bias"] or "")
-            shard = int(found["shard"]) if found["shard"] is not None else -1
-            groups[(found["block"], kind)].append((int(found["expert"]), shard, name))
-    kind_order = {"gate_up": 0, "up": 0, "gate_up_bias": 1, "up_bias": 1, "down": 2, "down_bias": 3}
+        found = parse_shard_name(name)
+        if found is not None:
+            shard = found.shard if found.shard is not None else -1
+            groups[(found.block, found.kind)].append((found.expert, shard, name))
     diffs = []
-    for (block, kind), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kind_order[kv[0][1]])):
+    for (block, kind), members in sorted(groups.items(), key=lambda kv: (kv[0][0], _kind_order(kv[0][1]))):
         members.sort()
         shard_refs = tuple(tensor_ref(shard_side.initializers[name]) for _, _, name in members)
         role = kind.replace("up", "gate_up", 1) if kind.startswith("up") else kind
@@ -223,6 +220,14 @@ def _shard_groups(
         for _, _, name in members:
             shards_left.pop(name, None)
     return diffs
+
+
+def _kind_order(kind: str) -> tuple[int, int, str]:
+    """First-layer weights, then their bias, scales and zero points; then the down projection's, in that order."""
+    layer = 1 if kind.startswith("down") else 0 if kind.startswith(("gate_up", "up")) else 2
+    base = kind.removeprefix("gate_up").removeprefix("up").removeprefix("down")
+    variants = ("", "_bias", "_scales", "_zero_points")
+    return (layer, variants.index(base) if base in variants else len(variants), kind)
 
 
 def _find_shard_sources(

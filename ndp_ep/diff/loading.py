@@ -24,6 +24,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
+from ndp_ep.diff.moe import ShardedOpInfo, read_sharded_ops
 from ndp_ep.diff.result import NodeRef
 from ndp_ep.errors import ModelLoadError
 
@@ -110,6 +111,7 @@ class ModelSnapshot:
     outputs: tuple[ValueRecord, ...]
     functions: Mapping[str, str]
     metadata: Mapping[str, str]
+    sharded_ops: Mapping[int, ShardedOpInfo] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def initializer_bytes(self) -> int:
@@ -281,6 +283,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
         outputs=tuple(_value_record(v) for v in graph.output),
         functions=MappingProxyType(functions),
         metadata=MappingProxyType({p.key: p.value for p in model.metadata_props}),
+        sharded_ops=read_sharded_ops(graph.node),
     )
 
 

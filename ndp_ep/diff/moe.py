@@ -1,31 +1,57 @@
 """Recognise ndp-ep MoE rewrites: ``ndp_ep::ShardedMoEExperts`` nodes and what they replaced.
 
-A rewritten block in model B looks like::
+A rewritten block in model B looks like this (the contract, with the input order and the weight layouts, is
+:mod:`graph_passes.sharded_op`; this module reads the node only through it)::
 
     router (kept) ─┬─ expert_ids ──────────┐
                    └─ routing_weights ─────┤
-    hidden ────────────────────────────────┼─> ndp_ep::ShardedMoEExperts ─> [T, H]
-    {block}.experts.{e}.shard{s}.gate_up ─> Concat ─> packed_gate_up ─┘
-    {block}.experts.{e}.shard{s}.down ────> Concat ─> packed_down ────┘
+    hidden ────────────────────────────────┼─> ndp_ep::ShardedMoEExperts ─> [..., H]
+    {block}.experts.{e}.shard{s}.gate_up ──┤   initializers, fed straight to the node,
+    {block}.experts.{e}.shard{s}.down ─────┘   expert-major then shard (e * S + s)
 
-The node's attributes (layer, num_experts, top_k, shards, hidden, ffn, activation) and metadata_props
-(``ndp_ep.replaced_nodes``, ``ndp_ep.block``, ``ndp_ep.placement``) describe the block; every field is read
-defensively because the format may gain or lose fields.
+The attributes (layer, num_experts, top_k, shards, hidden, ffn, activation, ...) are read with
+:func:`~graph_passes.sharded_op.parse_node`; the metadata (``ndp_ep.replaced_nodes``, ``ndp_ep.block``,
+``ndp_ep.placement``) with :func:`~graph_passes.sharded_op.get_metadata`. The diff must describe any model, so a
+node that breaks the contract (tampered attributes or inputs) is still shown: its facts then come from the
+``ndp_ep.block`` summary where present, and the contract error is reported with the block.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ndp_ep.diff.loading import ModelSnapshot, NodeRecord
+from graph_passes.sharded_op import (
+    META_BLOCK,
+    META_PLACEMENT,
+    META_REPLACED_NODES,
+    ShardedOpError,
+    block_of_node_name,
+    get_metadata,
+    is_sharded_node,
+    parse_node,
+)
 
-SHARDED_OP = "ShardedMoEExperts"
-NDP_EP_DOMAIN = "ndp_ep"
+if TYPE_CHECKING:  # loading.py imports this module to read the nodes while it loads a model
+    from ndp_ep.diff.loading import ModelSnapshot, NodeRecord
+
 INT_FIELDS = ("num_experts", "top_k", "shards", "hidden", "ffn")
+
+
+@dataclass(frozen=True)
+class ShardedOpInfo:
+    """What one sharded expert node says about its block, read when the model is loaded."""
+
+    fields: Mapping[str, Any]
+    placement: Mapping[str, Any] | None
+    replaced_names: tuple[str, ...] | None
+    contract_error: str | None
+
+    def __post_init__(self) -> None:
+        if set(self.fields) != {*INT_FIELDS, "activation", "layer"}:
+            raise ValueError(f"fields must be {INT_FIELDS} + activation, layer; got {sorted(self.fields)}")
 
 
 @dataclass(frozen=True)
@@ -37,63 +63,59 @@ class ShardedNode:
     fields: Mapping[str, Any]
     placement: Mapping[str, Any] | None
     replaced_names: tuple[str, ...] | None
-
-
-def _json_entry(entries: Mapping[str, str], key: str) -> Any:
-    """The JSON value stored as text under ``key`` (a node attribute or metadata entry), else None."""
-    text = entries.get(key)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None
-
-
-def _attribute_value(node: NodeRecord, name: str) -> Any:
-    return _json_entry(node.attributes, name)
-
-
-def _json_metadata(node: NodeRecord, key: str) -> Any:
-    return _json_entry(node.metadata, key)
+    contract_error: str | None
 
 
 def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_sharded_op(node) -> ShardedOpInfo:
+    """The block facts of one ``onnx.NodeProto`` of the sharded op (see :func:`is_sharded_node`)."""
+    summary = get_metadata(node, META_BLOCK)
+    summary = summary if isinstance(summary, dict) else {}
+    try:
+        spec = parse_node(node)
+    except ShardedOpError as exc:
+        spec, error = None, str(exc)
+    else:
+        error = None
+    fields: dict[str, Any] = {}
+    for key in INT_FIELDS:
+        fields[key] = getattr(spec, key) if spec is not None else _as_int(summary.get(key))
+    activation = spec.activation if spec is not None else summary.get("activation")
+    fields["activation"] = str(activation) if activation is not None else None
+    fields["layer"] = spec.layer if spec is not None else block_of_node_name(node.name)
+    placement = get_metadata(node, META_PLACEMENT)
+    if placement is not None and not isinstance(placement, dict):
+        placement = {"value": placement}
+    replaced = get_metadata(node, META_REPLACED_NODES)
+    return ShardedOpInfo(
+        fields=MappingProxyType(fields),
+        placement=MappingProxyType(placement) if placement is not None else None,
+        replaced_names=tuple(str(n) for n in replaced) if isinstance(replaced, list) else None,
+        contract_error=error,
+    )
+
+
+def read_sharded_ops(nodes: Iterable) -> Mapping[int, ShardedOpInfo]:
+    """``{node index: facts}`` for every sharded expert node among a graph's ``onnx.NodeProto`` nodes."""
+    return MappingProxyType({index: read_sharded_op(n) for index, n in enumerate(nodes) if is_sharded_node(n)})
 
 
 def find_sharded_nodes(snapshot: ModelSnapshot) -> tuple[ShardedNode, ...]:
     found = []
-    for node in snapshot.nodes:
-        if node.op_type != SHARDED_OP or node.domain != NDP_EP_DOMAIN:
-            continue
-        block_meta = _json_metadata(node, "ndp_ep.block")
-        block_meta = block_meta if isinstance(block_meta, dict) else {}
-        fields: dict[str, Any] = {}
-        for key in INT_FIELDS:
-            value = _as_int(_attribute_value(node, key))
-            fields[key] = value if value is not None else _as_int(block_meta.get(key))
-        activation = _attribute_value(node, "activation") or block_meta.get("activation")
-        fields["activation"] = str(activation) if activation is not None else None
-        layer = _attribute_value(node, "layer") or block_meta.get("layer") or block_meta.get("block")
-        placement = _json_metadata(node, "ndp_ep.placement")
-        if placement is not None and not isinstance(placement, dict):
-            placement = {"value": placement}
-        replaced = _json_metadata(node, "ndp_ep.replaced_nodes")
-        replaced_names = tuple(str(n) for n in replaced) if isinstance(replaced, list) else None
+    for index, info in snapshot.sharded_ops.items():
+        node = snapshot.nodes[index]
+        layer = info.fields.get("layer")
         found.append(
             ShardedNode(
                 node=node,
                 block=str(layer) if layer else (node.name or f"#{node.index}"),
-                fields=MappingProxyType(fields),
-                placement=MappingProxyType(placement) if placement is not None else None,
-                replaced_names=replaced_names,
+                fields=info.fields,
+                placement=info.placement,
+                replaced_names=info.replaced_names,
+                contract_error=info.contract_error,
             )
         )
     return tuple(found)

@@ -84,6 +84,7 @@ def _block(block: MoEBlockDiff) -> dict[str, Any]:
         "replaced_source": block.replaced_source,
         "replaced_nodes": [_node(r) for r in block.replaced_nodes],
         "missing_replaced_nodes": list(block.missing_replaced_nodes),
+        "contract_error": block.contract_error,
         "new_nodes": [_node(r) for r in block.new_nodes],
         "initializers": [_initializer_diff(i) for i in block.initializers],
     }

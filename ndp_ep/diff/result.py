@@ -188,6 +188,7 @@ class MoEBlockDiff:
     missing_replaced_nodes: tuple[str, ...]
     new_nodes: tuple[NodeRef, ...]
     initializers: tuple[InitializerDiff, ...]
+    contract_error: str | None = None  # the sharded node breaks graph_passes.sharded_op's contract: why
 
     def __post_init__(self) -> None:
         _check_choice("direction", self.direction, ("rewrite", "reverse"))

@@ -2,21 +2,24 @@
 
 The MoE pair follows the ndp-ep rewrite format: model A computes a 4-expert top-2 SiLU-gated MoE block with
 ordinary ops on stacked weights; model B keeps the router and replaces the expert ops with one
-``ndp_ep::ShardedMoEExperts`` node fed by Concat-packed per-expert, per-shard weights::
+``ndp_ep::ShardedMoEExperts`` node (built by graph_passes.sharded_op, the op contract) fed the per-expert,
+per-shard weight initializers directly, as the converter emits it::
 
     A: x ─ router(MatMul, Softmax, TopK) ─ ids/weights ─┐
        x ─ Einsum(gate_up [E,2I,H]) ─ Split ─ SiLU·up ─ Einsum(down [E,H,I]) ─ weighted sum ─ y
-    B: x ─ router (same) ─ ids/weights ─ ndp_ep::ShardedMoEExperts(x, ids, weights, Concat(shards…)) ─ y
+    B: x ─ router (same) ─ ids/weights ─ ndp_ep::ShardedMoEExperts(x, ids, weights, shard weights…) ─ y
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from graph_passes import sharded_op
+from graph_passes.sharded_op import ShardedOpSpec
 
 TOKENS, HIDDEN, FFN, EXPERTS, TOP_K, SHARDS = 3, 8, 4, 4, 2, 2
 BLOCK = "moe0"
@@ -139,54 +142,52 @@ def moe_original(seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray
 
 
 def moe_rewritten(gate_up: np.ndarray, down: np.ndarray, seed: int = 0, placement: bool = True) -> onnx.ModelProto:
-    """Model B: the ndp-ep rewrite of :func:`moe_original` (shards: gate columns then up columns, x @ W)."""
+    """Model B: the ndp-ep rewrite of :func:`moe_original`, in the form the converter emits — one sharded node
+    built by the op contract (graph_passes.sharded_op), fed the per-expert, per-shard weights directly.
+
+    The shards are sliced here by hand from the stacked weights, independently of the rewriter: shard ``s`` of
+    expert ``e`` is ``[gate columns s | up columns s]`` of ``x @ W`` (``[H, 2I/S]``) and rows ``s`` of the down
+    projection (``[I/S, H]``)."""
     rng = np.random.default_rng(seed)
     inits = _router_initializers(rng)
+    spec = ShardedOpSpec(
+        layer=BLOCK, num_experts=EXPERTS, top_k=TOP_K, hidden=HIDDEN, ffn=FFN, shards=SHARDS, activation="silu_glu"
+    )
     step = FFN // SHARDS
-    gate_up_names, down_names = [], []
+    first, second = {}, {}
     for e in range(EXPERTS):
         gate_t, up_t = gate_up[e, :FFN, :].T, gate_up[e, FFN:, :].T  # [H, I]
         down_t = down[e].T  # [I, H]
         for s in range(SHARDS):
             cols = slice(s * step, (s + 1) * step)
-            shard = np.concatenate([gate_t[:, cols], up_t[:, cols]], axis=1)
-            gate_up_names.append(f"{BLOCK}.experts.{e}.shard{s}.gate_up")
-            down_names.append(f"{BLOCK}.experts.{e}.shard{s}.down")
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(shard), gate_up_names[-1]))
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(down_t[cols, :]), down_names[-1]))
-    pack_gate_up = helper.make_node("Concat", gate_up_names, ["packed_gate_up"], name=f"{BLOCK}/pack_gate_up", axis=0)
-    pack_down = helper.make_node("Concat", down_names, ["packed_down"], name=f"{BLOCK}/pack_down", axis=0)
-    sharded = helper.make_node(
-        "ShardedMoEExperts",
-        ["x", "expert_ids", "routing_weights", "packed_gate_up", "packed_down"],
-        ["moe_out"],
-        name=f"{BLOCK}/ShardedMoEExperts",
-        domain="ndp_ep",
-        layer=BLOCK,
-        num_experts=str(EXPERTS),
-        top_k=str(TOP_K),
-        shards=str(SHARDS),
-        hidden=str(HIDDEN),
-        ffn=str(FFN),
-        activation="silu",
+            first[f"{BLOCK}.experts.{e}.shard{s}.gate_up"] = np.concatenate([gate_t[:, cols], up_t[:, cols]], axis=1)
+            second[f"{BLOCK}.experts.{e}.shard{s}.down"] = down_t[cols, :]
+    names = spec.weight_names()
+    assert names == [*first, *second], "the contract's input order is expert-major, then shard"
+    for name, array in {**first, **second}.items():
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    summary = {"num_experts": EXPERTS, "top_k": TOP_K, "hidden": HIDDEN, "ffn": FFN, "shards": SHARDS}
+    sharded = sharded_op.make_node(
+        spec,
+        "x",
+        "expert_ids",
+        "routing_weights",
+        "moe_out",
+        names,
+        replaced_nodes=EXPERT_NODE_NAMES,
+        summary={**summary, "activation": "silu_glu", "rule": "diff-tests"},
     )
-    block_meta = {"num_experts": EXPERTS, "top_k": TOP_K, "hidden": HIDDEN, "ffn": FFN, "shards": SHARDS}
-    block_meta["activation"] = "silu"
-    props = {"ndp_ep.replaced_nodes": json.dumps(list(EXPERT_NODE_NAMES)), "ndp_ep.block": json.dumps(block_meta)}
     if placement:
-        props["ndp_ep.placement"] = json.dumps({"device": "ndp", "units": [0, 1]})
-    for key, value in props.items():
-        entry = sharded.metadata_props.add()
-        entry.key, entry.value = key, value
+        sharded_op.set_metadata(sharded, sharded_op.META_PLACEMENT, {"device": "ndp", "units": [0, 1]})
     tail = [helper.make_node("Add", ["x", "moe_out"], ["y"], name="residual/Add")]
     graph = helper.make_graph(
-        _router_nodes() + [pack_gate_up, pack_down, sharded] + tail,
+        [*_router_nodes(), sharded, *tail],
         "moe",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [TOKENS, HIDDEN])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [TOKENS, HIDDEN])],
         initializer=inits,
     )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("ndp_ep", 1)]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(sharded_op.DOMAIN, sharded_op.OPSET)]
     return helper.make_model(graph, opset_imports=opsets, producer_name="diff-tests")
 
 

@@ -49,13 +49,14 @@ def test_one_changed_attribute_is_the_only_difference(sample_pairs):
 def test_ndp_ep_rewrite_is_shown_as_one_moe_block(sample_pairs):
     result = diff_models(*sample_pairs["ndp_ep_rewrite"])
     assert not result.equivalent
-    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 10, "added": 3}
+    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 10, "added": 1}
     (block,) = result.moe_blocks
     assert (block.block, block.direction, block.replaced_source) == ("moe0", "rewrite", "metadata")
     assert (block.num_experts, block.top_k, block.shards, block.hidden, block.ffn) == (4, 2, 2, 8, 4)
-    assert block.activation == "silu" and dict(block.placement) == {"device": "ndp", "units": [0, 1]}
+    assert block.activation == "silu_glu" and dict(block.placement) == {"device": "ndp", "units": [0, 1]}
+    assert block.contract_error is None
     assert [r.name for r in block.replaced_nodes] == list(EXPERT_NODE_NAMES)
-    assert sorted(r.op_type for r in block.new_nodes) == ["Concat", "Concat", "ShardedMoEExperts"]
+    assert [r.op_type for r in block.new_nodes] == ["ShardedMoEExperts"]
     splits = [i for i in block.initializers if i.status == "split"]
     assert [i.summary for i in splits] == [
         "moe0 experts gate_up [4, 8, 8] → 4 experts × 2 shards of [8, 4]",
@@ -88,6 +89,36 @@ def test_block_without_replaced_nodes_metadata_is_inferred_from_names(tmp_path):
     assert block.replaced_source == "inferred"
     assert sorted(r.name for r in block.replaced_nodes) == sorted(EXPERT_NODE_NAMES)
     assert block.placement is None
+
+
+def test_rewritten_sample_computes_what_the_original_computes():
+    """The pair's model B is a real conversion's form: the provider runs it and matches stock ONNX Runtime on A."""
+    import onnxruntime as ort
+    from diff_sample_pairs import HIDDEN, TOKENS, moe_original, moe_rewritten
+
+    import ndp_ep
+
+    a, gate_up, down = moe_original()
+    x = np.random.default_rng(1).standard_normal((TOKENS, HIDDEN)).astype(np.float32)
+    expected = ort.InferenceSession(a.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ndp_ep.InferenceSession(moe_rewritten(gate_up, down)).run(None, {"x": x})[0]
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+def test_sharded_node_that_breaks_the_contract_is_still_shown_with_the_reason(tmp_path):
+    from diff_sample_pairs import moe_original, moe_rewritten
+
+    a, gate_up, down = moe_original()
+    b = moe_rewritten(gate_up, down)
+    sharded = next(n for n in b.graph.node if n.op_type == "ShardedMoEExperts")
+    for attribute in sharded.attribute:
+        if attribute.name == "shards":
+            attribute.i = 3  # 4 experts x 3 shards no longer matches the 16 weight inputs, nor ffn 4
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    (block,) = diff_models(tmp_path / "a.onnx", tmp_path / "b.onnx").moe_blocks
+    assert block.contract_error is not None and "not divisible by 3 shards" in block.contract_error
+    assert (block.block, block.num_experts, block.shards) == ("moe0", EXPERTS, SHARDS)  # from the block summary
 
 
 def test_values_change_reshape_and_generic_split_of_initializers(tmp_path):
@@ -307,5 +338,5 @@ def test_reversed_pair_shows_the_block_restored_and_shards_merged(sample_pairs):
         "moe0 experts gate_up 4 experts × 2 shards of [8, 4] → [4, 8, 8]",
         "moe0 experts down 4 experts × 2 shards of [2, 8] → [4, 8, 4]",
     ]
-    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 3, "added": 10}
+    assert dict(result.node_counts) == {"unchanged": 4, "renamed": 0, "changed": 0, "removed": 1, "added": 10}
     assert [(o.domain, o.a, o.b) for o in result.opsets] == [("ndp_ep", 1, None)]

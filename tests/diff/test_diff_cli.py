@@ -27,6 +27,7 @@ INIT_KEYS = {"status", "summary", "block", "basis", "a", "b", "a_bytes", "b_byte
 TENSOR_KEYS = {"name", "dtype", "shape", "bytes"}
 BLOCK_KEYS = {"block", "node", "direction", "num_experts", "top_k", "shards", "hidden", "ffn", "activation"}
 BLOCK_KEYS |= {"placement", "replaced_source", "replaced_nodes", "missing_replaced_nodes", "new_nodes", "initializers"}
+BLOCK_KEYS |= {"contract_error"}
 REGION_KEYS = {"index", "title", "block", "a_nodes", "b_nodes"}
 
 
@@ -90,8 +91,8 @@ def test_text_output_of_rewrite_reads_like_a_person_would_say_it(sample_pairs, c
     main(["diff", *map(str, sample_pairs["ndp_ep_rewrite"])])
     out = capsys.readouterr().out
     assert "MoE blocks rewritten by ndp-ep (1)" in out
-    assert "moe0: 10 nodes (" in out and "→ 1 ndp_ep::ShardedMoEExperts, 2 Concat" in out
-    assert "experts 4 · top-k 2 · shards 2 · hidden 8 · ffn 4 · activation silu" in out
+    assert "moe0: 10 nodes (" in out and "→ 1 ndp_ep::ShardedMoEExperts" in out and "Concat" not in out
+    assert "experts 4 · top-k 2 · shards 2 · hidden 8 · ffn 4 · activation silu_glu" in out
     assert "experts gate_up [4, 8, 8] → 4 experts × 2 shards of [8, 4]" in out
     assert "placement: device ndp · units [0, 1]" in out
     assert "Opsets: + ndp_ep 1" in out
