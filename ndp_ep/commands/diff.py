@@ -12,13 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ndp_ep.cli_args import add_json_args, bounded_int
+
 HELP = "semantic diff of two ONNX models (nodes, initializers, opsets, ndp-ep MoE rewrites)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_a", metavar="A.onnx", help="the model before (for instance the original)")
     parser.add_argument("model_b", metavar="B.onnx", help="the model after (for instance the ndp-ep conversion)")
-    parser.add_argument("--json", action="store_true", help="print the ndp-ep.diff/1 JSON document instead of text")
+    add_json_args(parser, what="the ndp-ep.diff/1 document (instead of text)", file_option=True)
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
     parser.add_argument(
         "--color",
@@ -27,7 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="colour the text output (auto: only on a terminal and when NO_COLOR is unset)",
     )
     parser.add_argument(
-        "--max-items", type=int, default=50, metavar="N", help="list at most N entries per text section (0: all)"
+        "--max-items",
+        type=bounded_int(0),
+        default=50,
+        metavar="N",
+        help="list at most N entries per text section (0: all)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing; only the exit code tells")
 
@@ -50,13 +56,12 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ndp_ep.diff import diff_models, render_html, render_json, render_text, to_json_document
-    from ndp_ep.errors import NdpEpError
 
-    if args.max_items < 0:
-        raise NdpEpError(f"--max-items must be >= 0, got {args.max_items}")
     result = diff_models(args.model_a, args.model_b)
     if args.html:
         _write_atomically(Path(args.html), render_html(result, to_json_document(result)))
+    if args.json_out:
+        _write_atomically(Path(args.json_out), render_json(result))
     if not args.quiet:
         if args.json:
             sys.stdout.write(render_json(result))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import json
 
-from ndp_ep.diff.render_text import block_headline, human_bytes, placement_text
+from ndp_ep.diff.render_text import PROVENANCE, block_headline, human_bytes, placement_text
 from ndp_ep.diff.result import InitializerDiff, ModelDiff, MoEBlockDiff, Region
 from ndp_ep.diff.svg import draw_region_side
 
@@ -95,9 +95,11 @@ def _block_section(block: MoEBlockDiff, region: Region | None) -> str:
         ("hidden", block.hidden),
         ("ffn", block.ffn),
         ("activation", block.activation),
-        ("placement", placement_text(block.placement, max_value_chars=200)),
-        ("replaced nodes from", block.replaced_source),
+        ("placement", placement_text(block.placement)),
+        ("replaced nodes", PROVENANCE[block.replaced_source]),
     ]
+    if block.contract_error:
+        facts.append(("breaks the op contract", block.contract_error))
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e('?' if v is None else v)}</td></tr>" for k, v in facts)
 
     def item(i: InitializerDiff) -> str:

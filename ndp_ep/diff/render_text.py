@@ -3,11 +3,14 @@
 Sections: headline and counts, opset/io/function changes, MoE block rewrites ("these N nodes → these
 sharded expert ops"), changed / removed / added / renamed nodes (nodes inside a MoE block are shown with their
 block, not one by one), and initializer groups. Long lists are cut at ``max_items`` with a count of the rest.
+Lines are wrapped at ``width`` columns (80 by default) between words, never inside one; a continuation is
+indented four spaces deeper than its line. Colour codes do not count towards the width.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -16,6 +19,14 @@ from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff,
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2", "cyan": "36"}
 INDENT = "  "
+WIDTH = 80
+CONTINUATION = "    "
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SIZE_UNITS = frozenset({"B", "KiB", "MiB", "GiB", "KiB)", "MiB)", "GiB)", "B)", "B;", "KiB;", "MiB;", "GiB;"})
+PROVENANCE = {
+    "metadata": "recorded by ndp-ep at conversion",
+    "inferred": "inferred from node names (the converted node does not list them)",
+}
 STATUS_MARKS = {"changed": ("~", "yellow"), "removed": ("-", "red"), "added": ("+", "green"), "renamed": ("=", "blue")}
 INIT_COLOURS = {
     "split": "cyan",
@@ -39,18 +50,59 @@ def human_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def placement_text(placement: Mapping[str, Any] | None, max_value_chars: int = 48) -> str:
-    """'device ndp+gpu · ndp_units 4 · shard_to_ndp_unit [0, 1, 2, 3]' (long strings cut with …)."""
+def placement_text(placement: Mapping[str, Any] | None) -> str:
+    """'device ndp+gpu · ndp_units 4 · shard_to_ndp_unit [0, 1, 2, 3]': every value in full."""
     if placement is None:
         return "not annotated"
     parts = []
     for key in sorted(placement):
         value = placement[key]
-        text = value if isinstance(value, str) else json.dumps(value)
-        if len(text) > max_value_chars:
-            text = text[: max_value_chars - 1] + "…"
-        parts.append(f"{key} {text}")
+        parts.append(f"{key} {value if isinstance(value, str) else json.dumps(value)}")
     return " · ".join(parts)
+
+
+def visible_width(text: str) -> int:
+    """Columns ``text`` takes on a terminal (colour codes take none)."""
+    return len(_ANSI.sub("", text))
+
+
+def wrap_line(text: str, width: int = WIDTH) -> list[str]:
+    """``text`` broken between words into lines of at most ``width`` visible columns (a word longer than a
+    line stays whole); continuation lines are indented four spaces deeper than the first. Runs of spaces
+    inside a line are kept (aligned columns stay aligned); a ``[...]`` list or shape and a size with its
+    unit (``770.1 KiB``) are never broken."""
+    if visible_width(text) <= width:
+        return [text]
+    indent = text[: len(text) - len(text.lstrip(" "))]
+    continuation = indent + CONTINUATION
+    lines: list[str] = []
+    current = indent
+    for space, word in _words(text[len(indent) :]):
+        if current not in (indent, continuation) and visible_width(current + space + word) > width:
+            lines.append(current)
+            current = continuation + word
+        else:
+            current += ("" if current in (indent, continuation) else space) + word
+    lines.append(current)
+    return lines
+
+
+def _words(text: str) -> list[tuple[str, str]]:
+    """``(spaces before, word)`` pairs; spaces inside brackets or before a size unit join their neighbours."""
+    def brackets(word: str) -> int:
+        plain = _ANSI.sub("", word)  # a colour code is written with "[" too
+        return plain.count("[") - plain.count("]")
+
+    parts = re.split(r"( +)", text)
+    words: list[tuple[str, str]] = [("", parts[0])]
+    depth = brackets(parts[0])
+    for space, word in zip(parts[1::2], parts[2::2], strict=True):
+        if depth > 0 or _ANSI.sub("", word) in SIZE_UNITS:
+            words[-1] = (words[-1][0], words[-1][1] + space + word)
+        else:
+            words.append((space, word))
+        depth += brackets(word)
+    return words
 
 
 def op_histogram(refs: Iterable[NodeRef]) -> str:
@@ -60,9 +112,10 @@ def op_histogram(refs: Iterable[NodeRef]) -> str:
 
 
 class _Writer:
-    def __init__(self, colour: bool, max_items: int) -> None:
+    def __init__(self, colour: bool, max_items: int, width: int) -> None:
         self.colour = colour
         self.max_items = max_items
+        self.width = width
         self.lines: list[str] = []
 
     def paint(self, text: str, *styles: str) -> str:
@@ -72,7 +125,8 @@ class _Writer:
         return f"\x1b[{codes}m{text}\x1b[0m"
 
     def line(self, text: str = "") -> None:
-        self.lines.append(text)
+        for part in text.split("\n"):
+            self.lines.extend(wrap_line(part, self.width))
 
     def limited(self, items: Sequence[str], indent: str) -> None:
         """One entry per item (an item may span lines); at most ``max_items`` items."""
@@ -113,8 +167,9 @@ def _block_lines(out: _Writer, block: MoEBlockDiff) -> None:
         facts.append(f"activation {block.activation}")
     out.line("    " + " · ".join(facts))
     out.line(f"    placement: {placement_text(block.placement)}")
-    if block.replaced_source == "inferred":
-        out.line("    " + out.paint("replaced nodes inferred from names (no ndp_ep.replaced_nodes metadata)", "dim"))
+    out.line(f"    replaced nodes: {PROVENANCE[block.replaced_source]}")
+    if block.contract_error:
+        out.line("    " + out.paint(f"the sharded node breaks the op contract: {block.contract_error}", "yellow"))
     if block.missing_replaced_nodes:
         missing = ", ".join(block.missing_replaced_nodes[:5])
         out.line("    " + out.paint(f"listed as replaced but absent from the other model: {missing}", "yellow"))
@@ -148,8 +203,11 @@ def _init_line(out: _Writer, item: InitializerDiff) -> str:
     return f"{status} {item.summary}{sizes}"
 
 
-def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50) -> str:
-    out = _Writer(colour, max_items)
+def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50, width: int = WIDTH) -> str:
+    """The readable report: lines of at most ``width`` columns (words are never cut), colours when asked."""
+    if width < 20:
+        raise ValueError(f"width must be at least 20 columns, got {width}")
+    out = _Writer(colour, max_items, width)
     verdict = out.paint("EQUIVALENT", "green", "bold") if diff.equivalent else out.paint("DIFFERENT", "red", "bold")
     out.line(_model_line("A", diff.a))
     out.line(_model_line("B", diff.b))

@@ -156,3 +156,21 @@ def test_process_exit_codes_as_a_user_sees_them(sample_pairs, tmp_path):
     assert (identical.returncode, changed.returncode, missing.returncode) == (0, 1, 2)
     assert json.loads(changed.stdout)["summary"]["nodes"]["changed"] == 1
     assert missing.stdout == "" and missing.stderr.count("\n") == 1 and "nope.onnx" in missing.stderr
+
+
+def test_json_out_writes_the_same_document_as_json_on_stdout(sample_pairs, tmp_path, capsys):
+    pair = [str(p) for p in sample_pairs["ndp_ep_rewrite"]]
+    main(["diff", "--json", *pair])
+    printed = capsys.readouterr().out
+    target = tmp_path / "diff.json"
+    assert main(["diff", "-q", "--json-out", str(target), *pair]) == 1
+    assert capsys.readouterr().out == ""
+    assert json.loads(target.read_text()) == json.loads(printed)
+
+
+def test_html_names_the_provenance_in_plain_words(sample_pairs, tmp_path, capsys):
+    target = tmp_path / "report.html"
+    main(["diff", "-q", "--html", str(target), *map(str, sample_pairs["ndp_ep_rewrite"])])
+    page = target.read_text(encoding="utf-8")
+    assert "<th>replaced nodes</th><td>recorded by ndp-ep at conversion</td>" in page
+    assert "replaced nodes from" not in page

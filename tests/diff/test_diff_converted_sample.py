@@ -54,3 +54,16 @@ def test_converted_sample_cli_text_and_exit_code(converted, capsys):
     out = capsys.readouterr().out
     assert "MoE blocks rewritten by ndp-ep (1)" in out and "→ 1 ndp_ep::ShardedMoEExperts" in out
     assert f"× {SHARDS} shards of" in out
+
+
+def test_text_fits_80_columns_and_keeps_every_word_whole(converted, capsys):
+    capsys.readouterr()
+    main(["diff", str(SAMPLE), str(converted)])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    model_b = onnx.load(str(converted), load_external_data=False)
+    node = next(n for n in model_b.graph.node if n.op_type == "ShardedMoEExperts")
+    placement = json.loads({p.key: p.value for p in node.metadata_props}["ndp_ep.placement"])
+    flowing = " ".join(out.split())  # continuation lines joined back
+    assert f"note {placement['note']}" in flowing  # the whole note, not cut mid-word
+    assert "replaced nodes: recorded by ndp-ep at conversion" in flowing and "from: metadata" not in flowing
