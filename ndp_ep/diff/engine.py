@@ -20,10 +20,11 @@ from types import MappingProxyType
 from ndp_ep.diff.initializers import match_initializers, normalise_name, summarise_unpaired
 from ndp_ep.diff.loading import ContentHasher, ModelSnapshot, load_snapshot
 from ndp_ep.diff.matching import GraphIndex, NodeMatching, build_index, input_source, match_nodes
-from ndp_ep.diff.moe import ShardedNode, find_sharded_nodes
+from ndp_ep.diff.moe import ShardedNode, find_sharded_nodes, weight_lines
 from ndp_ep.diff.result import (
     INITIALIZER_STATUSES,
     NODE_STATUSES,
+    DrawEdge,
     DrawNode,
     FieldChange,
     FunctionChange,
@@ -426,14 +427,16 @@ def _region_side(
             label=snapshot.nodes[i].name or f"#{i}",
             op=snapshot.nodes[i].qualified_op,
             status=status.get(i, "context") if i in chosen else "context",
+            weights=weight_lines(snapshot, i),
         )
         for i in everything
     )
     present = set(everything)
-    edges: set[tuple[str, str]] = set()
+    edges: set[DrawEdge] = set()
     for node in everything:
         for tensor in snapshot.nodes[node].inputs:
             producer = index.producer.get(tensor)
-            if producer and producer[0] in present:
-                edges.add((f"{side}{producer[0]}", f"{side}{node}"))
-    return RegionSide(nodes=nodes, edges=tuple(sorted(edges)), omitted_nodes=omitted)
+            if producer and producer[0] in present and producer[0] != node:
+                edges.add(DrawEdge(f"{side}{producer[0]}", f"{side}{node}", tensor))
+    ordered = sorted(edges, key=lambda e: (e.source, e.target, e.tensor))
+    return RegionSide(nodes=nodes, edges=tuple(ordered), omitted_nodes=omitted)

@@ -32,12 +32,15 @@ from graph_passes.sharded_op import (
     get_metadata,
     is_sharded_node,
     parse_node,
+    parse_shard_name,
 )
+from ndp_ep.text import plural
 
 if TYPE_CHECKING:  # loading.py imports this module to read the nodes while it loads a model
     from ndp_ep.diff.loading import ModelSnapshot, NodeRecord
 
 INT_FIELDS = ("num_experts", "top_k", "shards", "hidden", "ffn")
+MAX_WEIGHT_LINES = 4
 
 
 @dataclass(frozen=True)
@@ -119,3 +122,32 @@ def find_sharded_nodes(snapshot: ModelSnapshot) -> tuple[ShardedNode, ...]:
             )
         )
     return tuple(found)
+
+
+def weight_lines(snapshot: ModelSnapshot, node_index: int) -> tuple[str, ...]:
+    """What a drawn node reads from initializers, one line per weight: expert shards grouped by kind
+    (``gate_up: 8 experts × 4 shards of [64, 64]``), other matrices by name and shape; scalars and 1-D
+    constants (axes, shapes) are left out."""
+    groups: dict[str, list[tuple[int, int | None, tuple[int, ...]]]] = {}
+    others: list[str] = []
+    for name in snapshot.nodes[node_index].inputs:
+        record = snapshot.initializers.get(name)
+        if record is None:
+            continue
+        shard = parse_shard_name(name)
+        if shard is not None:
+            groups.setdefault(shard.kind, []).append((shard.expert, shard.shard, record.shape))
+        elif len(record.shape) >= 2:
+            others.append(f"{name} [{', '.join(str(d) for d in record.shape)}]")
+    lines = []
+    for kind, members in groups.items():
+        experts = len({e for e, _, _ in members})
+        shards = len({s for _, s, _ in members if s is not None})
+        shapes = {shape for _, _, shape in members}
+        shape = f"[{', '.join(str(d) for d in next(iter(shapes)))}]" if len(shapes) == 1 else "mixed shapes"
+        count = plural(experts, "expert") + (f" × {plural(shards, 'shard')}" if shards else "")
+        lines.append(f"{kind}: {count} of {shape}")
+    lines += others
+    if len(lines) > MAX_WEIGHT_LINES:
+        lines = [*lines[: MAX_WEIGHT_LINES - 1], f"… {len(lines) - MAX_WEIGHT_LINES + 1} more weights"]
+    return tuple(lines)

@@ -89,6 +89,7 @@ def wrap_line(text: str, width: int = WIDTH) -> list[str]:
 
 def _words(text: str) -> list[tuple[str, str]]:
     """``(spaces before, word)`` pairs; spaces inside brackets or before a size unit join their neighbours."""
+
     def brackets(word: str) -> int:
         plain = _ANSI.sub("", word)  # a colour code is written with "[" too
         return plain.count("[") - plain.count("]")

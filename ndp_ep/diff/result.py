@@ -203,9 +203,23 @@ class DrawNode:
     label: str
     op: str
     status: str
+    weights: tuple[str, ...] = ()  # one line per weight (group) the node reads, e.g. its expert shards
 
     def __post_init__(self) -> None:
         _check_choice("draw status", self.status, DRAW_STATUSES)
+
+
+@dataclass(frozen=True)
+class DrawEdge:
+    """A tensor from one drawn node to another (``source`` and ``target`` are node ids of the same side)."""
+
+    source: str
+    target: str
+    tensor: str
+
+    def __post_init__(self) -> None:
+        if self.source == self.target:
+            raise ValueError(f"edge {self.tensor!r} loops on {self.source}")
 
 
 @dataclass(frozen=True)
@@ -213,12 +227,16 @@ class RegionSide:
     """The before or after subgraph of a region: its nodes and the edges between them."""
 
     nodes: tuple[DrawNode, ...]
-    edges: tuple[tuple[str, str], ...]
+    edges: tuple[DrawEdge, ...]
     omitted_nodes: int
 
     def __post_init__(self) -> None:
         if self.omitted_nodes < 0:
             raise ValueError("omitted_nodes must be non-negative")
+        ids = {n.node_id for n in self.nodes}
+        loose = [e.tensor for e in self.edges if e.source not in ids or e.target not in ids]
+        if loose:
+            raise ValueError(f"edges to nodes not drawn: {loose[:3]}")
 
 
 @dataclass(frozen=True)
