@@ -22,6 +22,12 @@ class LayerReport:
     def active_experts(self) -> int:
         return sum(1 for c in self.expert_tokens if c)
 
+    def __repr__(self) -> str:
+        return (
+            f"LayerReport({self.name!r}, tokens={self.tokens}, active_experts={self.active_experts}, "
+            f"latency_s={self.latency_s:.3e})"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "index": self.index,
@@ -74,16 +80,38 @@ class RunReport:
             "simulator": self.simulator,
         }
 
+    def __repr__(self) -> str:
+        return (
+            f"RunReport(run_index={self.run_index}, phase={self.phase!r}, tokens={self.tokens}, "
+            f"simulated_latency_s={self.simulated_latency_s:.3e}, layers={len(self.layers)}, "
+            f"hardware={self.hardware!r}, policy={self.policy!r})"
+        )
+
+    def __str__(self) -> str:
+        """The readable report of :meth:`format_text` (``print(report)``)."""
+        return self.format_text()
+
     def format_text(self) -> str:
+        """The headline (simulated latency, phase, tokens, hardware, policy, the dtype weights are costed as),
+        then one aligned row per MoE layer: its latency, how many experts it activated and where they ran."""
+        from ndp_ep.text import plural, table
+
         lines = [
-            f"simulated latency {self.simulated_latency_s * 1e3:.3f} ms  ({self.phase}, {self.tokens} tokens, "
-            f"{self.hardware} with {self.ndp_units} NDP units, policy {self.policy}, {self.dtype})",
-            f"  non-expert ops on GPU  {self.non_expert_gpu_s * 1e3:9.3f} ms",
+            f"simulated latency {self.simulated_latency_s * 1e3:.3f} ms  "
+            f"({self.phase}, {plural(self.tokens, 'token')}, "
+            f"{self.hardware} with {plural(self.ndp_units, 'NDP unit')}, "
+            f"policy {self.policy}, weights costed as {self.dtype})",
         ]
+        rows = [["non-expert ops on GPU", f"{self.non_expert_gpu_s * 1e3:.3f} ms", "", ""]]
         for layer in self.layers:
             where = sorted(set(layer.placement.values()))
-            lines.append(
-                f"  {layer.name:<28} {layer.latency_s * 1e3:9.3f} ms  {layer.active_experts:>3} experts  "
-                f"on {'+'.join(where) or '-'}"
+            rows.append(
+                [
+                    layer.name,
+                    f"{layer.latency_s * 1e3:.3f} ms",
+                    plural(layer.active_experts, "expert"),
+                    f"on {'+'.join(where) or '-'}",
+                ]
             )
+        lines += table(rows, "<><<", indent="  ")
         return "\n".join(lines)
