@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 MAX_NDP_UNITS = 64
 MAX_SHARDS = 256
@@ -52,6 +53,28 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"  # argparse names the type in its messages
     return parse
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type`` for a file the command will write: refused, naming the user's own path, when it is
+    empty, an existing directory, or in a directory that does not exist."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; name a file to write")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file to write in it")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: directory {path.parent} does not exist")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """An argparse ``type`` for a directory the command will create or fill (refused when a file has the name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; name a directory")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    return text
 
 
 def preset_names() -> list[str]:
@@ -132,4 +155,4 @@ def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bo
     """``--json``: print ``what`` as JSON on stdout instead of text; ``--json-out FILE`` also writes it to a file."""
     parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON document on stdout")
     if file_option:
-        parser.add_argument("--json-out", metavar="FILE", help=f"also write {what} as JSON to FILE")
+        parser.add_argument("--json-out", type=output_file, metavar="FILE", help=f"also write {what} as JSON to FILE")

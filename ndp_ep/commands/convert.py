@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ndp_ep.cli_args import add_hardware_args, add_json_args, add_shards_arg
+from ndp_ep.cli_args import add_hardware_args, add_json_args, add_shards_arg, output_file
 
 HELP = "convert an ONNX MoE model into one with tensor-parallel sharded expert ops"
 
@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         required=True,
+        type=output_file,
         metavar="OUT.onnx",
         help="output ONNX model; the weights go to OUT.onnx.data when the input used external data, they "
         "exceed 1.8 GB, or --external-data is given",
@@ -38,18 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--external-data", action="store_true", default=None, help="always write the weights to OUT.onnx.data"
     )
     add_json_args(parser, what="the conversion report")
-
-
-def check_output_path(output: str) -> Path:
-    """The ``-o`` path, refused with the user's own words when it cannot name a file to write."""
-    from ndp_ep.errors import ConversionError
-
-    if not output.strip():
-        raise ConversionError("-o/--output is empty; name the converted model, e.g. -o model.ndp.onnx")
-    path = Path(output)
-    if path.is_dir():
-        raise ConversionError(f"-o {output} is a directory; name the converted file, e.g. -o {path / 'model.ndp.onnx'}")
-    return path
 
 
 def sharded_node_count(model: str | Path) -> int:
@@ -71,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.errors import ConversionError
     from ndp_ep.text import plural
 
-    output = check_output_path(args.output)
+    output = Path(args.output)
     already = sharded_node_count(args.model)
     if already and args.strict:
         raise ConversionError(

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int
+from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir
 
 HELP = "convert and run a bundled MoE sample, check it against stock ONNX Runtime, compare ours with the baselines"
 PARITY_TOLERANCE = 1e-5  # max |provider - stock| relative to max |stock|
@@ -41,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"tokens generated one at a time after the prompt (0-{MAX_DECODE_STEPS})",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="directory to keep the converted model in (default: a temporary one, removed)"
+        "--out",
+        type=output_dir,
+        metavar="DIR",
+        help="directory to keep the converted model in (default: a temporary one, removed)",
     )
     add_json_args(parser, what="the comparison")
 

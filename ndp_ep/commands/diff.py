@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ndp_ep.cli_args import add_json_args, bounded_int
+from ndp_ep.cli_args import add_json_args, bounded_int, output_file
 
 HELP = "semantic diff of two ONNX models (nodes, initializers, opsets, ndp-ep MoE rewrites)"
 
@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_a", metavar="A.onnx", help="the model before (for instance the original)")
     parser.add_argument("model_b", metavar="B.onnx", help="the model after (for instance the ndp-ep conversion)")
     add_json_args(parser, what="the ndp-ep.diff/1 document (instead of text)", file_option=True)
-    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report to FILE")
+    parser.add_argument(
+        "--html", type=output_file, metavar="FILE", help="also write a self-contained HTML report to FILE"
+    )
     parser.add_argument(
         "--color",
         choices=("auto", "always", "never"),

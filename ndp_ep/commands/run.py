@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg
+from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg, output_file
 
 HELP = "run an ONNX model (converted or not) through the NDP provider and report simulated latency"
 
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--inputs", metavar="FEEDS.npz", help=".npz of input feeds (default: random feeds from the input signature)"
     )
-    parser.add_argument("--outputs", metavar="OUT.npz", help="write the outputs to this .npz file")
+    parser.add_argument("--outputs", type=output_file, metavar="OUT.npz", help="write the outputs to this .npz file")
     add_hardware_args(parser)
     add_policy_arg(parser)
     add_feed_args(parser)

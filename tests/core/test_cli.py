@@ -164,11 +164,28 @@ def test_shard_count_that_does_not_divide_the_ffn_falls_back_to_its_largest_divi
     assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["shards"] == 2
 
 
-def test_output_naming_a_directory_names_the_users_path(tmp_path, capsys):
-    line = assert_one_line_error(call("convert", SAMPLES / "moe_block.onnx", "-o", tmp_path, capsys=capsys))
-    assert f"-o {tmp_path} is a directory" in line and ".tmp" not in line
+OUTPUT_OPTIONS = [
+    ("convert", "-o/--output", [SAMPLES / "moe_block.onnx", "-o"]),
+    ("run", "--outputs", [SAMPLES / "moe_block.onnx", "--outputs"]),
+    ("diff", "--html", [SAMPLES / "moe_block.onnx", SAMPLES / "moe_block.onnx", "--html"]),
+    ("diff", "--json-out", [SAMPLES / "moe_block.onnx", SAMPLES / "moe_block.onnx", "--json-out"]),
+]
+
+
+@pytest.mark.parametrize(("command", "option", "args"), OUTPUT_OPTIONS, ids=[f"{c} {o}" for c, o, _ in OUTPUT_OPTIONS])
+def test_output_paths_that_cannot_be_written_name_the_users_path(tmp_path, capsys, command, option, args):
+    line = assert_one_line_error(call(command, *args, tmp_path, capsys=capsys), f"argument {option}")
+    assert f"{tmp_path} is a directory" in line and ".tmp" not in line
+    missing = tmp_path / "no" / "such.out"
+    line = assert_one_line_error(call(command, *args, missing, capsys=capsys), f"cannot write {missing}")
+    assert_one_line_error(call(command, *args, "", capsys=capsys), "empty")
     assert list(tmp_path.iterdir()) == []
-    assert_one_line_error(call("convert", SAMPLES / "moe_block.onnx", "-o", "", capsys=capsys), "empty")
+
+
+def test_demo_out_must_be_a_directory(tmp_path, capsys):
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    assert_one_line_error(call("demo", "--out", afile, capsys=capsys), f"{afile} is a file, not a directory")
 
 
 # -- run -------------------------------------------------------------------------------------------------------
