@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import onnx
 import pytest
@@ -141,15 +137,8 @@ def test_html_is_written_atomically_and_not_on_bad_input(sample_pairs, tmp_path,
     assert not missing.exists()
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "ndp_ep", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-
-
-def test_process_exit_codes_as_a_user_sees_them(sample_pairs, tmp_path):
-    cli = _run_cli
+def test_process_exit_codes_as_a_user_sees_them(cli, sample_pairs, tmp_path):
+    """The one subprocess smoke test of diff: exit codes and streams as a shell sees them."""
     identical = cli("diff", *map(str, sample_pairs["identical"]))
     changed = cli("diff", "--json", *map(str, sample_pairs["one_node_changed"]))
     missing = cli("diff", str(tmp_path / "nope.onnx"), str(sample_pairs["identical"][0]))
