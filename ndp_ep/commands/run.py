@@ -32,14 +32,18 @@ def shard_mismatch(converted_model, ndp_units: int) -> str | None:
     from graph_passes.sharded_op import is_sharded_node, parse_node
     from ndp_ep.text import plural
 
-    shards = sorted({parse_node(n).shards for n in converted_model.graph.node if is_sharded_node(n)})
+    specs = [parse_node(n) for n in converted_model.graph.node if is_sharded_node(n)]
+    shards = sorted({spec.shards for spec in specs})
     if not shards or shards == [ndp_units]:
         return None
     counts = " and ".join(str(s) for s in shards)
+    advice = ""
+    if all(spec.ffn % ndp_units == 0 for spec in specs):
+        advice = f" (convert with --shards {ndp_units} to run the numerics that way too)"
     return (
         f"the model's experts are split into {counts} shards but the hardware has {plural(ndp_units, 'NDP unit')}: "
-        f"the outputs use the model's shards; the simulated latency splits each expert over all {ndp_units} "
-        f"(as `ndp-ep convert --shards {ndp_units}` would)"
+        f"the outputs use the model's shards; the simulated latency splits each expert over the hardware's "
+        f"{plural(ndp_units, 'unit')}{advice}"
     )
 
 

@@ -220,7 +220,9 @@ def test_run_warns_when_the_models_shards_differ_from_the_ndp_units(capsys, conv
     assert code == 0
     (line,) = err.strip().splitlines()
     assert line.startswith("ndp-ep run: warning:")
-    assert "split into 4 shards" in line and "2 NDP units" in line and "--shards 2" in line
+    assert "split into 4 shards" in line and "2 NDP units" in line and "convert with --shards 2" in line
+    code, _, err = call("run", converted_decoder, "--ndp-units", "3", capsys=capsys)  # ffn 128: 3 cannot divide it
+    assert code == 0 and "over the hardware's 3 units" in err and "--shards" not in err
     code, _, err = call("run", converted_decoder, "--hw", "paper", capsys=capsys)
     assert code == 0 and err == ""
 
