@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=8, help="size of symbolic dims in random feeds")
     parser.add_argument("--seed", type=int, default=0, help="seed of random feeds")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--trace", help="write the simulated timeline as Chrome trace-event JSON (Perfetto)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if args.outputs:
         save_arrays(args.outputs, outputs)
     report = session.last_report
+    if args.trace:
+        from hw_model.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(args.trace, report.chrome_trace())
     if args.json:
         payload = {
             "model": args.model,
