@@ -605,7 +605,15 @@ def run_sweep(
     records = [r for chunk in chunk_results for r in chunk]
     records.sort(key=lambda r: r["point"])
     add_speedups(records, grid.baseline)
+    records = rectangular(records)
     return SweepResult(tuple(records), tuple(pareto_fronts(records, grid.varied_axes)), used, jobs, wall)
+
+
+def rectangular(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The records with one set of columns (first-seen order), None where a record has no value: policies
+    report different counters (prefetch, cache), and a table needs every column in every row."""
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    return [{k: r.get(k) for k in columns} for r in records]
 
 
 def add_speedups(records: Sequence[dict[str, Any]], baseline: str | None) -> None:
@@ -810,6 +818,7 @@ __all__ = [
     "configurations",
     "pareto_front",
     "pareto_fronts",
+    "rectangular",
     "plot_pareto",
     "run_point",
     "run_sweep",
