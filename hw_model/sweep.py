@@ -72,6 +72,7 @@ DEFAULT_BASELINE = "monde"  # the grid's baseline when it lists this policy and 
 FILE_TRACE_SKEW_LEVEL = "trace"
 HARDWARE_COLUMN_PREFIX = "hw."
 LATENCY_KEY = "latency_s"
+WALL_KEY = "sim_wall_s"  # measured wall time of a point's simulation (differs between runs)
 # columns that hold measured wall time (or anything else that differs between runs of the same point)
 NONDETERMINISTIC_KEY = re.compile(r"wall|decision_time")
 
@@ -475,11 +476,11 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
         except HwModelError as exc:
             record["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             record[LATENCY_KEY] = None
-            record["sim_wall_s"] = time.perf_counter() - started
+            record[WALL_KEY] = time.perf_counter() - started
             return record
     skip = set(record) | {"hw", "section", "speedup_vs_monde"}
     record.update({k: v for k, v in _flatten(result.record).items() if k not in skip})
-    record["sim_wall_s"] = time.perf_counter() - started
+    record[WALL_KEY] = time.perf_counter() - started
     return record
 
 
@@ -613,6 +614,7 @@ def rectangular(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The records with one set of columns (first-seen order), None where a record has no value: policies
     report different counters (prefetch, cache), and a table needs every column in every row."""
     columns = list(dict.fromkeys(k for r in records for k in r))
+    columns = [k for k in columns if k != WALL_KEY] + [k for k in columns if k == WALL_KEY]  # measured time last
     return [{k: r.get(k) for k in columns} for r in records]
 
 

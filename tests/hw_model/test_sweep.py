@@ -235,3 +235,10 @@ def test_records_become_one_table_with_none_for_missing_counters():
     rows = rectangular([{"point": 0, "a": 1}, {"point": 1, "b": 2}])
     assert rows == [{"point": 0, "a": 1, "b": None}, {"point": 1, "a": None, "b": 2}]
     assert [list(r) for r in rows] == [["point", "a", "b"]] * 2
+
+
+def test_measured_wall_time_is_the_last_column():
+    from hw_model.sweep import rectangular
+
+    rows = rectangular([{"point": 0, "sim_wall_s": 0.1}, {"point": 1, "sim_wall_s": 0.2, "prefetch_hits": 3}])
+    assert [list(r) for r in rows] == [["point", "prefetch_hits", "sim_wall_s"]] * 2
