@@ -53,6 +53,12 @@ class ResourceGroup:
     thread_rank: int
     category: str
 
+    def __post_init__(self) -> None:
+        if not self.process or not self.thread or not self.category:
+            raise WorkloadError("a resource group needs process, thread and category names")
+        if self.process_rank < 0 or self.thread_rank < 0:
+            raise WorkloadError("resource group ranks must be non-negative")
+
 
 def resource_group(resource: str) -> ResourceGroup:
     """The group of a simulator resource name (``gpu``, ``pcie``, ``pcie_d2h``, ``ndpU``, ``ndp_link``)."""

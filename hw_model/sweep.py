@@ -17,7 +17,7 @@ end by the bench's job runner (:func:`hw_model.bench.run_job`: prefill + decode 
     shift_at = 0.5                                # false: no domain shift
     baseline = "monde"                            # speedup_vs_baseline against this policy (default: monde if listed)
 
-    [hardware.ndp_unit]                           # hardware axes: any preset field, by section
+    [hardware.ndp_unit]                           # hardware axes: any numeric preset field, by section
     memory_bandwidth_bytes_per_s = [25.6e9, 51.2e9]
     [hardware.gpu]
     memory_capacity_bytes = [8e9, 16e9]
@@ -43,12 +43,14 @@ installed.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -111,14 +113,27 @@ def _preset_data(hw: str) -> dict[str, Any]:
 
 
 def _with_overrides(data: Mapping[str, Any], overrides: Iterable[tuple[str, float]]) -> dict[str, Any]:
-    """A deep copy of preset ``data`` with ``section.field`` values replaced."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    """A deep copy of preset ``data`` with the values at dotted paths (``gpu.peak_flops_per_s.bf16``) replaced."""
+    out = copy.deepcopy(dict(data))
     for path, value in overrides:
-        section, name = path.split(".", 1)
-        table = out.get(section)
-        if not isinstance(table, dict):
-            raise SweepGridError(f"hardware.{path}: the preset has no [{section}] table")
+        *tables, name = path.split(".")
+        table = out
+        for depth, part in enumerate(tables):
+            table = table.get(part)
+            if not isinstance(table, dict):
+                raise SweepGridError(f"hardware.{path}: the preset has no [{'.'.join(tables[: depth + 1])}] table")
         table[name] = value
+    return out
+
+
+def _flatten_tables(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"gpu": {"peak_flops_per_s": {"bf16": [..]}}}`` -> ``{"gpu.peak_flops_per_s.bf16": [..]}``."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flatten_tables(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
     return out
 
 
@@ -219,7 +234,7 @@ class SweepGrid:
             raise SweepGridError(str(exc)) from None
         hardware: dict[str, tuple[float, ...]] = {}
         for path, values in dict(self.hardware).items():
-            if path.count(".") != 1:
+            if "." not in path:
                 raise SweepGridError(f"hardware.{path}: name a field as section.field (e.g. gpu.memory_capacity_bytes)")
             hardware[path] = tuple(_as_tuple(f"hardware.{path}", list(values), (int, float)))
         object.__setattr__(self, "hardware", MappingProxyType(hardware))
@@ -285,7 +300,7 @@ def grid_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> Sweep
         if key == "hardware":
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SweepGridError("hardware: expected tables [hardware.SECTION] of field = [values]")
-            kwargs[key] = {f"{section}.{name}": v for section, table in value.items() for name, v in table.items()}
+            kwargs[key] = _flatten_tables(value)
         elif key in ("models", "hw", "ndp_units", "policies", "skew", "traces", "seeds", "residency_fractions"):
             values = list(value) if isinstance(value, list) else [value]
             if key in ("hw", "traces"):
@@ -423,7 +438,9 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
 
 # -- running --------------------------------------------------------------------------------------------
 
-_TRACE_CACHES: dict[tuple, dict] = {}  # per worker process: routing traces by (trace, seed, tokens, knobs)
+# per worker process: routing traces by (trace, seed, tokens, knobs), the most recently used few only
+_TRACE_CACHES: OrderedDict[tuple, dict] = OrderedDict()
+TRACE_CACHE_ENTRIES = 8
 
 
 def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -442,6 +459,9 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
     record = point.params()
     cache_key = (point.trace, point.seed, point.prompt_tokens, point.generated_tokens, point.locality, point.shift_at)
     cache = _TRACE_CACHES.setdefault(cache_key, {})
+    _TRACE_CACHES.move_to_end(cache_key)
+    while len(_TRACE_CACHES) > TRACE_CACHE_ENTRIES:
+        _TRACE_CACHES.popitem(last=False)
     with tempfile.TemporaryDirectory(prefix="ndp-sweep-") as tmp:
         hw = point.hw
         if point.hw_toml is not None:

@@ -41,9 +41,13 @@ def _value(value: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, load_grid, run_sweep, write_sweep
+    from pathlib import Path
+
+    from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SweepGridError, load_grid, run_sweep, write_sweep
 
     grid = load_grid(args.grid)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SweepGridError(f"--out {args.out} exists and is not a directory")
     backend = "ray" if args.ray is not None else "local"
     result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
     files = write_sweep(result, args.out)

@@ -70,3 +70,11 @@ def test_ray_requested_but_not_installed_is_one_line_and_exit_2(tmp_path, capsys
     assert main(["sweep", str(grid), "--out", str(tmp_path / "o"), "--ray"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ndp-ep sweep: error:") and "ray" in err[-1]
+
+
+def test_out_that_is_a_file_is_refused_before_running(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    (tmp_path / "taken").write_text("")
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "taken")]) == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -242,3 +242,14 @@ def test_measured_wall_time_is_the_last_column():
 
     rows = rectangular([{"point": 0, "sim_wall_s": 0.1}, {"point": 1, "sim_wall_s": 0.2, "prefetch_hits": 3}])
     assert [list(r) for r in rows] == [["point", "prefetch_hits", "sim_wall_s"]] * 2
+
+
+def test_nested_hardware_fields_are_axes_too():
+    grid = _tiny_grid(ndp_units=[4], policies=["tp"], hardware={"gpu": {"peak_flops_per_s": {"bf16": [50e12, 100e12]}}})
+    points = expand(grid)
+    assert [p.hardware for p in points] == [
+        (("gpu.peak_flops_per_s.bf16", 50e12),),
+        (("gpu.peak_flops_per_s.bf16", 100e12),),
+    ]
+    peaks = [system_from_dict(tomllib.loads(p.hw_toml)).gpu.peak_flops_per_s["bf16"] for p in points]
+    assert peaks == [50e12, 100e12]
