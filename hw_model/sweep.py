@@ -53,7 +53,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -263,22 +263,7 @@ class SweepGrid:
         return out
 
 
-_GRID_KEYS = {
-    "models",
-    "hw",
-    "ndp_units",
-    "policies",
-    "skew",
-    "traces",
-    "seeds",
-    "residency_fractions",
-    "hardware",
-    "prompt_tokens",
-    "generated_tokens",
-    "locality",
-    "shift_at",
-    "baseline",
-}
+_GRID_KEYS = frozenset(f.name for f in fields(SweepGrid))  # a grid file's keys are the fields
 
 
 def grid_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> SweepGrid:
