@@ -47,6 +47,7 @@ import copy
 import math
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -532,6 +533,20 @@ def _run_local(chunks: list[list[SweepPoint]], jobs: int, progress: Callable[[in
     return results
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` (or ``ray://host:port``) nobody listens on: ``ray.init`` would retry for
+    minutes. ``auto`` and addresses without a port are left to Ray."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
+    if match is None:
+        return
+    host, port = match.group(1), int(match.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise SweepGridError(f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}") from None
+
+
 def _run_ray(
     chunks: list[list[SweepPoint]], jobs: int, address: str | None, progress: Callable[[int], None]
 ) -> list[list[dict]]:
@@ -551,9 +566,15 @@ def _run_ray(
             "log_to_driver": False,
         }
         if address:
-            ray.init(address=address, **options)
-        else:
-            ray.init(num_cpus=jobs, include_dashboard=False, **options)
+            _check_reachable(address)
+        try:
+            if address:
+                ray.init(address=address, **options)
+            else:
+                ray.init(num_cpus=jobs, include_dashboard=False, **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # what ray.init raises for a bad address
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise SweepGridError(f"cannot start or join Ray ({address or 'local'}): {first}") from None
     try:
         remote = ray.remote(_run_chunk)
         refs = [remote.remote(chunk) for chunk in chunks]

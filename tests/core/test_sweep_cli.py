@@ -78,3 +78,17 @@ def test_out_that_is_a_file_is_refused_before_running(tmp_path, capsys):
     (tmp_path / "taken").write_text("")
     assert main(["sweep", str(grid), "--out", str(tmp_path / "taken")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on: bind, read the port, close
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o"), "--ray", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ndp-ep sweep: error: cannot reach a Ray cluster at 127.0.0.1:")
