@@ -37,7 +37,13 @@ def _progress(done: int, total: int) -> None:
 
 
 def _value(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A hardware value for people: 25.6G rather than 2.56e+10."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value)
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{prefix}"
+    return f"{value:.4g}"
 
 
 def run(args: argparse.Namespace) -> int:

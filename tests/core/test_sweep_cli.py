@@ -43,6 +43,7 @@ def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     assert main(["sweep", str(grid), "--out", str(tmp_path), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
     assert "8 points (0 failed)" in text and "Pareto front of olmoe-1b-7b" in text
+    assert "  gpu.memory_capacity_bytes=8G: " in text and "  gpu.memory_capacity_bytes=16G: " in text
     table = pq.read_table(tmp_path / "sweep.parquet").to_pylist()
     assert table == json.loads((tmp_path / "sweep.json").read_text())
 
