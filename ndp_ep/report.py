@@ -17,6 +17,8 @@ class LayerReport:
     latency_s: float
     placement: dict[int, str]
     busy_s: dict[str, float]
+    events: tuple[tuple[str, float, float, str], ...] = ()
+    """The simulated timeline, ``(resource, start_s, end_s, label)`` from the layer's start (not in JSON)."""
 
     @property
     def active_experts(self) -> int:
@@ -90,6 +92,23 @@ class RunReport:
     def __str__(self) -> str:
         """The readable report of :meth:`format_text` (``print(report)``)."""
         return self.format_text()
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """This run's simulated timeline as Chrome trace-event JSON (see :mod:`hw_model.chrome_trace`).
+
+        The MoE layers run one after another, each preceded by an equal share of ``non_expert_gpu_s`` on the
+        GPU (the session charges the non-expert ops that way), so the trace spans ``simulated_latency_s``.
+        """
+        from hw_model.chrome_trace import TraceLayer, chrome_trace, sequential_layers
+
+        meta = {k: v for k, v in self.to_json().items() if k not in ("layers", "simulator")}
+        if not self.layers:
+            only = TraceLayer(0, 0.0, (("gpu", 0.0, self.non_expert_gpu_s, "non-expert ops"),), self.phase)
+            return chrome_trace([only], metadata=meta)
+        invocations = [(layer.index, self.phase, layer.events, layer.latency_s) for layer in self.layers]
+        gap = self.non_expert_gpu_s / len(self.layers)
+        names = [layer.name for layer in self.layers]
+        return chrome_trace(sequential_layers(invocations, gap, "non-expert ops", names=names), metadata=meta)
 
     def format_text(self) -> str:
         """The headline (simulated latency, phase, tokens, hardware, policy, the dtype weights are costed as),

@@ -334,6 +334,7 @@ class InferenceSession:
                     latency_s=result.latency_s,
                     placement=dict(result.placement),
                     busy_s={r: result.busy_s(r) for r in resources},
+                    events=result.events,
                 )
             )
         summary = self.simulator.summary() if self.simulator is not None else {}

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_policy_arg(parser)
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
+    parser.add_argument(
+        "--trace", type=output_file, metavar="FILE.json", help="write the simulated timeline as Chrome trace-event JSON (Perfetto)"
+    )
 
 
 def shard_mismatch(converted_model, ndp_units: int) -> str | None:
@@ -65,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if args.outputs:
         save_arrays(args.outputs, outputs)
     report = session.last_report
+    if args.trace:
+        from hw_model.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(args.trace, report.chrome_trace())
     if args.json:
         payload = {
             "model": args.model,

@@ -1,0 +1,97 @@
+"""``ndp-ep sweep GRID.toml``: a design-space sweep (models x hardware x policies x traces x seeds).
+
+Runs every point of the grid (see :mod:`hw_model.sweep` for the file format) on a local process pool, or on
+Ray with ``--ray`` (a local Ray instance, or the cluster at ``--ray ADDRESS``), writes ``sweep.json``,
+``sweep.parquet`` (pyarrow), ``pareto.json`` and ``pareto.png`` (matplotlib) to ``--out``, and prints the
+Pareto fronts; ``--json`` prints one JSON object on stdout instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HELP = "design-space sweep of the simulated GPU + NDP system from a TOML grid, on a process pool or Ray"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("grid", help="grid TOML file (axes: models, hw, ndp_units, policies, skew, traces, seeds...)")
+    parser.add_argument("--out", default="sweep_out", help="directory for sweep.json/.parquet and pareto.json/.png")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel workers")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray (the ray extra): a local instance, or the cluster at ADDRESS",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done * 10 // max(1, total) != (done - 1) * 10 // max(1, total):
+        print(f"sweep: {done}/{total} points", file=sys.stderr, flush=True)
+
+
+def _value(value: object) -> str:
+    """A hardware value for people: 25.6G rather than 2.56e+10."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value)
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{prefix}"
+    return f"{value:.4g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SweepGridError, load_grid, run_sweep, write_sweep
+
+    grid = load_grid(args.grid)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SweepGridError(f"--out {args.out} exists and is not a directory")
+    backend = "ray" if args.ray is not None else "local"
+    result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
+    files = write_sweep(result, args.out)
+    failed = [r for r in result.records if r.get("error")]
+    if args.json:
+        payload = {
+            "grid": grid.to_json(),
+            "backend": result.backend,
+            "workers": result.workers,
+            "points": len(result.records),
+            "failed": len(failed),
+            "wall_s": result.wall_s,
+            "points_per_s": result.points_per_s,
+            "files": [str(p) for p in files],
+            "records": list(result.records),
+            "pareto": list(result.fronts),
+        }
+        print(json.dumps(payload))
+        return 0
+    print(
+        f"{len(result.records)} points ({len(failed)} failed) in {result.wall_s:.1f} s on {result.backend} "
+        f"with {result.workers} worker(s): {result.points_per_s:.1f} points/s"
+    )
+    for record in failed[:5]:
+        print(f"  point {record['point']} ({record['model']}, {record['policy']}): {record['error']}")
+    for front in result.fronts:
+        axis = front["axis"]
+        print(f"\nPareto front of {front['model']} ({front['skew_level']}), latency vs {axis}:")
+        for row in front["front"]:
+            hardware = ", ".join(
+                f"{k.removeprefix(HARDWARE_COLUMN_PREFIX)}={_value(v)}"
+                for k, v in row.items()
+                if k.startswith(HARDWARE_COLUMN_PREFIX) and k != axis
+            )
+            extra = f", {hardware}" if hardware else ""
+            print(
+                f"  {axis.removeprefix(HARDWARE_COLUMN_PREFIX)}={_value(row[axis])}: {row[LATENCY_KEY]:.4g} s  "
+                f"{row['policy']} on {row['hw']} ({row['ndp_units']} NDP units{extra})"
+            )
+    print(f"\nwrote {', '.join(str(p) for p in files)}")
+    return 0

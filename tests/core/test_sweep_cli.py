@@ -1,0 +1,95 @@
+"""``ndp-ep sweep GRID.toml``: files written, JSON on stdout, one-line errors."""
+
+from __future__ import annotations
+
+import builtins
+import json
+
+import pytest
+
+from ndp_ep.cli import main
+
+GRID = """
+models = ["olmoe-1b-7b"]
+ndp_units = [2, 4]
+policies = ["monde", "tp+lb+prefetch"]
+prompt_tokens = 8
+generated_tokens = 4
+[hardware.gpu]
+memory_capacity_bytes = [8e9, 16e9]
+"""
+
+
+def test_sweep_json_output_matches_the_files_written(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["points"] == 8 and payload["failed"] == 0
+    on_disk = json.loads((out / "sweep.json").read_text())
+    assert on_disk == payload["records"]
+    assert [r["point"] for r in on_disk] == list(range(8))
+    assert {f["axis"] for f in payload["pareto"]} == {"ndp_units", "hw.gpu.memory_capacity_bytes"}
+    assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
+    # monde rows are their own baseline
+    assert all(r["speedup_vs_baseline"] == 1.0 for r in on_disk if r["policy"] == "monde")
+
+
+def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    assert main(["sweep", str(grid), "--out", str(tmp_path), "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "8 points (0 failed)" in text and "Pareto front of olmoe-1b-7b" in text
+    assert "  gpu.memory_capacity_bytes=8G: " in text and "  gpu.memory_capacity_bytes=16G: " in text
+    table = pq.read_table(tmp_path / "sweep.parquet").to_pylist()
+    assert table == json.loads((tmp_path / "sweep.json").read_text())
+
+
+def test_bad_grid_is_one_line_and_exit_2(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('models = ["olmoe-1b-7b"]\npolicies = ["warp-drive"]\n')
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ndp-ep sweep: error:") and "warp-drive" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_ray_requested_but_not_installed_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o"), "--ray"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ndp-ep sweep: error:") and "ray" in err[-1]
+
+
+def test_out_that_is_a_file_is_refused_before_running(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    (tmp_path / "taken").write_text("")
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "taken")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on: bind, read the port, close
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o"), "--ray", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ndp-ep sweep: error: cannot reach a Ray cluster at 127.0.0.1:")
