@@ -9,7 +9,7 @@ import onnx
 
 from graph_passes.convert import ConversionReport, convert
 from graph_passes.errors import InvalidModelError, UnsupportedModelError
-from graph_passes.rewrite import save_rewritten
+from graph_passes.model_io import save_rewritten
 from hw_model.hardware import SystemSpec, load_system
 from ndp_ep.errors import ConversionError, ModelLoadError
 from ndp_ep.partition import annotate_placement
