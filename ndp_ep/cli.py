@@ -20,8 +20,17 @@ def _input_error_types() -> tuple[type[BaseException], ...]:
     from graph_passes.errors import GraphPassError
     from hw_model.errors import HwModelError
     from ndp_ep.errors import NdpEpError
+    from ndp_io import FileSafetyError
 
-    return (NdpEpError, GraphPassError, HwModelError, FileNotFoundError, IsADirectoryError, PermissionError)
+    return (
+        NdpEpError,
+        GraphPassError,
+        HwModelError,
+        FileSafetyError,
+        FileNotFoundError,
+        IsADirectoryError,
+        PermissionError,
+    )
 
 
 class _Parser(argparse.ArgumentParser):

@@ -93,8 +93,7 @@ class InferenceSession:
         self.dtype = dtype
         proto, base_dir = _load(model)
         if has_sharded_ops(proto):
-            if base_dir is not None:
-                onnx.load_external_data_for_model(proto, str(base_dir))
+            _load_external_data(proto, base_dir)
             converted = proto
             self.conversion_report = ConversionReport(notes=("model was already converted",))
         else:
@@ -381,10 +380,25 @@ def _copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOpti
 
 
 def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """Load and check a model for running (:mod:`graph_passes.model_check`); errors become ModelLoadError."""
     from graph_passes.errors import InvalidModelError
+    from graph_passes.model_check import check_runnable
 
     try:
-        return load_model(model)
+        proto, base_dir = load_model(model)
+        check_runnable(proto)
+        return proto, base_dir
+    except InvalidModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
+    """Read a converted model's external weights, only from files inside its directory."""
+    from graph_passes.errors import InvalidModelError
+    from graph_passes.model_io import load_external_data
+
+    try:
+        load_external_data(proto, base_dir)
     except InvalidModelError as exc:
         raise ModelLoadError(str(exc)) from None
 
