@@ -13,6 +13,7 @@
   and ``os.path.samefile``) with every input file; a match raises :class:`ClobberError`.
 * Writing errors (full disk, read-only file system, permission denied, a name too long, an empty name)
   raise :class:`OutputWriteError` with one line naming the path and the cause.
+* :func:`available_memory_bytes`: the bound sizes read from files (``.npz`` headers) are checked against.
 """
 
 from ndp_io.atomic import (
@@ -29,6 +30,7 @@ from ndp_io.atomic import (
 )
 from ndp_io.errors import ClobberError, FileSafetyError, OutputWriteError
 from ndp_io.guard import check_no_clobber, check_output_path
+from ndp_io.resources import available_memory_bytes
 
 __all__ = [
     "TEMP_SUFFIX",
@@ -36,6 +38,7 @@ __all__ = [
     "FileSafetyError",
     "OutputWriteError",
     "atomic_write",
+    "available_memory_bytes",
     "check_no_clobber",
     "check_output_path",
     "clean_stale_temp_files",

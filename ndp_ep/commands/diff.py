@@ -54,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_items < 0:
         raise NdpEpError(f"--max-items must be >= 0, got {args.max_items}")
+    if args.html:  # no-clobber (ndp_io), before any work: neither model nor their data files
+        from graph_passes.model_io import model_files
+        from ndp_io import check_no_clobber, check_output_path
+
+        check_output_path(args.html)
+        check_no_clobber([args.html], [*model_files(args.model_a), *model_files(args.model_b)])
     result = diff_models(args.model_a, args.model_b)
     if args.html:
         _write_atomically(Path(args.html), render_html(result, to_json_document(result)))

@@ -22,9 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.feeds import random_feeds
+    from graph_passes.model_io import model_files
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession
+    from ndp_io import check_no_clobber
 
+    check_no_clobber([args.outputs], [*model_files(args.model), args.inputs])  # before anything is written
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
     if feeds is None:
