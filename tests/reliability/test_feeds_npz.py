@@ -74,10 +74,10 @@ def test_a_decompression_bomb_is_refused_from_its_header(tmp_path):
     claimed = 2 << 30
     chunk = np.zeros(1 << 24, np.uint8).tobytes()
     path = tmp_path / "bomb.npz"
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:  # noqa: SIM117
         with archive.open("x.npy", "w", force_zip64=True) as member:
             member.write(_npy_bytes((claimed,), dtype="|u1"))
-            for _ in range(4):  # only 64 MiB actually follow: a reader that trusted the data would still inflate it
+            for _ in range(4):  # 64 MiB actually follow: a reader trusting the data would inflate them all
                 member.write(chunk)
     started = time.perf_counter()
     with pytest.raises(FeedError, match="MiB"):
