@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import os
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -195,8 +194,8 @@ def _run_onnx_checker(model: onnx.ModelProto) -> None:
     try:
         onnx.checker.check_model(_stub_copy(model), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidModelError(f"not a valid ONNX model: {first}") from None
+        text = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message spans several lines
+        raise InvalidModelError(f"not a valid ONNX model: {text[:300]}") from None
 
 
 @functools.lru_cache(maxsize=1)
