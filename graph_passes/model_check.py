@@ -3,6 +3,7 @@
 :func:`check_model` is what :func:`graph_passes.model_io.load_model` runs; every failure is an
 :class:`InvalidModelError` (or :class:`UnsafeModelError`) whose message names the node, tensor or opset:
 
+* names, op types, domains and metadata are UTF-8 text;
 * the graph has no cycle and no value is produced twice (by two nodes, or by a node and an input);
 * every initializer's dims are non-negative and its bytes (inline, typed fields or external range) are
   exactly what its dims and dtype need — so no later reader allocates from a size the file does not back;
@@ -43,10 +44,46 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
     """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring)."""
+    check_text(model)
     check_structure(model.graph)
     check_initializers(model, base_dir)
     check_opsets(model)
     _run_onnx_checker(model)
+
+
+def _texts(model: onnx.ModelProto):
+    """``(where, value)`` for every name-like string field (protobuf hands invalid UTF-8 back as bytes)."""
+    graph = model.graph
+    yield "graph name", graph.name
+    for opset in model.opset_import:
+        yield "opset domain", opset.domain
+    for entry in model.metadata_props:
+        yield "model metadata", entry.key
+        yield "model metadata", entry.value
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        yield "value name", value.name
+    for tensor in graph.initializer:
+        yield "initializer name", tensor.name
+        for entry in tensor.external_data:
+            yield f"external data of {tensor.name!r}", entry.key
+            yield f"external data of {tensor.name!r}", entry.value
+    for position, node in enumerate(graph.node):
+        where = f"node #{position}"
+        yield where, node.name
+        yield where, node.op_type
+        yield where, node.domain
+        yield from ((where, name) for name in [*node.input, *node.output])
+        yield from ((where, attribute.name) for attribute in node.attribute)
+        for entry in node.metadata_props:
+            yield where, entry.key
+            yield where, entry.value
+
+
+def check_text(model: onnx.ModelProto) -> None:
+    """Every name, domain, op type and metadata entry is text (protobuf strings must be UTF-8)."""
+    for where, value in _texts(model):
+        if not isinstance(value, str):
+            raise InvalidModelError(f"{where}: a name or metadata entry is not UTF-8 text ({bytes(value)[:40]!r})")
 
 
 def check_structure(graph: onnx.GraphProto) -> None:
@@ -193,7 +230,7 @@ def _stub_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 def _run_onnx_checker(model: onnx.ModelProto) -> None:
     try:
         onnx.checker.check_model(_stub_copy(model), full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+    except Exception as exc:  # noqa: BLE001 - ValidationError, InferenceError, UnicodeDecodeError...: all "invalid"
         text = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message spans several lines
         raise InvalidModelError(f"not a valid ONNX model: {text[:300]}") from None
 

@@ -15,3 +15,7 @@ class FeedError(NdpEpError):
 
 class ConversionError(NdpEpError):
     """A conversion could not be completed (for instance a skipped block under ``strict``)."""
+
+
+class RunError(NdpEpError):
+    """ONNX Runtime failed while running a model on feeds that match its signature (an inconsistent model)."""

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from graph_passes.errors import InvalidModelError
+from graph_passes.model_check import check_text
 from graph_passes.model_io import external_data_path
 from ndp_ep.diff.result import NodeRef
 from ndp_ep.errors import ModelLoadError
@@ -230,6 +231,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
         raise ModelLoadError(f"{model_path}: not a readable ONNX model ({type(exc).__name__})") from exc
     if not model.HasField("graph") or (len(model.graph.node) == 0 and len(model.graph.output) == 0):
         raise ModelLoadError(f"{model_path}: not an ONNX model (no graph)")
+    try:
+        check_text(model)
+    except InvalidModelError as exc:
+        raise ModelLoadError(f"{model_path}: {exc}") from None
     graph = model.graph
     base_dir = model_path.resolve().parent
 
