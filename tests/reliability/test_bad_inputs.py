@@ -231,3 +231,40 @@ def test_tampered_converted_node(tmp_path, capsys, converted, case):
         InferenceSession(path)
     assert words in _cli_one_line(capsys, ["run", str(path)])
     json.dumps(case)  # the parametrisation id stays printable
+
+
+# -- found by tests/fuzz/test_mutated_models.py -------------------------------------------------------------------
+def test_a_failing_expert_kernel_is_one_line_not_an_abort(tmp_path, cli):
+    """The router reads a weight instead of its logits: expert ids no longer match the tokens. The kernel's
+    exception used to cross ONNX Runtime's C++ frames and terminate the process (SIGABRT)."""
+    src, out = tmp_path / "m.onnx", tmp_path / "c.onnx"
+    src.write_bytes(tiny_model().SerializeToString())
+    convert_model(src, out, shards=2, external_data=False)
+    model = onnx.load(str(out))
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    softmax.input[0] = _sharded(model).input[3]  # [H, 2I/S] weight: 16 rows of "logits" instead of 3 tokens
+    out.write_bytes(model.SerializeToString())
+    done = cli("run", str(out), "--seq-len", "3")
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "onnxruntime" not in line]  # ORT's own warnings
+    assert lines == [lines[0]] and lines[0].startswith("ndp-ep run: error: the model failed while running")
+
+
+def test_names_that_are_not_utf8_are_a_load_error(tmp_path, capsys):
+    model = tiny_model()
+    model.graph.node[0].name = "MARKER"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"MARKER", b"MA\x92\x93ER"))
+    with pytest.raises(ModelLoadError, match="UTF-8"):
+        InferenceSession(path)
+    for argv in (["run", str(path)], ["diff", str(path), str(path)]):
+        assert "UTF-8" in _cli_one_line(capsys, argv)
+
+
+def test_random_feeds_are_sized_before_allocating(tmp_path, capsys):
+    model = _model([helper.make_node("Relu", ["x"], ["y"])])
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = 10**12
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert "MiB" in _cli_one_line(capsys, ["run", str(path)])
