@@ -5,7 +5,7 @@
 
 * :func:`atomic_write` / :func:`write_bytes` / :func:`write_text`: a file is replaced by a complete new
   version or not at all. The new bytes go to a hidden temporary file in the target's directory
-  (``.NAME.<pid>.<random>.ndp-tmp``), are flushed and fsynced, and are renamed over the target; the file gets
+  (``.NAME.<host tag>-<pid>.<random>.ndp-tmp``), are flushed and fsynced, and are renamed over the target; the file gets
   the permissions a plain ``open(..., "w")`` would give (``0o666`` minus the umask). The temporary file is
   removed on any exception, on SIGINT and on SIGTERM; one left by a process killed with SIGKILL is removed
   by the next write into the same directory (its pid is no longer alive).

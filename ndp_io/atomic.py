@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,9 @@ from ndp_io.errors import OutputWriteError
 from ndp_io.guard import PathLike, check_output_path
 
 TEMP_SUFFIX = ".ndp-tmp"
-_TEMP_NAME = re.compile(r"^\..*\.(?P<pid>\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + r"$")
+_TEMP_NAME = re.compile(r"^\..*\.(?P<host>[0-9a-f]{4})-(?P<pid>\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + r"$")
+# pids are only comparable on one host (and in one pid namespace: containers have their own host names)
+_HOST_TAG = hashlib.blake2b(socket.gethostname().encode(), digest_size=2).hexdigest()
 _TARGET_PREFIX_CHARS = 100  # keeps the temporary name under NAME_MAX whatever the target's length
 # errno values that mean "this output cannot be written" rather than a bug: reported in one line
 _WRITE_ERRNOS = {
@@ -55,7 +59,7 @@ def new_temp_path(target: PathLike) -> Path:
     """A fresh hidden temporary path beside ``target`` carrying this process's id (for stale cleanup)."""
     target = Path(target)
     prefix = target.name[:_TARGET_PREFIX_CHARS]
-    return target.with_name(f".{prefix}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return target.with_name(f".{prefix}.{_HOST_TAG}-{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -73,7 +77,8 @@ def _pid_alive(pid: int) -> bool:
 def clean_stale_temp_files(directory: PathLike) -> list[Path]:
     """Remove this package's temporary files in ``directory`` whose writing process no longer runs.
 
-    Only names of the form ``.NAME.<pid>.<8 hex>.ndp-tmp`` are considered, so no other file is ever touched;
+    Only names of the form ``.NAME.<host tag>-<pid>.<8 hex>.ndp-tmp`` written on this host are considered, so no
+    other file (nor a live writer's on another machine or container sharing the directory) is ever touched;
     returns the files removed.
     """
     removed: list[Path] = []
@@ -83,7 +88,7 @@ def clean_stale_temp_files(directory: PathLike) -> list[Path]:
         return removed
     for entry in entries:
         match = _TEMP_NAME.match(entry.name)
-        if match is None:
+        if match is None or match["host"] != _HOST_TAG:
             continue
         pid = int(match["pid"])
         if pid == os.getpid() or _pid_alive(pid):

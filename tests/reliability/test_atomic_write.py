@@ -127,13 +127,16 @@ def test_a_255_byte_name_is_written(tmp_path):
 def test_stale_temp_files_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    stale = tmp_path / f".out.onnx.{dead_pid}.0123abcd{TEMP_SUFFIX}"
-    live = tmp_path / f".out.onnx.{os.getppid()}.0123abcd{TEMP_SUFFIX}"
+    host = new_temp_path(tmp_path / "x").name.split(".")[2].split("-")[0]  # this host's tag
+    other_host = "0000" if host != "0000" else "ffff"
+    stale = tmp_path / f".out.onnx.{host}-{dead_pid}.0123abcd{TEMP_SUFFIX}"
+    live = tmp_path / f".out.onnx.{host}-{os.getppid()}.0123abcd{TEMP_SUFFIX}"
+    elsewhere = tmp_path / f".out.onnx.{other_host}-{dead_pid}.0123abcd{TEMP_SUFFIX}"
     foreign = tmp_path / f".out.onnx.{dead_pid}.notours.tmp"
-    for path in (stale, live, foreign):
+    for path in (stale, live, elsewhere, foreign):
         path.write_bytes(b"x")
     assert clean_stale_temp_files(tmp_path) == [stale]
-    assert not stale.exists() and live.exists() and foreign.exists()
+    assert not stale.exists() and live.exists() and elsewhere.exists() and foreign.exists()
 
 
 def test_temp_names_fit_any_target_name(tmp_path):
