@@ -25,6 +25,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING
 
@@ -151,6 +152,8 @@ def model_files(source: str | os.PathLike[str]) -> list[Path]:
     """
     path = Path(source)
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # never open a FIFO or a device just to list files
+            return [path]
         model = onnx.load(str(path), load_external_data=False)
         return [path, *external_data_files(model, path.parent)]
     except Exception:  # noqa: BLE001 - any failure here is reported by the loader itself, in one line
@@ -203,15 +206,12 @@ def load_model(
         return source, None
     path = Path(source)
     try:
-        info = path.stat()
+        if not stat.S_ISREG(path.stat().st_mode):  # before opening: a FIFO would block the open forever
+            raise InvalidModelError(f"not a file: {path}")
         with open(path, "rb"):
             pass
     except OSError as exc:
         raise _read_error(path, exc) from None
-    import stat
-
-    if not stat.S_ISREG(info.st_mode):
-        raise InvalidModelError(f"not a file: {path}")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning...: all mean "not ONNX"

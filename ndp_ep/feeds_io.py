@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import zipfile
 from pathlib import Path
 
@@ -26,12 +27,14 @@ def load_feeds(path: str | Path, max_bytes: int | None = None) -> dict[str, np.n
     path = Path(path)
     budget = available_memory_bytes() // 2 if max_bytes is None else max_bytes
     try:
+        if path.is_dir():
+            raise FeedError(f"feeds path is a directory: {path}")
+        if not stat.S_ISREG(path.stat().st_mode):  # before opening: a FIFO would block the open forever
+            raise FeedError(f"feeds path is not a regular file: {path}")
         with open(path, "rb") as handle:
             magic = handle.read(6)
     except FileNotFoundError:
         raise FeedError(f"no such feeds file: {path}") from None
-    except IsADirectoryError:
-        raise FeedError(f"feeds path is a directory: {path}") from None
     except OSError as exc:
         raise FeedError(f"cannot read feeds file {path}: {(exc.strerror or type(exc).__name__).lower()}") from None
     if not magic:

@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,13 +219,13 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
     """Read a model's structure and initializer headers; raise ModelLoadError on anything that is not ONNX."""
     model_path = Path(path)
     try:
+        if not stat.S_ISREG(model_path.stat().st_mode):  # checked before opening: a FIFO would block
+            raise ModelLoadError(f"{model_path}: not a regular file")
         with open(model_path, "rb"):
             pass
     except OSError as exc:  # permission denied, symlink loop, missing: said as such, not "not ONNX"
         reason = "no such file" if exc.errno == errno.ENOENT else (exc.strerror or type(exc).__name__).lower()
         raise ModelLoadError(f"{model_path}: {reason}") from None
-    if not model_path.is_file():
-        raise ModelLoadError(f"{model_path}: not a regular file")
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import errno
 import json
+import os
 
 import numpy as np
 import onnx
@@ -268,3 +269,13 @@ def test_random_feeds_are_sized_before_allocating(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
     assert "MiB" in _cli_one_line(capsys, ["run", str(path)])
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path, capsys):
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    for argv in (["run", str(fifo)], ["diff", str(fifo), str(fifo)], ["convert", str(fifo), "-o", str(tmp_path / "o")]):
+        assert "not a" in _cli_one_line(capsys, argv)
+    model = tmp_path / "ok.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    assert "not a regular file" in _cli_one_line(capsys, ["run", str(model), "--inputs", str(fifo)])
