@@ -22,15 +22,8 @@ def _input_error_types() -> tuple[type[BaseException], ...]:
     from ndp_ep.errors import NdpEpError
     from ndp_io import FileSafetyError
 
-    return (
-        NdpEpError,
-        GraphPassError,
-        HwModelError,
-        FileSafetyError,
-        FileNotFoundError,
-        IsADirectoryError,
-        PermissionError,
-    )
+    errors = (NdpEpError, GraphPassError, HwModelError, FileNotFoundError, IsADirectoryError, PermissionError)
+    return (*errors, FileSafetyError)  # ndp_io: clobbered inputs, unwritable outputs
 
 
 class _Parser(argparse.ArgumentParser):
