@@ -243,6 +243,7 @@ class InferenceSession:
             TypeError,
             ValueError,
             RuntimeError,
+            AttributeError,  # feeds that are not a mapping (a list, None)
             ort.capi.onnxruntime_pybind11_state.RuntimeException,
         ) as exc:
             # ONNX Runtime refused: say in one line what is wrong with the feeds (FeedError) ...

@@ -279,3 +279,12 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, capsys):
     model = tmp_path / "ok.onnx"
     model.write_bytes(tiny_model().SerializeToString())
     assert "not a regular file" in _cli_one_line(capsys, ["run", str(model), "--inputs", str(fifo)])
+
+
+@pytest.mark.parametrize("feeds", [[np.zeros((1, 2, 16), np.float32)], None, "hidden_states"])
+def test_feeds_that_are_not_a_mapping_are_a_feed_error(feeds):
+    from ndp_ep.errors import FeedError
+
+    session = InferenceSession(tiny_model(), shards=2)
+    with pytest.raises(FeedError, match="mapping"):
+        session.run(None, feeds)
