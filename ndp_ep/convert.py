@@ -53,6 +53,8 @@ def convert_model(
     system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
     output_path = Path(output_path)
     inputs = [] if isinstance(source, onnx.ModelProto) else [Path(source)]
+    if isinstance(hw, str | Path):  # a hardware TOML file is an input too (a preset name matches no file)
+        inputs.append(Path(hw))
     try:  # never clobber an input: checked before any work, and again with the input's data files
         check_output_path(output_path)
         check_no_clobber(output_files(output_path), inputs)

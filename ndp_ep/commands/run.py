@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.session import InferenceSession
     from ndp_io import check_no_clobber
 
-    check_no_clobber([args.outputs], [*model_files(args.model), args.inputs])  # before anything is written
+    check_no_clobber([args.outputs], [*model_files(args.model), args.inputs, args.hw])  # before any write
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
     if feeds is None:

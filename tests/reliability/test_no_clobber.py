@@ -113,3 +113,14 @@ def test_check_no_clobber_compares_real_files(tmp_path):
     with pytest.raises(ClobberError, match="same file"):
         check_no_clobber([b, tmp_path / "." / "b"], [a])
     check_no_clobber([None, b], [None, a])
+
+
+def test_a_hardware_file_is_an_input_too(workdir, capsys, repo_root):
+    toml = workdir / "hw.toml"
+    toml.write_bytes((repo_root / "hw_model" / "presets" / "paper.toml").read_bytes())
+    before = _snapshot(workdir)
+    argv = ["run", str(workdir / "moe.onnx"), "--hw", str(toml), "--outputs", str(toml)]
+    _one_line_exit_2(capsys, argv, "run")
+    with pytest.raises(ConversionError, match="overwrite the input"):
+        convert_model(workdir / "moe.onnx", toml, hw=toml, shards=2)
+    assert _snapshot(workdir) == before
