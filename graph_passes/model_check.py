@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto
 
 from graph_passes.errors import InvalidModelError
-from graph_passes.model_io import external_range, tensor_nbytes
+from graph_passes.model_io import PACKED_BITS, element_count, external_range, tensor_nbytes
 from graph_passes.sharded_op import DOMAIN as SHARDED_DOMAIN
 from graph_passes.sharded_op import ShardedOpError, ShardedOpSpec, is_sharded_node, parse_node
 
@@ -136,19 +136,20 @@ def check_tensor(tensor: TensorProto, base_dir: str | os.PathLike[str] | None) -
             external_range(tensor, base_dir)
         return
     if tensor.data_type == TensorProto.STRING:
-        count = _element_count(tensor)
+        count = element_count(tensor)
         if len(tensor.string_data) != count:
             raise InvalidModelError(f"initializer {tensor.name!r}: {len(tensor.string_data)} strings for {count}")
         return
     needed = tensor_nbytes(tensor)  # validates dims and dtype
     if tensor.HasField("raw_data") or not _typed_length(tensor):
-        if len(tensor.raw_data) != needed and not (needed == 0 and not tensor.raw_data):
+        if len(tensor.raw_data) != needed:
             raise InvalidModelError(
                 f"initializer {tensor.name!r}: raw_data has {len(tensor.raw_data)} bytes, "
                 f"dims {list(tensor.dims)} need {needed}"
             )
         return
-    count = _element_count(tensor)
+    # typed fields: one entry per element, or per packed byte for sub-byte types, two per complex element
+    count = needed if tensor.data_type in PACKED_BITS else element_count(tensor)
     stored = _typed_length(tensor)
     if tensor.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
         stored //= 2
@@ -156,15 +157,6 @@ def check_tensor(tensor: TensorProto, base_dir: str | os.PathLike[str] | None) -
         raise InvalidModelError(
             f"initializer {tensor.name!r}: {stored} values stored, dims {list(tensor.dims)} need {count}"
         )
-
-
-def _element_count(tensor: TensorProto) -> int:
-    count = 1
-    for dim in tensor.dims:
-        if dim < 0:
-            raise InvalidModelError(f"initializer {tensor.name!r} has a negative dimension {list(tensor.dims)}")
-        count *= int(dim)
-    return count
 
 
 def _typed_length(tensor: TensorProto) -> int:

@@ -90,17 +90,41 @@ def external_entries(tensor: TensorProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in tensor.external_data}
 
 
-def tensor_nbytes(tensor: TensorProto) -> int:
-    """Bytes ``tensor``'s dims and dtype call for (exact integer arithmetic; no overflow)."""
-    try:
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        raise InvalidModelError(f"initializer {tensor.name!r} has an unknown data type {tensor.data_type}") from None
+PACKED_BITS = {  # sub-byte types, packed along the flattened tensor (the last byte padded)
+    getattr(TensorProto, name): bits
+    for name, bits in (
+        ("UINT4", 4),
+        ("INT4", 4),
+        ("FLOAT4E2M1", 4),
+        ("UINT2", 2),
+        ("INT2", 2),
+        ("FLOAT6E2M3", 6),
+        ("FLOAT6E3M2", 6),
+    )
+    if hasattr(TensorProto, name)
+}
+
+
+def element_count(tensor: TensorProto) -> int:
+    """The number of elements ``tensor``'s dims declare (exact integer arithmetic; negative dims refused)."""
     count = 1
     for dim in tensor.dims:
         if dim < 0:
             raise InvalidModelError(f"initializer {tensor.name!r} has a negative dimension {list(tensor.dims)}")
         count *= int(dim)
+    return count
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes ``tensor``'s dims and dtype call for (sub-byte types packed; exact integers, no overflow)."""
+    count = element_count(tensor)
+    bits = PACKED_BITS.get(tensor.data_type)
+    if bits is not None:
+        return (count * bits + 7) // 8
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        raise InvalidModelError(f"initializer {tensor.name!r} has an unknown data type {tensor.data_type}") from None
     return count * itemsize
 
 
