@@ -69,20 +69,38 @@ def test_a_header_claiming_10_to_the_12_elements_is_refused_before_reading(tmp_p
         load_feeds(path)
 
 
-def test_a_decompression_bomb_is_refused_from_its_header(tmp_path):
-    """2 GiB of zeros claimed by the header, compressed to a few MB: refused without inflating anything."""
+def _bomb(path):
+    """A member whose header claims 2 GiB of zeros, followed by 64 MiB of them deflated to well under 1 MiB."""
     claimed = 2 << 30
     chunk = np.zeros(1 << 24, np.uint8).tobytes()
-    path = tmp_path / "bomb.npz"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:  # noqa: SIM117
         with archive.open("x.npy", "w", force_zip64=True) as member:
             member.write(_npy_bytes((claimed,), dtype="|u1"))
             for _ in range(4):  # 64 MiB actually follow: a reader trusting the data would inflate them all
                 member.write(chunk)
+    assert path.stat().st_size < 1 << 20
+    return path
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory):
+    return _bomb(tmp_path_factory.mktemp("bomb") / "bomb.npz")
+
+
+def test_a_decompression_bomb_is_refused_from_its_header(bomb):
     started = time.perf_counter()
     with pytest.raises(FeedError, match="MiB"):
-        load_feeds(path, max_bytes=1 << 30)
+        load_feeds(bomb, max_bytes=1 << 30)
     assert time.perf_counter() - started < 0.5
+
+
+def test_cli_refuses_the_bomb_when_memory_is_short(bomb, samples_dir, capsys, monkeypatch):
+    import ndp_ep.feeds_io
+
+    monkeypatch.setattr(ndp_ep.feeds_io, "available_memory_bytes", lambda: 2 << 30)  # half: 1 GiB allowed
+    assert main(["run", str(samples_dir / "moe_block.onnx"), "--inputs", str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2048.0 MiB" in err
 
 
 def test_data_shorter_or_longer_than_the_header(tmp_path):
