@@ -186,7 +186,7 @@ def max_runtime_opset() -> int:
 
 
 def check_opsets(model: onnx.ModelProto) -> None:
-    """The default-domain opset is imported once, positive and not newer than ONNX Runtime supports."""
+    """Each domain is imported once; the default domain's opset is positive and one ONNX Runtime supports."""
     seen: dict[str, int] = {}
     for opset in model.opset_import:
         domain = opset.domain or ""
@@ -194,8 +194,8 @@ def check_opsets(model: onnx.ModelProto) -> None:
         if domain in seen and seen[domain] != opset.version:
             raise InvalidModelError(f"opset of domain {domain or 'ai.onnx'!r} is imported twice")
         seen[domain] = opset.version
-        if opset.version < 1:
-            raise InvalidModelError(f"opset {opset.version} of domain {domain or 'ai.onnx'!r} is not a version")
+        if domain == "" and opset.version < 1:  # other domains version as they like
+            raise InvalidModelError(f"opset {opset.version} of domain 'ai.onnx' is not a version")
     version = seen.get("")
     if version is not None and version > max_runtime_opset():
         raise InvalidModelError(
