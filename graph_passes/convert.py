@@ -12,8 +12,9 @@ from pathlib import Path
 
 import onnx
 
-from graph_passes.errors import InvalidModelError, UnsupportedModelError
+from graph_passes.errors import UnsupportedModelError
 from graph_passes.graph_index import GraphIndex
+from graph_passes.model_io import load_model
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
 from graph_passes.rules import MoERule, default_rules
@@ -53,24 +54,6 @@ class ConversionReport:
             "skipped": [{"where": s.where, "reason": s.reason} for s in self.skipped],
             "notes": list(self.notes),
         }
-
-
-def load_model(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
-    """Load a model without its external weight bytes; returns it and the directory of its data."""
-    if isinstance(source, onnx.ModelProto):
-        return source, None
-    path = Path(source)
-    if not path.exists():
-        raise InvalidModelError(f"no such file: {path}")
-    if not path.is_file():
-        raise InvalidModelError(f"not a file: {path}")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning... all mean "not ONNX"
-        raise InvalidModelError(f"{path} is not an ONNX model ({type(exc).__name__})") from None
-    if not model.graph.node and not model.graph.output:
-        raise InvalidModelError(f"{path} is not an ONNX model (no graph)")
-    return model, path.parent
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> None:

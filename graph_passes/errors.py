@@ -11,3 +11,7 @@ class UnsupportedModelError(GraphPassError):
 
 class InvalidModelError(GraphPassError):
     """The input is missing, unreadable or not an ONNX model."""
+
+
+class UnsafeModelError(InvalidModelError):
+    """The model asks for a file outside its own directory (absolute path, ``..``, symlink escape)."""

@@ -10,6 +10,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from graph_passes.errors import GraphPassError
+from ndp_io import available_memory_bytes
+
 BATCH_DIM_NAMES = ("batch", "batch_size", "n", "b")
 
 
@@ -41,12 +44,30 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [v for v in model.graph.input if v.name not in initializers]
 
 
+def _checked_dtype_and_size(value: onnx.ValueInfoProto, dims: list[int], budget: int) -> np.dtype:
+    """The input's numpy dtype, once its size is known to fit ``budget`` bytes (checked before allocating)."""
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    except (KeyError, TypeError, ValueError):
+        raise GraphPassError(f"input {value.name!r} has no numeric tensor type; give its feeds explicitly") from None
+    count = 1
+    for dim in dims:
+        count *= dim
+    if count * dtype.itemsize > budget:
+        raise GraphPassError(
+            f"input {value.name!r} of shape {dims} needs {count * dtype.itemsize / 2**20:.0f} MiB, more than the "
+            f"{budget / 2**20:.0f} MiB available for random feeds"
+        )
+    return dtype
+
+
 def random_feeds(model: onnx.ModelProto, seed: int = 0, seq_len: int = 8) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
+    budget = available_memory_bytes() // 4
     for value in graph_inputs(model):
         dims = _dims(value, seq_len)
-        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        dtype = _checked_dtype_and_size(value, dims, budget)
         lowered = value.name.lower()
         if np.issubdtype(dtype, np.floating):
             feeds[value.name] = rng.standard_normal(dims).astype(dtype)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from graph_passes.errors import GraphPassError
+from graph_passes.model_io import external_data_files, external_range
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
 INLINE_MAX_BYTES = 1 << 16
@@ -32,6 +32,7 @@ class WeightStore:
         self.tensors = {t.name: t for t in model.graph.initializer}
         self._raw_cache: dict[str, bytes] = {}
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+        self.data_files = external_data_files(model, self.base_dir)  # read by no-clobber checks
         for tensor in model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL and self.nbytes(tensor.name) <= INLINE_MAX_BYTES:
                 if self.base_dir is None:
@@ -49,20 +50,13 @@ class WeightStore:
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
         return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
+    def external_location(self, name: str) -> tuple[Path, int, int]:
+        """``(file, offset, length)`` of an external initializer, contained in the model's directory and checked
+        against its dims (:func:`graph_passes.model_io.external_range`)."""
+        return external_range(self.tensors[name], self.base_dir)
+
     def _external(self, tensor: TensorProto) -> tuple[Path, int, int]:
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        if self.base_dir is None:
-            raise GraphPassError(f"initializer {tensor.name} uses external data but the model has no directory")
-        path = self.base_dir / info["location"]
-        if not path.is_file():
-            raise GraphPassError(f"external data file for {tensor.name} not found: {path}")
-        offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
-        needed = self.nbytes(tensor.name)
-        if length and length != needed:
-            raise GraphPassError(f"external data of {tensor.name} has length {length}, its shape needs {needed} bytes")
-        if offset + needed > path.stat().st_size:
-            raise GraphPassError(f"external data of {tensor.name} is truncated: {path.name} ends before its bytes")
-        return path, offset, length
+        return external_range(tensor, self.base_dir)
 
     def expert(self, name: str, expert: int) -> np.ndarray:
         """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor).

@@ -51,8 +51,9 @@ def _input_error_types() -> tuple[type[BaseException], ...]:
     from graph_passes.sharded_op import ShardedOpError
     from hw_model.errors import HwModelError
     from ndp_ep.errors import NdpEpError
+    from ndp_io import FileSafetyError
 
-    return (NdpEpError, GraphPassError, ShardedOpError, HwModelError, OSError)
+    return (NdpEpError, GraphPassError, ShardedOpError, HwModelError, FileSafetyError, OSError)
 
 
 class HelpFormatter(argparse.HelpFormatter):

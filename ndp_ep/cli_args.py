@@ -57,14 +57,14 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 
 def output_file(text: str) -> str:
     """An argparse ``type`` for a file the command will write: refused, naming the user's own path, when it is
-    empty, an existing directory, or in a directory that does not exist."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty; name a file to write")
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file to write in it")
-    if not path.absolute().parent.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text}: directory {path.parent} does not exist")
+    empty, not a file name, too long, an existing directory, or in a directory that does not exist
+    (:func:`ndp_io.check_output_path`)."""
+    from ndp_io import OutputWriteError, check_output_path
+
+    try:
+        check_output_path(text)
+    except OutputWriteError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import onnx
 
 from graph_passes.convert import ConversionReport, convert
-from graph_passes.rewrite import save_rewritten
+from graph_passes.model_io import output_files, save_rewritten
 from hw_model.hardware import SystemSpec, load_system
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
+from ndp_io import FileSafetyError, check_no_clobber, check_output_path
 
 DEFAULT_POLICY = "tp+lb+prefetch"
 
@@ -51,15 +52,24 @@ def convert_model(
     """
     system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
     output_path = Path(output_path)
-    if not isinstance(source, onnx.ModelProto) and Path(source).resolve() == output_path.resolve():
-        raise ConversionError("output path is the input path; write the converted model elsewhere")
-    if not output_path.parent.is_dir():
-        raise ConversionError(f"output directory does not exist: {output_path.parent}")
+    inputs = [] if isinstance(source, onnx.ModelProto) else [Path(source)]
+    if isinstance(hw, str | Path):  # a hardware TOML file is an input too (a preset name matches no file)
+        inputs.append(Path(hw))
+    try:  # never clobber an input: checked before any work, and again with the input's data files
+        check_output_path(output_path)
+        check_no_clobber(output_files(output_path), inputs)
+    except FileSafetyError as exc:
+        raise ConversionError(str(exc)) from None
     requested = shards if shards is not None else max(system.num_ndp_units, 1)
     with graph_pass_errors():
         rewritten, report = convert(source, shards=requested, strict=strict)
     if strict and not report.blocks:
         raise ConversionError("strict: nothing to convert: no MoE block found")
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
-    files = save_rewritten(rewritten, output_path, external=external_data)
+    data_files = rewritten.store.data_files if rewritten.store is not None else []
+    try:
+        check_no_clobber(output_files(output_path), [*inputs, *data_files])
+        files = save_rewritten(rewritten, output_path, external=external_data)
+    except FileSafetyError as exc:
+        raise ConversionError(str(exc)) from None
     return ConversionResult(report, tuple(files), system, requested)

@@ -37,6 +37,10 @@ class ConversionError(NdpEpError):
     """A conversion could not be completed (for instance a skipped block under ``strict``)."""
 
 
+class RunError(NdpEpError):
+    """ONNX Runtime failed while running a model on feeds that match its signature (an inconsistent model)."""
+
+
 def translate_graph_pass_error(exc: BaseException) -> NdpEpError | None:
     """The :class:`NdpEpError` a graph-pass error stands for (same message), or None for any other exception."""
     from graph_passes.errors import GraphPassError, InvalidModelError

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -151,6 +151,8 @@ class KernelRegistry:
 
     def __init__(self) -> None:
         self._kernels: dict[str, Callable] = {}
+        # (thread, kernel key) -> the first error of a failed invocation, not yet reported
+        self._errors: dict[tuple[int, str], str] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
@@ -161,6 +163,22 @@ class KernelRegistry:
             self._kernels[key] = kernel
         weakref.finalize(owner, self._kernels.pop, key, None)
         return key
+
+    def record_error(self, key: str, error: BaseException) -> None:
+        """Keep a kernel's failure for its session to raise: an exception must not cross ONNX Runtime's C++
+        frames (it would terminate the process)."""
+        with self._lock:
+            self._errors.setdefault((threading.get_ident(), key), f"{type(error).__name__}: {error}")
+
+    def take_error(self, keys: Iterable[str]) -> str | None:
+        """A pending error of any of ``keys`` (cleared), or None: this thread's first (ONNX Runtime's sequential
+        executor runs the kernels on the caller's thread), else one recorded on another thread (parallel
+        executor). A failed invocation's output is NaN, so a run that cannot be told apart is never plausible."""
+        wanted = set(keys)
+        with self._lock:
+            mine = [k for k in self._errors if k[1] in wanted and k[0] == threading.get_ident()]
+            chosen = mine or [k for k in self._errors if k[1] in wanted]
+            return self._errors.pop(chosen[0]) if chosen else None
 
     def get(self, key: str) -> Callable:
         bound = self._kernels.get(key)
@@ -245,7 +263,12 @@ class PythonOpBridge:
             if ocos is None:
                 raise RuntimeError(f"no Python op with id {op_id}")
             return ocos._on_pyop_invocation(op_id, feed, attributes)
-        out = self.registry.get(attributes["kernel"])(*feed)
+        key = attributes["kernel"]
+        try:
+            out = self.registry.get(key)(*feed)
+        except Exception as error:  # noqa: BLE001 - raising here would abort the process (see record_error)
+            self.registry.record_error(key, error)
+            out = np.full(np.shape(feed[0]), np.nan, np.float32)
         if not out.flags.c_contiguous:
             out = np.ascontiguousarray(out)
         return op_id, out.shape, out.reshape(-1)

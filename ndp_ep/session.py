@@ -29,7 +29,7 @@ from hw_model.simulator import DEFAULT_POLICY, MoESimulator
 from hw_model.workload import ExpertShape, MoELayerShape
 from ndp_ep.costing import NonExpertCoster
 from ndp_ep.decode_graph import MIN_OPSET, compiled_node
-from ndp_ep.errors import FeedError, ModelLoadError
+from ndp_ep.errors import FeedError, ModelLoadError, RunError
 from ndp_ep.kernels import CUSTOM_DOMAIN, ORT_OP_TYPE, ShardedExperts, python_op_bridge
 from ndp_ep.partition import annotate_placement, is_ndp_supported
 from ndp_ep.report import LayerReport, RunReport
@@ -93,8 +93,7 @@ class InferenceSession:
         self.dtype = dtype
         proto, base_dir = _load(model)
         if has_sharded_ops(proto):
-            if base_dir is not None:
-                onnx.load_external_data_for_model(proto, str(base_dir))
+            _load_external_data(proto, base_dir)
             converted = proto
             self.conversion_report = ConversionReport(notes=("model was already converted",))
         else:
@@ -102,6 +101,7 @@ class InferenceSession:
             rewritten, self.conversion_report = convert(proto, shards=requested, strict=strict, base_dir=base_dir)
             converted = materialize_with_store(rewritten)
         self._layers: list[MoELayerShape] = []
+        self._kernel_keys: list[str] = []  # this session's Python kernels (their failures are raised by run)
         self._routing_outputs: list[str] = []
         self.native_decode_layers = 0  # claimed layers whose decode steps run as ONNX Runtime kernels
         bridge = python_op_bridge()
@@ -117,7 +117,7 @@ class InferenceSession:
         options = _copy_session_options(sess_options)
         options.register_custom_ops_library(bridge.library_path)
         self._bridge = bridge
-        self._session = ort.InferenceSession(ort_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self._session = _ort_session(ort_model, options)
         self._inputs = {i.name: i for i in self._session.get_inputs()}
         self._total_top_k = sum(layer.top_k for layer in self._layers)
         routing = set(self._routing_outputs)
@@ -152,6 +152,7 @@ class InferenceSession:
             experts = _pack_experts(node, attrs, initializers)
             claimed_weights.update(node.input[3:])
             key = bridge.registry.add(experts, owner=self)
+            self._kernel_keys.append(key)
             layer_index = len(self._layers)
             self._layers.append(
                 MoELayerShape(
@@ -242,10 +243,16 @@ class InferenceSession:
             TypeError,
             ValueError,
             RuntimeError,
-        ):
-            # ONNX Runtime validated the feeds; say in one line what is wrong with them, else re-raise
+            AttributeError,  # feeds that are not a mapping (a list, None)
+            ort.capi.onnxruntime_pybind11_state.RuntimeException,
+        ) as exc:
+            # ONNX Runtime refused: say in one line what is wrong with the feeds (FeedError) ...
             self._check_feeds(input_feed)
-            raise
+            # ... or, when they fit the signature, that a node failed on them (an inconsistent model)
+            raise RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}") from None
+        failed = self._bridge.registry.take_error(self._kernel_keys)
+        if failed is not None:
+            raise RunError(f"the model failed while running: {failed}")
         key = tuple((name, getattr(value, "shape", None) or np.shape(value)) for name, value in input_feed.items())
         with self._lock:
             signature = self._signatures.get(key)
@@ -382,10 +389,41 @@ def _copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOpti
 
 
 def _load(model: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """Load and check a model for running (:mod:`graph_passes.model_check`); errors become ModelLoadError."""
     from graph_passes.errors import InvalidModelError
+    from graph_passes.model_check import check_runnable
 
     try:
-        return load_model(model)
+        proto, base_dir = load_model(model)
+        check_runnable(proto)
+        return proto, base_dir
+    except InvalidModelError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def _ort_session(model: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+    """ONNX Runtime's session; a model it refuses (checked shapes, types, kernels) is a ModelLoadError."""
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except (
+        ort.capi.onnxruntime_pybind11_state.Fail,
+        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+        ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+        ort.capi.onnxruntime_pybind11_state.NotImplemented,
+        ort.capi.onnxruntime_pybind11_state.RuntimeException,
+        ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
+    ) as exc:
+        text = " ".join(str(exc).split())
+        raise ModelLoadError(f"ONNX Runtime cannot load the model: {text[:300]}") from None
+
+
+def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
+    """Read a converted model's external weights, only from files inside its directory."""
+    from graph_passes.errors import InvalidModelError
+    from graph_passes.model_io import load_external_data
+
+    try:
+        load_external_data(proto, base_dir)
     except InvalidModelError as exc:
         raise ModelLoadError(str(exc)) from None
 

@@ -43,13 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sharded_node_count(model: str | Path) -> int:
     """How many sharded expert ops ``model`` already holds (0 when it cannot be read: the conversion says why)."""
-    import onnx
-
+    from graph_passes.errors import GraphPassError
+    from graph_passes.model_io import load_model
     from graph_passes.sharded_op import is_sharded_node
 
     try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception:  # unreadable or not ONNX: convert_model raises the typed error with the reason
+        proto, _ = load_model(model, check=False)
+    except GraphPassError:  # unreadable or not ONNX: convert_model raises the typed error with the reason
         return 0
     return sum(1 for node in proto.graph.node if is_sharded_node(node))
 

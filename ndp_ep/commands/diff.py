@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 from ndp_ep.cli_args import add_json_args, bounded_int, output_file
 
@@ -40,30 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing; only the exit code tells")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    from ndp_ep.errors import NdpEpError
-
-    directory = path.resolve().parent
-    if not directory.is_dir():
-        raise NdpEpError(f"cannot write {path}: directory {directory} does not exist")
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
+    from graph_passes.model_io import model_files
     from ndp_ep.diff import diff_models, render_html, render_json, render_text, to_json_document
+    from ndp_io import check_no_clobber, write_text
 
+    # never clobber an input (either model or their data files), checked before any work
+    check_no_clobber([args.html, args.json_out], [*model_files(args.model_a), *model_files(args.model_b)])
     result = diff_models(args.model_a, args.model_b)
     if args.html:
-        _write_atomically(Path(args.html), render_html(result, to_json_document(result)))
+        write_text(args.html, render_html(result, to_json_document(result)))
     if args.json_out:
-        _write_atomically(Path(args.json_out), render_json(result))
+        write_text(args.json_out, render_json(result))
     if not args.quiet:
         if args.json:
             sys.stdout.write(render_json(result))

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
     parser.add_argument(
-        "--trace", type=output_file, metavar="FILE.json", help="write the simulated timeline as Chrome trace-event JSON (Perfetto)"
+        "--trace",
+        type=output_file,
+        metavar="FILE.json",
+        help="write the simulated timeline as Chrome trace-event JSON (Perfetto)",
     )
 
 
@@ -52,10 +55,13 @@ def shard_mismatch(converted_model, ndp_units: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.feeds import random_feeds
+    from graph_passes.model_io import model_files
     from ndp_ep.cli import warn
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession
+    from ndp_io import check_no_clobber
 
+    check_no_clobber([args.outputs], [*model_files(args.model), args.inputs, args.hw])  # before any write
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
     mismatch = shard_mismatch(session.converted_model, session.system.num_ndp_units)

@@ -11,9 +11,11 @@ by offset/length in fixed-size chunks and hashes embedded ``raw_data`` directly:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,9 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
+from graph_passes.errors import InvalidModelError
+from graph_passes.model_check import check_text
+from graph_passes.model_io import external_data_path
 from ndp_ep.diff.moe import ShardedOpInfo, read_sharded_ops
 from ndp_ep.diff.result import NodeRef
 from ndp_ep.errors import ModelLoadError
@@ -145,11 +150,10 @@ def _external_location(
     if "location" not in entries:
         raise ModelLoadError(f"{model_path}: initializer {tensor.name!r} is external but names no location")
     if entries["location"] not in files:
-        file_path = (base_dir / entries["location"]).resolve()
-        if not file_path.is_file():
-            raise ModelLoadError(
-                f"{model_path}: external data file {entries['location']!r} of {tensor.name!r} is missing"
-            )
+        try:  # only files inside the model's directory (no absolute path, `..` or symlink escape)
+            file_path = external_data_path(base_dir, entries["location"], tensor.name)
+        except InvalidModelError as exc:
+            raise ModelLoadError(f"{model_path}: {exc}") from None
         files[entries["location"]] = (file_path, file_path.stat().st_size)
     file_path, file_size = files[entries["location"]]
     try:
@@ -216,16 +220,24 @@ def _value_record(value: onnx.ValueInfoProto) -> ValueRecord:
 def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
     """Read a model's structure and initializer headers; raise ModelLoadError on anything that is not ONNX."""
     model_path = Path(path)
-    if not model_path.exists():
-        raise ModelLoadError(f"{model_path}: no such file")
-    if not model_path.is_file():
-        raise ModelLoadError(f"{model_path}: not a regular file")
+    try:
+        if not stat.S_ISREG(model_path.stat().st_mode):  # checked before opening: a FIFO would block
+            raise ModelLoadError(f"{model_path}: not a regular file")
+        with open(model_path, "rb"):
+            pass
+    except OSError as exc:  # permission denied, symlink loop, missing: said as such, not "not ONNX"
+        reason = "no such file" if exc.errno == errno.ENOENT else (exc.strerror or type(exc).__name__).lower()
+        raise ModelLoadError(f"{model_path}: {reason}") from None
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise ModelLoadError(f"{model_path}: not a readable ONNX model ({type(exc).__name__})") from exc
     if not model.HasField("graph") or (len(model.graph.node) == 0 and len(model.graph.output) == 0):
         raise ModelLoadError(f"{model_path}: not an ONNX model (no graph)")
+    try:
+        check_text(model)
+    except InvalidModelError as exc:
+        raise ModelLoadError(f"{model_path}: {exc}") from None
     graph = model.graph
     base_dir = model_path.resolve().parent
 

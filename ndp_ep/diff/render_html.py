@@ -124,6 +124,13 @@ def _block_section(block: MoEBlockDiff, region: Region | None) -> str:
     )
 
 
+def script_json(document: object) -> str:
+    """JSON safe inside ``<script>``: every ``<``, ``>`` and ``&`` escaped (``\\u003c``...), so no name can close
+    the element or open ``<!--`` / ``<script`` (which would change how the HTML parser ends the script)."""
+    text = json.dumps(document, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def render_html(diff: ModelDiff, json_document: dict) -> str:
     """The page; ``json_document`` (the --json document) is embedded for scripts and for download."""
     verdict = "equivalent" if diff.equivalent else "different"
@@ -161,7 +168,7 @@ def render_html(diff: ModelDiff, json_document: dict) -> str:
         f"<td>{_e(human_bytes(i.a_bytes))}</td><td>{_e(human_bytes(i.b_bytes))}</td></tr>"
         for i in diff.initializers[:MAX_TABLE_ROWS]
     ]
-    data = json.dumps(json_document, ensure_ascii=True).replace("</", "<\\/")
+    data = script_json(json_document)
     delta = diff.b.initializer_bytes - diff.a.initializer_bytes
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ndp-ep diff: {verdict}</title>

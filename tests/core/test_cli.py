@@ -175,7 +175,7 @@ OUTPUT_OPTIONS = [
 @pytest.mark.parametrize(("command", "option", "args"), OUTPUT_OPTIONS, ids=[f"{c} {o}" for c, o, _ in OUTPUT_OPTIONS])
 def test_output_paths_that_cannot_be_written_name_the_users_path(tmp_path, capsys, command, option, args):
     line = assert_one_line_error(call(command, *args, tmp_path, capsys=capsys), f"argument {option}")
-    assert f"{tmp_path} is a directory" in line and ".tmp" not in line
+    assert f"{tmp_path}: it is a directory" in line and ".tmp" not in line
     missing = tmp_path / "no" / "such.out"
     line = assert_one_line_error(call(command, *args, missing, capsys=capsys), f"cannot write {missing}")
     assert_one_line_error(call(command, *args, "", capsys=capsys), "empty")

@@ -17,7 +17,8 @@ from onnx import TensorProto
 
 from graph_passes.convert import convert
 from graph_passes.errors import GraphPassError
-from graph_passes.rewrite import materialize, materialize_with_store, save_rewritten
+from graph_passes.model_io import save_rewritten
+from graph_passes.rewrite import materialize, materialize_with_store
 from ndp_ep import InferenceSession
 from sample_models.build_samples import MoEBlockSpec, build_moe_decoder
 

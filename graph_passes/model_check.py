@@ -1,0 +1,282 @@
+"""Check a model before any work: structure, tensor headers, external data, opsets, ``onnx.checker``.
+
+:func:`check_model` is what :func:`graph_passes.model_io.load_model` runs; every failure is an
+:class:`InvalidModelError` (or :class:`UnsafeModelError`) whose message names the node, tensor or opset:
+
+* names, op types, domains and metadata are UTF-8 text;
+* the graph has no cycle and no value is produced twice (by two nodes, or by a node and an input);
+* every initializer's dims are non-negative and its bytes (inline, typed fields or external range) are
+  exactly what its dims and dtype need — so no later reader allocates from a size the file does not back;
+* external data is contained in the model's directory (:func:`graph_passes.model_io.external_range`);
+* the default-domain opset is one this ONNX Runtime supports (:func:`max_runtime_opset`);
+* ``onnx.checker`` (full check, with shape inference) on a copy whose large weights are one-element stubs.
+
+:func:`check_runnable` adds what only running needs: every operator is known to ONNX Runtime, is ours,
+or is a model-local function.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import onnx
+from onnx import TensorProto
+
+from graph_passes.errors import InvalidModelError
+from graph_passes.model_io import PACKED_BITS, element_count, external_range, tensor_nbytes
+from graph_passes.sharded_op import DOMAIN as SHARDED_DOMAIN
+from graph_passes.sharded_op import ShardedOpError, ShardedOpSpec, is_sharded_node, parse_node
+
+STUB_ABOVE_BYTES = 1 << 16  # initializers larger than this are checked by header and replaced by stubs
+_TYPED_FIELDS = {
+    TensorProto.FLOAT: "float_data",
+    TensorProto.COMPLEX64: "float_data",
+    TensorProto.DOUBLE: "double_data",
+    TensorProto.COMPLEX128: "double_data",
+    TensorProto.INT64: "int64_data",
+    TensorProto.UINT32: "uint64_data",
+    TensorProto.UINT64: "uint64_data",
+    TensorProto.STRING: "string_data",
+}
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
+    """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring)."""
+    check_text(model)
+    check_structure(model.graph)
+    check_initializers(model, base_dir)
+    check_opsets(model)
+    _run_onnx_checker(model)
+
+
+def _texts(model: onnx.ModelProto):
+    """``(where, value)`` for every name-like string field (protobuf hands invalid UTF-8 back as bytes)."""
+    graph = model.graph
+    yield "graph name", graph.name
+    for opset in model.opset_import:
+        yield "opset domain", opset.domain
+    for entry in model.metadata_props:
+        yield "model metadata", entry.key
+        yield "model metadata", entry.value
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        yield "value name", value.name
+    for tensor in graph.initializer:
+        yield "initializer name", tensor.name
+        for entry in tensor.external_data:
+            yield f"external data of {tensor.name!r}", entry.key
+            yield f"external data of {tensor.name!r}", entry.value
+    for position, node in enumerate(graph.node):
+        where = f"node #{position}"
+        yield where, node.name
+        yield where, node.op_type
+        yield where, node.domain
+        yield from ((where, name) for name in [*node.input, *node.output])
+        yield from ((where, attribute.name) for attribute in node.attribute)
+        for entry in node.metadata_props:
+            yield where, entry.key
+            yield where, entry.value
+
+
+def check_text(model: onnx.ModelProto) -> None:
+    """Every name, domain, op type and metadata entry is text (protobuf strings must be UTF-8)."""
+    for where, value in _texts(model):
+        if not isinstance(value, str):
+            raise InvalidModelError(f"{where}: a name or metadata entry is not UTF-8 text ({bytes(value)[:40]!r})")
+
+
+def check_structure(graph: onnx.GraphProto) -> None:
+    """No value produced twice and no cycle among the graph's nodes (order may be arbitrary)."""
+    producer: dict[str, str] = {}
+    for value in graph.input:
+        producer[value.name] = "graph input"
+    for tensor in graph.initializer:
+        producer.setdefault(tensor.name, "initializer")
+    for position, node in enumerate(graph.node):
+        label = node.name or f"#{position} ({node.op_type})"
+        for output in node.output:
+            if not output:
+                continue
+            if output in producer:
+                raise InvalidModelError(f"value {output!r} is produced twice (by {producer[output]} and node {label})")
+            producer[output] = f"node {label}"
+    # Kahn's algorithm over node dependencies: anything left over lies on a cycle
+    produced_by = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    waiting = [0] * len(graph.node)
+    users: dict[int, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        sources = {produced_by[i] for i in node.input if i in produced_by}
+        waiting[index] = len(sources)
+        for source in sources:
+            users.setdefault(source, []).append(index)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    done = 0
+    while ready:
+        index = ready.pop()
+        done += 1
+        for user in users.get(index, ()):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                ready.append(user)
+    if done != len(graph.node):
+        stuck = next(n for i, n in enumerate(graph.node) if waiting[i] > 0)
+        raise InvalidModelError(f"the graph has a cycle through node {stuck.name or stuck.op_type!r}")
+
+
+def check_initializers(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
+    """Each initializer's stored bytes match its dims and dtype; external data is contained and in range."""
+    for tensor in model.graph.initializer:
+        check_tensor(tensor, base_dir)
+
+
+def check_tensor(tensor: TensorProto, base_dir: str | os.PathLike[str] | None) -> None:
+    if tensor.data_location == TensorProto.EXTERNAL:
+        if base_dir is not None:
+            external_range(tensor, base_dir)
+        return
+    if tensor.data_type == TensorProto.STRING:
+        count = element_count(tensor)
+        if len(tensor.string_data) != count:
+            raise InvalidModelError(f"initializer {tensor.name!r}: {len(tensor.string_data)} strings for {count}")
+        return
+    needed = tensor_nbytes(tensor)  # validates dims and dtype
+    if tensor.HasField("raw_data") or not _typed_length(tensor):
+        if len(tensor.raw_data) != needed:
+            raise InvalidModelError(
+                f"initializer {tensor.name!r}: raw_data has {len(tensor.raw_data)} bytes, "
+                f"dims {list(tensor.dims)} need {needed}"
+            )
+        return
+    # typed fields: one entry per element, or per packed byte for sub-byte types, two per complex element
+    count = needed if tensor.data_type in PACKED_BITS else element_count(tensor)
+    stored = _typed_length(tensor)
+    if tensor.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+        stored //= 2
+    if stored != count:
+        raise InvalidModelError(
+            f"initializer {tensor.name!r}: {stored} values stored, dims {list(tensor.dims)} need {count}"
+        )
+
+
+def _typed_length(tensor: TensorProto) -> int:
+    field = _TYPED_FIELDS.get(tensor.data_type, "int32_data")
+    return len(getattr(tensor, field))
+
+
+@functools.lru_cache(maxsize=1)
+def max_runtime_opset() -> int:
+    """The newest default-domain opset the installed ONNX Runtime loads (probed once with a one-node model)."""
+    import onnxruntime as ort
+
+    value = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    out = onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [value], [out])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for version in range(onnx.defs.onnx_opset_version() + 4, 6, -1):
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
+        probe.ir_version = min(onnx.IR_VERSION, 10)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - any refusal means "not this version"
+            continue
+        return version
+    return onnx.defs.onnx_opset_version()
+
+
+def check_opsets(model: onnx.ModelProto) -> None:
+    """Each domain is imported once; the default domain's opset is positive and one ONNX Runtime supports."""
+    seen: dict[str, int] = {}
+    for opset in model.opset_import:
+        domain = opset.domain or ""
+        domain = "" if domain in _DEFAULT_DOMAINS else domain
+        if domain in seen and seen[domain] != opset.version:
+            raise InvalidModelError(f"opset of domain {domain or 'ai.onnx'!r} is imported twice")
+        seen[domain] = opset.version
+        if domain == "" and opset.version < 1:  # other domains version as they like
+            raise InvalidModelError(f"opset {opset.version} of domain 'ai.onnx' is not a version")
+    version = seen.get("")
+    if version is not None and version > max_runtime_opset():
+        raise InvalidModelError(
+            f"the model needs ai.onnx opset {version}; this ONNX Runtime supports opsets up to {max_runtime_opset()}"
+        )
+
+
+def _stub_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for ``onnx.checker`` in which large or external initializers become graph inputs of the same
+    type and shape: the checker and shape inference see every value, without the weight bytes."""
+    from graph_passes.graph_index import copy_without_initializers
+
+    probe = copy_without_initializers(model)
+    inputs = {v.name for v in probe.graph.input}
+    for tensor in model.graph.initializer:
+        large = tensor.data_location == TensorProto.EXTERNAL or tensor.ByteSize() > STUB_ABOVE_BYTES
+        if not large:
+            probe.graph.initializer.add().CopyFrom(tensor)
+        elif tensor.name not in inputs:
+            probe.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return probe
+
+
+def _run_onnx_checker(model: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(_stub_copy(model), full_check=True)
+    except Exception as exc:  # noqa: BLE001 - ValidationError, InferenceError, UnicodeDecodeError...: all "invalid"
+        text = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message spans several lines
+        raise InvalidModelError(f"not a valid ONNX model: {text[:300]}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _runtime_operators() -> frozenset[tuple[str, str]]:
+    from onnxruntime.capi import _pybind_state
+
+    return frozenset(((s.domain or ""), s.name) for s in _pybind_state.get_all_operator_schema())
+
+
+def check_runnable(model: onnx.ModelProto) -> None:
+    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s, or is a model-local function."""
+    local = {(f.domain or "", f.name) for f in model.functions}
+    known = _runtime_operators()
+    initializers = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
+        key = (domain, node.op_type)
+        if is_sharded_node(node):
+            check_sharded_node(node, initializers)
+            continue
+        if domain != SHARDED_DOMAIN and (key in local or key in known):
+            continue
+        raise InvalidModelError(
+            f"node {node.name or node.op_type!r}: operator {domain or 'ai.onnx'}::{node.op_type} is not known to "
+            "ONNX Runtime"
+        )
+
+
+def check_sharded_node(node: onnx.NodeProto, initializers: dict[str, TensorProto]) -> ShardedOpSpec:
+    """A converted node obeys the op contract and its float weights are initializers of the contract's shapes."""
+    try:
+        spec = parse_node(node)
+    except ShardedOpError as exc:
+        raise InvalidModelError(f"converted node is not valid: {exc}") from None
+    groups = spec.split_inputs(list(node.input[3:]))
+    first_width = (2 if spec.gated else 1) * spec.shard_width
+    expected = {
+        "first": (spec.hidden, first_width),
+        "down": (spec.shard_width, spec.hidden),
+        "first_bias": (first_width,),
+        "down_bias": (spec.hidden,),
+    }
+    for group, names in groups.items():
+        for name in names:
+            tensor = initializers.get(name)
+            if tensor is None:
+                raise InvalidModelError(f"{node.name}: weight {name!r} is not an initializer")
+            if spec.quantized or group not in expected:
+                continue
+            if tuple(tensor.dims) != expected[group]:
+                raise InvalidModelError(
+                    f"{node.name}: weight {name!r} has shape {list(tensor.dims)}, the node's attributes need "
+                    f"{list(expected[group])}"
+                )
+    return spec

@@ -1,0 +1,400 @@
+"""Model files: load a model safely, resolve its external data inside its folder, save rewritten models.
+
+Graph emission lives in :mod:`graph_passes.rewrite`; this module only reads and writes files.
+
+Loading (:func:`load_model`) never reads a byte outside the model's directory: every external-data
+``location`` goes through :func:`external_data_path`, which refuses absolute paths, ``..`` components and
+symbolic links that resolve out of the directory (as ``onnx.load`` does), and the model is checked
+(:mod:`graph_passes.model_check`) before any work.
+
+Saving (:func:`save_rewritten`) replaces a model and its weights as one unit::
+
+    1. weights → a staged temp file → renamed to a data name no existing file has
+       (OUT.onnx.data, or OUT.onnx.<8 hex>.data when that name is taken by the current model's weights)
+    2. model (referencing only the new data name) → a staged temp file → renamed over OUT.onnx
+    3. the previous data files of OUT.onnx (OUT.onnx.data / OUT.onnx.<hex>.data) are removed
+
+A crash before step 2 leaves the old model reading its untouched old weights; after step 2 the new model
+reads the new weights. Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file
+orphaned by a crash between steps 1 and 2 is removed by the next save to the same output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+from pathlib import Path, PureWindowsPath
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from graph_passes.errors import GraphPassError, InvalidModelError, UnsafeModelError
+from graph_passes.graph_index import copy_without_initializers
+from ndp_io import check_output_path, directory_lock, staged_file
+
+if TYPE_CHECKING:
+    from graph_passes.rewrite import RewrittenModel
+
+EXTERNAL_THRESHOLD_BYTES = 1_800_000_000
+COPY_CHUNK_BYTES = 64 * 2**20
+DATA_SUFFIX = ".data"
+_DIGITS = re.compile(r"^[0-9]+$")
+
+
+# -- containment -------------------------------------------------------------------------------------------
+def external_data_path(base_dir: str | os.PathLike[str], location: str, tensor: str = "?") -> Path:
+    """The real path of an external-data ``location`` of ``tensor``, which must be a file inside ``base_dir``.
+
+    Raises :class:`UnsafeModelError` for an absolute path, a ``..`` component or a symbolic link resolving
+    out of ``base_dir``, and :class:`InvalidModelError` for a missing file, a symlink loop or a non-file.
+    """
+    if not location or "\0" in location:
+        raise InvalidModelError(f"initializer {tensor!r}: external data location {location!r} is not a file name")
+    posix = location.replace("\\", "/")
+    if os.path.isabs(location) or posix.startswith("/") or PureWindowsPath(location).drive:
+        raise UnsafeModelError(
+            f"initializer {tensor!r}: external data location {location!r} is an absolute path; "
+            "it must name a file inside the model's directory"
+        )
+    if ".." in posix.split("/"):
+        raise UnsafeModelError(
+            f"initializer {tensor!r}: external data location {location!r} leaves the model's directory"
+        )
+    base_real = os.path.realpath(base_dir)
+    candidate = Path(base_dir) / posix
+    try:
+        real = Path(os.path.realpath(candidate, strict=True))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidModelError(
+                f"initializer {tensor!r}: external data {location!r} is a symbolic link loop"
+            ) from None
+        if exc.errno == errno.EACCES:
+            raise InvalidModelError(f"initializer {tensor!r}: external data {location!r}: permission denied") from None
+        raise InvalidModelError(f"initializer {tensor!r}: external data file {location!r} not found") from None
+    if os.path.commonpath([str(real), base_real]) != base_real:
+        raise UnsafeModelError(
+            f"initializer {tensor!r}: external data {location!r} is a symbolic link out of the model's directory"
+        )
+    if not real.is_file():
+        raise InvalidModelError(f"initializer {tensor!r}: external data {location!r} is not a regular file")
+    return real
+
+
+def external_entries(tensor: TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+PACKED_BITS = {  # sub-byte types, packed along the flattened tensor (the last byte padded)
+    getattr(TensorProto, name): bits
+    for name, bits in (
+        ("UINT4", 4),
+        ("INT4", 4),
+        ("FLOAT4E2M1", 4),
+        ("UINT2", 2),
+        ("INT2", 2),
+        ("FLOAT6E2M3", 6),
+        ("FLOAT6E3M2", 6),
+    )
+    if hasattr(TensorProto, name)
+}
+
+
+def element_count(tensor: TensorProto) -> int:
+    """The number of elements ``tensor``'s dims declare (exact integer arithmetic; negative dims refused)."""
+    count = 1
+    for dim in tensor.dims:
+        if dim < 0:
+            raise InvalidModelError(f"initializer {tensor.name!r} has a negative dimension {list(tensor.dims)}")
+        count *= int(dim)
+    return count
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes ``tensor``'s dims and dtype call for (sub-byte types packed; exact integers, no overflow)."""
+    count = element_count(tensor)
+    bits = PACKED_BITS.get(tensor.data_type)
+    if bits is not None:
+        return (count * bits + 7) // 8
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        raise InvalidModelError(f"initializer {tensor.name!r} has an unknown data type {tensor.data_type}") from None
+    return count * itemsize
+
+
+def external_range(tensor: TensorProto, base_dir: str | os.PathLike[str] | None) -> tuple[Path, int, int]:
+    """``(file, offset, length)`` of an external tensor, checked: contained file, the range inside it, and a
+    length equal to what the tensor's dims need."""
+    if base_dir is None:
+        raise InvalidModelError(f"initializer {tensor.name!r} uses external data but the model has no directory")
+    entries = external_entries(tensor)
+    path = external_data_path(base_dir, entries.get("location", ""), tensor.name)
+    for key in ("offset", "length"):
+        if key in entries and not _DIGITS.match(entries[key].strip()):
+            raise InvalidModelError(
+                f"initializer {tensor.name!r}: external data {key} {entries[key]!r} is not a non-negative integer"
+            )
+    offset = int(entries.get("offset", "0"))
+    needed = tensor_nbytes(tensor)
+    length = int(entries["length"]) if "length" in entries else needed
+    if length != needed:
+        raise InvalidModelError(
+            f"initializer {tensor.name!r}: external data has length {length}, its shape needs {needed} bytes"
+        )
+    size = path.stat().st_size
+    if offset + needed > size:
+        raise InvalidModelError(
+            f"initializer {tensor.name!r}: external data is truncated ({offset}+{needed} bytes, {path.name} has {size})"
+        )
+    return path, offset, needed
+
+
+def external_data_files(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> list[Path]:
+    """The distinct (contained, existing) data files ``model``'s initializers reference."""
+    files: dict[str, Path] = {}
+    if base_dir is None:
+        return []
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        location = external_entries(tensor).get("location", "")
+        if location not in files:
+            files[location] = external_data_path(base_dir, location, tensor.name)
+    return list(files.values())
+
+
+def model_files(source: str | os.PathLike[str]) -> list[Path]:
+    """A model file and every external-data file it references: the inputs an output must never replace.
+
+    A model that cannot be read yields just its own path (loading will report the problem).
+    """
+    path = Path(source)
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):  # never open a FIFO or a device just to list files
+            return [path]
+        model = onnx.load(str(path), load_external_data=False)
+        return [path, *external_data_files(model, path.parent)]
+    except Exception:  # noqa: BLE001 - any failure here is reported by the loader itself, in one line
+        return [path]
+
+
+def load_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
+    """Read every external initializer's bytes into ``model`` (in place), through :func:`external_range`."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        path, offset, length = external_range(tensor, base_dir)
+        with open(path, "rb") as source:
+            source.seek(offset)
+            raw = source.read(length)
+        if len(raw) != length:
+            raise InvalidModelError(f"initializer {tensor.name!r}: external data ends early in {path.name}")
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+        tensor.raw_data = raw
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+def _read_error(path: Path, exc: OSError) -> InvalidModelError:
+    if exc.errno == errno.ELOOP:
+        return InvalidModelError(f"{path}: symbolic link loop")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return InvalidModelError(f"{path}: permission denied")
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return InvalidModelError(f"no such file: {path}")
+    if exc.errno == errno.EISDIR:
+        return InvalidModelError(f"not a file: {path}")
+    return InvalidModelError(f"cannot read {path}: {exc.strerror or type(exc).__name__}")
+
+
+def load_model(
+    source: str | os.PathLike[str] | onnx.ModelProto, *, check: bool = True
+) -> tuple[onnx.ModelProto, Path | None]:
+    """Load a model without its external weight bytes; returns it and the directory of its data.
+
+    A path is opened first (so "permission denied" and "symbolic link loop" are told apart from "not an
+    ONNX model"), parsed, and — with ``check`` — validated by :func:`graph_passes.model_check.check_model`
+    (structure, tensor headers, external-data containment and ranges) before any work.
+    """
+    from graph_passes.model_check import check_model
+
+    if isinstance(source, onnx.ModelProto):
+        if check:
+            check_model(source, None)
+        return source, None
+    path = Path(source)
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):  # before opening: a FIFO would block the open forever
+            raise InvalidModelError(f"not a file: {path}")
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise _read_error(path, exc) from None
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning...: all mean "not ONNX"
+        raise InvalidModelError(f"{path} is not an ONNX model ({type(exc).__name__})") from None
+    if not model.graph.node and not model.graph.output:
+        raise InvalidModelError(f"{path} is not an ONNX model (no graph)")
+    if check:
+        check_model(model, path.parent)
+    return model, path.parent
+
+
+# -- saving ------------------------------------------------------------------------------------------------
+def _data_file_pattern(path: Path) -> re.Pattern[str]:
+    return re.compile("^" + re.escape(path.name) + r"(\.[0-9a-f]{8})?" + re.escape(DATA_SUFFIX) + "$")
+
+
+def owned_data_files(path: str | os.PathLike[str]) -> list[Path]:
+    """Existing data files a save to ``path`` owns: ``path.data`` and ``path.<8 hex>.data``."""
+    path = Path(path)
+    pattern = _data_file_pattern(path)
+    try:
+        names = os.listdir(path.parent if str(path.parent) else ".")
+    except OSError:
+        return []
+    return sorted(path.with_name(n) for n in names if pattern.match(n))
+
+
+def output_files(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file saving a model to ``path`` may create, replace or delete (for no-clobber checks)."""
+    path = Path(path)
+    return [path, path.with_name(path.name + DATA_SUFFIX), *owned_data_files(path)]
+
+
+def _fresh_data_path(path: Path) -> Path:
+    plain = path.with_name(path.name + DATA_SUFFIX)
+    if not os.path.lexists(plain):
+        return plain
+    while True:
+        candidate = path.with_name(f"{path.name}.{os.urandom(4).hex()}{DATA_SUFFIX}")
+        if not os.path.lexists(candidate):
+            return candidate
+
+
+def _remove_old_data(path: Path, keep: Path | None) -> None:
+    for old in owned_data_files(path):
+        if keep is None or old.name != keep.name:
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+
+def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool | None = None) -> list[Path]:
+    """Write the model to ``path``, replacing any previous model and weights there as one unit.
+
+    Weights are streamed one tensor at a time to a data file beside ``path`` when ``external`` (default:
+    when the input used external data or the weights exceed the 2 GB protobuf limit); returns the files
+    written. The sequence that keeps every intermediate state consistent is in the module docstring.
+    """
+    path = check_output_path(path)
+    model = rewritten.model
+    store = rewritten.store
+    uses_external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer) or bool(
+        store is not None and getattr(store, "has_external_data", False)
+    )
+    total = sum(lz.nbytes for lz in rewritten.lazy.values()) + sum(
+        len(t.raw_data) for t in model.graph.initializer if t.name not in rewritten.lazy
+    )
+    if external is None:
+        external = uses_external or total > EXTERNAL_THRESHOLD_BYTES
+    with directory_lock(path.parent):
+        if not external:
+            with staged_file(path) as staged:
+                _write_embedded(rewritten, staged.file)
+                staged.commit()
+            _remove_old_data(path, keep=None)
+            return [path]
+        data_path = _fresh_data_path(path)
+        check_output_path(data_path)
+        with staged_file(data_path) as data, staged_file(path) as model_file:
+            header = _write_external(rewritten, data.file, data_path.name)
+            data.commit()
+            model_file.file.write(header.SerializeToString())
+            model_file.commit()
+        _remove_old_data(path, keep=data_path)
+    return [path, data_path]
+
+
+def _write_external(rewritten: RewrittenModel, data_file, location: str) -> onnx.ModelProto:
+    """Stream every large initializer's bytes to ``data_file``; returns the model header that references them."""
+    store = rewritten.store
+    header = onnx.ModelProto()
+    header.CopyFrom(rewritten.model)
+    for tensor in header.graph.initializer:
+        lazy = rewritten.lazy.get(tensor.name)
+        offset = data_file.tell()
+        if lazy is not None:
+            data_file.write(memoryview(np.ascontiguousarray(lazy.produce(), dtype=np.float32)).cast("B"))
+        elif tensor.data_location == TensorProto.EXTERNAL:
+            if store is None:
+                raise GraphPassError(f"cannot read external data of {tensor.name}")
+            src, src_offset, length = store.external_location(tensor.name)
+            with open(src, "rb") as source:
+                source.seek(src_offset)
+                remaining = length
+                while remaining:
+                    chunk = source.read(min(COPY_CHUNK_BYTES, remaining))
+                    if not chunk:
+                        raise GraphPassError(f"external data of {tensor.name} is truncated")
+                    data_file.write(chunk)
+                    remaining -= len(chunk)
+        elif len(tensor.raw_data) > 1024 or (not tensor.raw_data and _np_size(tensor) > 256):
+            data_file.write(_tensor_bytes(tensor))
+        else:
+            continue
+        length = data_file.tell() - offset
+        tensor.ClearField("raw_data")
+        for field_name in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+            tensor.ClearField(field_name)
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+    return header
+
+
+def _write_embedded(rewritten: RewrittenModel, model_file) -> None:
+    """Write one self-contained ``.onnx`` file holding one initializer's bytes in memory at a time.
+
+    The file is the model without initializers, followed by one ``ModelProto{graph{initializer: [t]}}``
+    record per initializer. Protobuf parsers merge repeated occurrences of a message field, so the file
+    reads back as a single model; the result is the same as ``onnx.save`` of the materialised model,
+    up to the order of the initializers.
+    """
+    model, store = rewritten.model, rewritten.store
+    header = copy_without_initializers(model)
+    model_file.write(header.SerializeToString())
+    for tensor in model.graph.initializer:
+        record = onnx.ModelProto()
+        written = record.graph.initializer.add()
+        lazy = rewritten.lazy.get(tensor.name)
+        if lazy is not None:
+            written.name, written.data_type = tensor.name, TensorProto.FLOAT
+            written.dims.extend(tensor.dims)
+            written.raw_data = np.ascontiguousarray(lazy.produce(), dtype=np.float32).tobytes()
+        elif tensor.data_location == TensorProto.EXTERNAL:
+            if store is None:
+                raise GraphPassError(f"cannot read external data of {tensor.name}")
+            written.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(store.full(tensor.name))))
+            written.name = tensor.name
+        else:
+            written.CopyFrom(tensor)
+        model_file.write(record.SerializeToString())
+
+
+def _tensor_bytes(tensor: TensorProto) -> bytes:
+    if tensor.raw_data:
+        return tensor.raw_data
+    return onnx.numpy_helper.to_array(tensor).tobytes()
+
+
+def _np_size(tensor: TensorProto) -> int:
+    return int(np.prod(tensor.dims, dtype=np.int64))

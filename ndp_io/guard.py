@@ -1,0 +1,73 @@
+"""Output-path checks made before anything is written: a usable file name, and never one of the inputs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ndp_io.errors import ClobberError, OutputWriteError
+
+NAME_MAX_DEFAULT = 255
+
+PathLike = str | os.PathLike[str]
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return NAME_MAX_DEFAULT
+
+
+def check_output_path(path: PathLike) -> Path:
+    """``path`` as a :class:`Path` when a file can be created there; :class:`OutputWriteError` otherwise.
+
+    Rejects an empty path, a name that is not a file name (``.``, ``..``, a trailing separator), a name longer
+    than the file system allows (255 bytes on most), a directory that does not exist and an existing directory.
+    """
+    text = os.fspath(path)
+    if not text or not text.strip():
+        raise OutputWriteError("output path is empty")
+    if "\0" in text:
+        raise OutputWriteError(f"output path contains a NUL character: {text!r}")
+    target = Path(text)
+    if target.name in ("", ".", "..") or text.endswith(("/", os.sep)):
+        raise OutputWriteError(f"output path is not a file name: {text}")
+    directory = target.parent
+    if not directory.is_dir():
+        raise OutputWriteError(f"cannot write {text}: directory {directory} does not exist")
+    limit = _name_max(directory)
+    if len(os.fsencode(target.name)) > limit:
+        raise OutputWriteError(f"cannot write {text[:60]}...: the file name is longer than {limit} bytes")
+    if target.is_dir():
+        raise OutputWriteError(f"cannot write {text}: it is a directory")
+    return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, bind mounts, case-insensitive file systems
+    except OSError:
+        return False
+
+
+def check_no_clobber(outputs: Iterable[PathLike | None], inputs: Iterable[PathLike | None]) -> None:
+    """Raise :class:`ClobberError` when an output path is an input file, or two outputs are the same file.
+
+    Call it before writing anything, with every file the command will write (or replace, or delete) and every
+    file it reads: the model, its external-data files, feeds. ``None`` entries are ignored, as are inputs that
+    do not exist (nothing to destroy).
+    """
+    out_paths = [Path(os.fspath(p)) for p in outputs if p is not None and os.fspath(p)]
+    in_paths = [Path(os.fspath(p)) for p in inputs if p is not None and os.fspath(p)]
+    in_paths = [p for p in in_paths if p.exists()]
+    for position, out in enumerate(out_paths):
+        for inp in in_paths:
+            if _same_file(out, inp):
+                raise ClobberError(f"output {out} would overwrite the input {inp}; write it elsewhere")
+        for other in out_paths[position + 1 :]:
+            if os.path.realpath(out) == os.path.realpath(other) or _same_file(out, other):
+                raise ClobberError(f"two outputs are the same file: {out} and {other}")
