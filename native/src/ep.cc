@@ -10,6 +10,7 @@
 #include <onnxruntime_c_api.h>
 
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -36,6 +37,7 @@ constexpr const char* kVendor = "ndp-ep";
 constexpr const char* kDomain = "ndp_ep";  // graph_passes.sharded_op.DOMAIN
 constexpr const char* kOpType = "ShardedMoEExperts";
 constexpr const char* kOptionPrefix = "ep.ndpexecutionprovider.";
+constexpr const char* kRunTagKey = "ep.ndpexecutionprovider.run_tag";  // run config entry
 constexpr size_t kDefaultRoutingCapacity = 16384;  // records (layer invocations) kept per session
 
 const OrtApi* g_api = nullptr;
@@ -312,8 +314,12 @@ struct NdpEp : OrtEp {
     GetCapability = GetCapabilityImpl;
     Compile = CompileImpl;
     ReleaseNodeComputeInfos = ReleaseNodeComputeInfosImpl;
-    OnRunStart = [](OrtEp*, const OrtRunOptions*) noexcept -> OrtStatus* {
-      BeginRun();
+    OnRunStart = [](OrtEp*, const OrtRunOptions* run_options) noexcept -> OrtStatus* {
+      // A caller that tags its runs (ndp_ep.InferenceSession does) finds the tag on the run's records.
+      const char* tag = run_options ? g_api->GetRunConfigEntry(run_options, kRunTagKey) : nullptr;
+      char* end = nullptr;
+      const long long value = tag ? std::strtoll(tag, &end, 10) : 0;
+      BeginRun(tag && end != tag && *end == '\0' && value > 0 ? value : 0);
       return nullptr;
     };
     if (record) log = OpenRoutingLog(session_key, capacity);
@@ -405,6 +411,37 @@ struct NdpEp : OrtEp {
   std::shared_ptr<RoutingLog> log;
 };
 
+// The output has the hidden state's type and shape. Unknown dims without a name get a fresh symbolic name
+// (ONNX Runtime would otherwise take the -1 of an unknown dim as its value).
+OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
+  static std::atomic<uint64_t> fresh{0};
+  OrtTensorTypeAndShapeInfo* hidden = nullptr;  // owned by the context
+  NDP_RETURN_IF_ERROR(g_api->ShapeInferContext_GetInputTypeShape(context, 0, &hidden));
+  ONNXTensorElementDataType type;
+  size_t rank = 0;
+  NDP_RETURN_IF_ERROR(g_api->GetTensorElementType(hidden, &type));
+  NDP_RETURN_IF_ERROR(g_api->GetDimensionsCount(hidden, &rank));
+  std::vector<int64_t> dims(rank);
+  std::vector<const char*> names(rank, nullptr);
+  NDP_RETURN_IF_ERROR(g_api->GetDimensions(hidden, dims.data(), rank));
+  NDP_RETURN_IF_ERROR(g_api->GetSymbolicDimensions(hidden, names.data(), rank));
+  std::vector<std::string> storage(rank);
+  std::vector<const char*> params(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    storage[i] = names[i] ? names[i] : "";
+    if (dims[i] < 0 && storage[i].empty()) storage[i] = "ndp_ep_dim" + std::to_string(fresh++);
+    params[i] = storage[i].c_str();
+  }
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  NDP_RETURN_IF_ERROR(g_api->CreateTensorTypeAndShapeInfo(&out));
+  OrtStatus* status = g_api->SetTensorElementType(out, type);
+  if (status == nullptr) status = g_api->SetDimensions(out, dims.data(), rank);
+  if (status == nullptr) status = g_api->SetSymbolicDimensions(out, params.data(), rank);
+  if (status == nullptr) status = g_api->ShapeInferContext_SetOutputTypeShape(context, 0, out);
+  g_api->ReleaseTensorTypeAndShapeInfo(out);
+  return status;
+}
+
 // ---- the op's schema: a placeholder custom op (the EP compiles the node; this kernel never runs) ----------
 struct SchemaOp : OrtCustomOp {
   SchemaOp() {
@@ -429,11 +466,7 @@ struct SchemaOp : OrtCustomOp {
     GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 0; };
     GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
     GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 0; };
-    InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* context) -> OrtStatusPtr {
-      OrtTensorTypeAndShapeInfo* hidden = nullptr;  // owned by the context
-      NDP_RETURN_IF_ERROR(g_api->ShapeInferContext_GetInputTypeShape(context, 0, &hidden));
-      return g_api->ShapeInferContext_SetOutputTypeShape(context, 0, hidden);  // the hidden state's type, shape
-    };
+    InferOutputShapeFn = InferOutputShape;
     GetStartVersion = [](const OrtCustomOp*) { return 1; };
     GetEndVersion = [](const OrtCustomOp*) { return 1; };
   }

@@ -9,7 +9,7 @@ namespace ndp {
 namespace {
 std::mutex g_registry_mutex;
 std::map<std::string, std::weak_ptr<RoutingLog>> g_registry;
-std::atomic<int64_t> g_next_run_id{1};
+std::atomic<int64_t> g_next_run_id{kUntaggedRunBase};
 thread_local int64_t t_run_id = 0;
 }  // namespace
 
@@ -83,7 +83,7 @@ std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key) {
 }
 
 int64_t CurrentRunId() { return t_run_id; }
-void BeginRun() { t_run_id = g_next_run_id.fetch_add(1); }
+void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(1); }
 
 }  // namespace ndp
 

@@ -45,8 +45,10 @@ class RoutingLog {
 std::shared_ptr<RoutingLog> OpenRoutingLog(const std::string& key, size_t capacity);
 std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key);
 
-// The run id of the calling thread, set by the EP's OnRunStart.
+// The run id of the calling thread, set by the EP's OnRunStart: the caller's tag (> 0) or, for untagged
+// runs, a process-wide counter starting at kUntaggedRunBase.
+constexpr int64_t kUntaggedRunBase = int64_t{1} << 40;
 int64_t CurrentRunId();
-void BeginRun();
+void BeginRun(int64_t tag);
 
 }  // namespace ndp

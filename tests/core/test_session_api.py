@@ -80,19 +80,6 @@ def test_converted_and_unconverted_models_give_the_same_outputs(block, tmp_path)
     np.testing.assert_allclose(direct, from_file, rtol=0, atol=1e-6)
 
 
-def test_decode_steps_match_with_and_without_the_native_decode_graph(block, monkeypatch):
-    import ndp_ep.session as session_module
-
-    feeds = {"hidden_states": np.random.default_rng(5).standard_normal((1, 1, 64)).astype(np.float32)}
-    native = ndp_ep.InferenceSession(block)
-    assert native.native_decode_layers == 1
-    monkeypatch.setattr(session_module, "NATIVE_DECODE_MAX_WEIGHT_BYTES", 0)
-    python_only = ndp_ep.InferenceSession(block)
-    assert python_only.native_decode_layers == 0
-    np.testing.assert_allclose(native.run(None, feeds)[0], python_only.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
-    assert native.last_report.layers[0].expert_tokens == python_only.last_report.layers[0].expert_tokens
-
-
 def test_gpu_memory_reserved_for_non_expert_weights_excludes_the_experts(samples_dir):
     import onnx
 
