@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -97,7 +96,9 @@ def main() -> None:
                         f"{t['ours'] * 1e6:>8.1f}us {t['plain'] * 1e6:>8.1f}us {ratio:>13.2f} {plain_ratio:>11.2f} "
                         f"{t['report'] * 1e6:>7.1f}us {fraction:>9.1%}"
                     )
-    print(f"targets: session/stock and plain/stock <= {TARGET_RATIO}; report/run <= {TARGET_REPORT_FRACTION:.0%} at 1 token")
+    print(
+        f"targets: session/stock and plain/stock <= {TARGET_RATIO}; report/run <= {TARGET_REPORT_FRACTION:.0%} at 1 token"
+    )
 
 
 if __name__ == "__main__":
