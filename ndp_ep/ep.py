@@ -33,6 +33,7 @@ RUN_TAG_KEY = OPTION_PREFIX + "run_tag"
 SESSION_KEY_OPTION = "session_key"
 LIBRARY_ENV = "NDP_EP_LIBRARY"
 LIBRARY_NAME = "libndp_ep.so"
+MIN_ORT_VERSION = (1, 23, 1)
 SCHEMA_API_VERSION = 24  # from this ORT API on, the EP factory itself registers the op's schema
 REGISTER_HINT = (
     "ndp_ep::ShardedMoEExperts runs only on the ndp-ep execution provider: install ndp-ep and create the session "
@@ -83,6 +84,14 @@ def get_library_path() -> str:
     )
 
 
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def register() -> str:
     """Register the library with ONNX Runtime once per process (idempotent); returns its path."""
     global _registered_path
@@ -91,8 +100,11 @@ def register() -> str:
     with _lock:
         if _registered_path is not None:
             return _registered_path
-        if not hasattr(ort, "register_execution_provider_library"):
-            raise LibraryNotFoundError(f"onnxruntime {ort.__version__} cannot load plugin providers (needs >= 1.23)")
+        if _version_tuple(ort.__version__) < MIN_ORT_VERSION:
+            raise LibraryNotFoundError(
+                f"onnxruntime {ort.__version__} cannot run the ndp-ep provider (needs >= 1.23.1: older releases "
+                "lack plugin providers or put copy nodes around them)"
+            )
         path = get_library_path()
         try:
             ort.register_execution_provider_library(EP_NAME, path)
