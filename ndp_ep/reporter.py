@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +32,7 @@ from ndp_ep.partition import ClaimedNode, claim
 from ndp_ep.report import LayerReport, RunReport
 
 DEFAULT_REPORT_RING = 256
+UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
 
 
@@ -75,6 +76,7 @@ class SessionReporter:
         report_ring: int = DEFAULT_REPORT_RING,
         claimed: tuple[ClaimedNode, ...] | None = None,
         notes: Sequence[str] = (),
+        untagged_shapes: Callable[[int], Mapping[str, tuple[int, ...]]] | None = None,
     ) -> None:
         if not isinstance(report_ring, int) or report_ring < 1:
             raise NdpEpError(f"report_ring must be a positive integer, got {report_ring!r}")
@@ -111,6 +113,9 @@ class SessionReporter:
         self._ring: deque[RunReport] = deque(maxlen=report_ring)
         self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}
         self._held: list[tuple[int, int, np.ndarray]] = []  # records of a run that may still be running
+        # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
+        self._untagged_shapes = untagged_shapes
+        self._untagged_runs = 0
         self.aggregates = Aggregates(
             layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
         )
@@ -167,7 +172,12 @@ class SessionReporter:
         if len(runs[-1][1]) < len(self.layers):  # possibly still running on another thread: report it next time
             self._held = runs.pop()[2]
         for run_id, routing, _ in runs:
-            self._append(self._report(run_id, self._shapes.pop(run_id, None), routing))
+            shapes = self._shapes.pop(run_id, None)
+            if shapes is None and run_id >= UNTAGGED_RUN_BASE:
+                if self._untagged_shapes is not None:
+                    shapes = dict(self._untagged_shapes(self._untagged_runs))
+                self._untagged_runs += 1
+            self._append(self._report(run_id, shapes, routing))
 
     def _layer_index(self, native_layer: int) -> int:
         while len(self._native_layers) <= native_layer:
