@@ -106,6 +106,12 @@ class SessionReporter:
             else None
         )
         self._model = model
+        self._unconverted_moe = _unconverted_moe_ops(model)
+        if self._unconverted_moe:
+            self.notes += (
+                f"{len(self._unconverted_moe)} fused MoE op(s) not converted are costed as dense GPU work "
+                "(all their experts' weights read, top-k experts per token computed)",
+            )
         self._coster = None  # built on first use: ONNX shape inference is not needed for the expert side
         self._reader = RoutingReader(session_key)
         self._native_layers: list[int] = []  # native layer index -> our layer index
@@ -210,7 +216,13 @@ class SessionReporter:
             from ndp_ep.costing import NonExpertCoster
 
             self._coster = NonExpertCoster(self._model, self.system, self.dtype)
-        return self._coster.cost(input_shapes).time_s
+        seconds = self._coster.cost(input_shapes).time_s
+        if self._unconverted_moe:
+            seconds += sum(
+                op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)
+                for op in self._unconverted_moe
+            )
+        return seconds
 
     def _report(self, run_id: int, input_shapes, routing: dict[int, np.ndarray]) -> RunReport:
         notes = list(self.notes)
@@ -252,6 +264,57 @@ class SessionReporter:
             simulator=self.simulator.summary() if self.simulator is not None else {},
             notes=tuple(notes),
         )
+
+
+@dataclass(frozen=True)
+class UnconvertedMoE:
+    """A fused ``com.microsoft.MoE``/``QMoE`` op the conversion skipped: it runs on the GPU as it is."""
+
+    name: str
+    num_experts: int
+    top_k: int
+    hidden: int
+    first_width: int  # fc1 outputs (2I for gated experts)
+    ffn: int
+
+    def __post_init__(self) -> None:
+        if min(self.num_experts, self.top_k, self.hidden, self.first_width, self.ffn) < 1:
+            raise NdpEpError(f"{self.name}: MoE op dimensions must be positive")
+
+    def gpu_seconds(self, system: SystemSpec, tokens: int, dtype: str) -> float:
+        from hw_model.cost import kernel_time_s
+
+        per_expert = self.hidden * self.first_width + self.ffn * self.hidden
+        flops = 2.0 * tokens * self.top_k * per_expert
+        bytes_moved = (self.num_experts * per_expert + 2 * tokens * self.hidden) * DTYPE_BYTES[dtype]
+        return kernel_time_s(system.gpu, flops, bytes_moved, dtype, kernels=2)
+
+
+def _unconverted_moe_ops(model) -> tuple[UnconvertedMoE, ...]:
+    from onnx import helper
+
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.domain != "com.microsoft" or node.op_type not in ("MoE", "QMoE") or len(node.input) < 5:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        fc1, fc2 = dims.get(node.input[2]), dims.get(node.input[4])
+        if not fc1 or not fc2 or len(fc1) != 3 or len(fc2) != 3:
+            continue
+        pack = 8 // int(attrs.get("expert_weight_bits", 4)) if node.op_type == "QMoE" else 1
+        found.append(UnconvertedMoE(node.name, fc1[0], int(attrs.get("k", 1)), fc1[2] * pack, fc1[1], fc2[2] * pack))
+    return tuple(found)
+
+
+def _tokens_of(input_shapes: Mapping[str, tuple[int, ...]], hidden: int) -> int:
+    """Tokens of a run from its first input: the leading dims of hidden states ``[..., hidden]``, else all dims
+    (token ids)."""
+    if not input_shapes:
+        return 1
+    shape = next(iter(input_shapes.values()))
+    leading = shape[:-1] if shape and shape[-1] == hidden else shape
+    return int(np.prod(leading, dtype=np.int64)) if leading else 1
 
 
 def non_expert_weight_bytes(model, claimed: tuple[ClaimedNode, ...], dtype: str) -> float:
