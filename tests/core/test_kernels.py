@@ -272,3 +272,93 @@ def test_expert_ids_out_of_range_fail_the_run_with_a_message():
     }
     with pytest.raises(Exception, match="expert id 4 out of range 0..3"):
         session.run(None, feeds)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_quantized_experts_match_onnx_runtime_qmoe_on_the_same_weights(bits, shards):
+    import onnxruntime as ort
+
+    experts, hidden, ffn, top_k, tokens, block = 4, 32, 64, 2, 6, 16
+    rng = np.random.default_rng(SEED + bits)
+    q1 = rng.integers(0, 1 << bits, (experts, ffn, hidden)).astype(np.uint8)  # [E, out, in] as QMoE stores them
+    q2 = rng.integers(0, 1 << bits, (experts, hidden, ffn)).astype(np.uint8)
+    s1 = (rng.random((experts, ffn, hidden // block)) * 0.05 + 0.01).astype(np.float32)
+    s2 = (rng.random((experts, hidden, ffn // block)) * 0.05 + 0.01).astype(np.float32)
+
+    def pack(q: np.ndarray) -> np.ndarray:
+        return q if bits == 8 else (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    logits = rng.standard_normal((tokens, experts)).astype(np.float32)
+    qmoe = helper.make_node(
+        "QMoE",
+        ["x", "logits", "fc1", "s1", "", "fc2", "s2", ""],
+        ["y"],
+        domain="com.microsoft",
+        k=top_k,
+        activation_type="relu",
+        normalize_routing_weights=1,
+        expert_weight_bits=bits,
+        block_size=block,
+    )
+    arrays = {"fc1": pack(q1), "s1": s1, "fc2": pack(q2), "s2": s2}
+    graph = helper.make_graph(
+        [qmoe],
+        "qmoe",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, hidden]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [tokens, experts]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, hidden])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "logits": logits}
+    )[0]
+
+    spec = ShardedOpSpec(
+        layer="moe",
+        num_experts=experts,
+        top_k=top_k,
+        hidden=hidden,
+        ffn=ffn,
+        shards=shards,
+        activation="relu",
+        weight_dtype=f"int{bits}",
+        quant_block_size=block,
+    )
+    width = ffn // shards
+    groups: dict[str, list[np.ndarray]] = {g: [] for g, _ in spec.input_groups()}
+    for e in range(experts):
+        for s in range(shards):
+            rows = slice(s * width, (s + 1) * width)
+            groups["first"].append(pack(q1[e, rows]))
+            groups["down"].append(pack(q2[e][:, rows]))
+            groups["first_scales"].append(s1[e, rows])
+            groups["down_scales"].append(s2[e][:, s * width // block : (s + 1) * width // block])
+    names = spec.weight_names()
+    inits = [
+        numpy_helper.from_array(a, n)
+        for n, a in zip(names, [a for g, _ in spec.input_groups() for a in groups[g]], strict=True)
+    ]
+    sharded, _, _ = build_case()  # reuse the input signature of the hand-made cases
+    del sharded.graph.node[:]
+    del sharded.graph.initializer[:]
+    sharded.graph.node.append(sharded_op.make_node(spec, "x", "ids", "w", "y", names))
+    sharded.graph.initializer.extend(inits)
+    sharded.graph.input[0].type.tensor_type.shape.dim[1].dim_value = hidden
+    sharded.graph.output[0].type.tensor_type.shape.dim[1].dim_value = hidden
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    ids = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probabilities, ids, axis=1)
+    weights /= weights.sum(axis=1, keepdims=True)
+    session = ort.InferenceSession(sharded.SerializeToString(), ndp_ep.session_options())
+    ours = session.run(None, {"x": x, "ids": ids.astype(np.int64), "w": weights.astype(np.float32)})[0]
+    # 4-bit: ONNX Runtime dequantizes and runs SGEMM, as the contract says. Its 8-bit CPU path is not that exact
+    # (measured: 0.6-1 % from a float64 dequantize-then-multiply of the same weights); ours is (see above).
+    assert _rel(ours, expected) < (1e-5 if bits == 4 else 2e-2)
