@@ -620,9 +620,11 @@ NDP_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
 // supply it (onnxruntime 1.23).
 NDP_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* ort_api_base) {
   if (!ndp::InitApi(ort_api_base)) return nullptr;
+  // ONNX Runtime does not take ownership: the domain must outlive every session made with these options, so it
+  // lives (one per call, a few bytes) until the process ends.
   OrtCustomOpDomain* domain = nullptr;
   NDP_RETURN_IF_ERROR(ndp::MakeSchemaDomain(&domain));
-  return ndp::g_api->AddCustomOpDomain(options, domain);  // the session options keep the domain alive
+  return ndp::g_api->AddCustomOpDomain(options, domain);
 }
 
 // The ORT API level the factory was created for (23, or 24 when it also supplies the op schema).

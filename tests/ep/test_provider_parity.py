@@ -94,3 +94,21 @@ def test_eight_threads_on_one_session_give_outputs_bit_identical_to_serial_runs(
         threaded = list(pool.map(lambda f: session.run(None, f)[0], feeds))
     for a, b in zip(serial, threaded, strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_the_provider_can_be_named_in_providers_after_register(tmp_path):
+    from ndp_ep.ep import _version_tuple
+
+    if _version_tuple(ort.__version__) < (1, 26):
+        pytest.skip(f"onnxruntime {ort.__version__} does not take plugin provider names in providers=")
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
+    ndp_ep.register()
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(ndp_ep.get_library_path())
+    options.add_session_config_entry("ep.ndpexecutionprovider.session_key", "named-in-providers")
+    session = ort.InferenceSession(str(converted), options, providers=["NdpExecutionProvider", "CPUExecutionProvider"])
+    assert session.get_providers() == ["NdpExecutionProvider", "CPUExecutionProvider"]
+    feeds = _inputs(SAMPLES / "moe_block.onnx")
+    session.run(None, feeds)
+    assert ndp_ep.last_report(session).tokens == int(np.prod(feeds["hidden_states"].shape[:-1]))
