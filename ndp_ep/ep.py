@@ -185,6 +185,7 @@ class RoutingReader:
             raise NdpEpError("a session key is needed to read routing")
         self.key = key.encode()
         self._lib = native()
+        self._allocate(256, 1 << 16)  # reused buffers: a take is one C call for a few hundred records
 
     def layer_names(self) -> list[str]:
         size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
@@ -200,20 +201,36 @@ class RoutingReader:
 
     def take(self) -> list[tuple[int, int, np.ndarray]]:
         """``(run_id, layer, ids [tokens, top_k] int32)`` of every pending record, oldest first."""
+        records: list[tuple[int, int, np.ndarray]] = []
+        while True:
+            got = int(
+                self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, len(self._meta), self._ids_ptr, self._ids.size)
+            )
+            if got <= 0:
+                if got == 0 and self._lib.ndp_ep_routing_pending(self.key, None) > 0:
+                    self._grow()  # the oldest record's ids did not fit
+                    continue
+                return records
+            meta = self._meta[:got].tolist()
+            ids = self._ids[: sum(tokens * top_k for _, _, tokens, top_k in meta)].copy()
+            start = 0
+            for run_id, layer, tokens, top_k in meta:
+                stop = start + tokens * top_k
+                records.append((run_id, layer, ids[start:stop].reshape(tokens, top_k)))
+                start = stop
+            if got < len(self._meta):
+                return records
+
+    def _grow(self) -> None:
         total = ctypes.c_int64(0)
-        count = int(self._lib.ndp_ep_routing_pending(self.key, ctypes.byref(total)))
-        if count <= 0:
-            return []
-        meta = np.empty((count, 4), np.int64)
-        ids = np.empty(max(int(total.value), 1), np.int32)
-        got = int(self._lib.ndp_ep_routing_take(self.key, meta.ctypes.data, count, ids.ctypes.data, ids.size))
-        records = []
-        start = 0
-        for run_id, layer, tokens, top_k in meta[:got].tolist():
-            stop = start + tokens * top_k
-            records.append((run_id, layer, ids[start:stop].reshape(tokens, top_k)))
-            start = stop
-        return records
+        self._lib.ndp_ep_routing_pending(self.key, ctypes.byref(total))
+        self._allocate(max(len(self._meta), 1), max(int(total.value), 2 * self._ids.size))
+
+    def _allocate(self, records: int, ids: int) -> None:
+        self._meta = np.empty((records, 4), np.int64)
+        self._ids = np.empty(ids, np.int32)
+        self._meta_ptr = self._meta.ctypes.data
+        self._ids_ptr = self._ids.ctypes.data
 
 
 def last_report(session):

@@ -239,16 +239,20 @@ class SessionReporter:
             counts = np.bincount(routing[index].reshape(-1), minlength=shape.num_experts)
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
             self.simulator.advance_time_s(per_layer_gap)
-            result = self.simulator.simulate_layer(index, counts.tolist(), phase)
+            expert_tokens = counts.tolist()
+            result = self.simulator.simulate_layer(index, expert_tokens, phase)
+            busy: dict[str, float] = {}  # LayerResult.busy_s of every resource, in one pass over the events
+            for event in result.events:
+                busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
             layers.append(
                 LayerReport(
                     index=index,
                     name=shape.name,
                     tokens=int(routing[index].shape[0]),
-                    expert_tokens=tuple(int(c) for c in counts),
+                    expert_tokens=tuple(expert_tokens),
                     latency_s=result.latency_s,
                     placement=dict(result.placement),
-                    busy_s={r: result.busy_s(r) for r in sorted({e.resource for e in result.events})},
+                    busy_s=dict(sorted(busy.items())),
                 )
             )
         return RunReport(

@@ -146,7 +146,7 @@ class InferenceSession:
         """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`."""
         import onnxruntime as ort
 
-        if not isinstance(input_feed, Mapping):
+        if type(input_feed) is not dict and not isinstance(input_feed, Mapping):
             raise FeedError(f"feeds must be a mapping of input name to array, got {type(input_feed).__name__}")
         with self._tag_lock:
             tag = next(self._tags)
