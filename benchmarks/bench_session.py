@@ -7,7 +7,8 @@ call so machine noise hits all alike: stock ONNX Runtime (CPU provider) on the o
 ``ndp_ep.InferenceSession`` on it (converted in memory, experts on NdpExecutionProvider, each run tagged for
 its report); and a plain ``onnxruntime.InferenceSession`` on the converted model with the provider added
 (``ndp_ep.session_options``). Prints medians and the ratios to stock (target <= 1.0), and the cost of
-building the run's report (``last_report`` after each run; target <= 10 % of a 1-token run).
+building the run's report (``last_report`` after each run; target <= 10 % of a 1-token run), split into the
+time spent inside hw_model's MoESimulator and the rest (draining the routing, grouping, costing lookups).
 Default models: sample_models/moe_decoder.onnx and the exported Hugging Face decoders (sample_models/hf/*_model_*,
 not the eager-unrolled export, whose MoE block does not convert).
 """
@@ -51,17 +52,38 @@ def measure(model: Path, converted: Path, tokens: int, repeats: int, threads: in
         ours.run(None, feed)
         plain.run(None, feed)
         ours.last_report  # noqa: B018
-    times: dict[str, list[float]] = {"stock": [], "ours": [], "plain": [], "report": []}
+    simulator_s = _time_simulator(ours)
+    times: dict[str, list[float]] = {"stock": [], "ours": [], "plain": [], "report": [], "simulator": []}
     for _ in range(repeats):
         for name, session in (("stock", stock), ("ours", ours), ("plain", plain)):
             start = time.perf_counter()
             session.run(None, feed)
             times[name].append(time.perf_counter() - start)
+        simulator_s[0] = 0.0
         start = time.perf_counter()
         report = ours.last_report
         times["report"].append(time.perf_counter() - start)
+        times["simulator"].append(simulator_s[0])
         assert report is not None and report.tokens == tokens
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _time_simulator(session) -> list[float]:
+    """Wrap the session's MoESimulator methods to add their wall time to the returned one-element list."""
+    total = [0.0]
+    simulator = session.reporter.simulator
+    for name in ("simulate_layer", "advance_time_s", "summary"):
+        method = getattr(simulator, name)
+
+        def timed(*args, _method=method, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - start
+
+        setattr(simulator, name, timed)
+    return total
 
 
 def default_models() -> list[Path]:
@@ -80,7 +102,7 @@ def main() -> None:
     print(f"{args.repeats} alternating runs per cell; medians; ratios to stock ONNX Runtime on the original model")
     print(
         f"{'model':<28} {'thr':>3} {'tok':>4} {'stock':>10} {'session':>10} {'plain EP':>10} "
-        f"{'session/stock':>13} {'plain/stock':>11} {'report':>9} {'report/run':>10}"
+        f"{'session/stock':>13} {'plain/stock':>11} {'report':>9} {'report/run':>10} {'simulator':>9} {'rest/run':>8}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
@@ -91,10 +113,11 @@ def main() -> None:
                     t = measure(model, converted, tokens, args.repeats, threads)
                     ratio, plain_ratio = t["ours"] / t["stock"], t["plain"] / t["stock"]
                     fraction = t["report"] / t["ours"]
+                    rest = (t["report"] - t["simulator"]) / t["ours"]
                     print(
                         f"{model.stem:<28} {threads:>3} {tokens:>4} {t['stock'] * 1e6:>8.1f}us "
                         f"{t['ours'] * 1e6:>8.1f}us {t['plain'] * 1e6:>8.1f}us {ratio:>13.2f} {plain_ratio:>11.2f} "
-                        f"{t['report'] * 1e6:>7.1f}us {fraction:>9.1%}"
+                        f"{t['report'] * 1e6:>7.1f}us {fraction:>9.1%} {t['simulator'] * 1e6:>7.1f}us {rest:>7.1%}"
                     )
     targets = f"session/stock and plain/stock <= {TARGET_RATIO}; report/run <= {TARGET_REPORT_FRACTION:.0%} at 1 token"
     print(f"targets: {targets}")
