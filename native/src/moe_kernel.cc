@@ -156,9 +156,9 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
       return spec.layer + ": " + what + (quantized_data ? " must be uint8" : " must be a float tensor");
     return std::string();
   };
-  // Dequantizes a [rows, cols*bits/8] weight (rows = output features) into out[col * rows + row] (x @ W).
+  // Dequantizes a [rows, cols*bits/8] weight (rows = output features) into out[col * stride + row] (x @ W).
   auto dequantize = [&](const RawTensor& q, const RawTensor& scales, const RawTensor* zp, int64_t rows,
-                        int64_t cols, float* out) {
+                        int64_t cols, float* out, int64_t stride) {
     const int64_t block = spec.quant_block_size, blocks = cols / block;
     const int64_t row_bytes = cols * bits / 8, zp_row_bytes = (blocks * bits + 7) / 8;
     const auto* data = static_cast<const uint8_t*>(q.data);
@@ -169,7 +169,7 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
         const float scale = ReadFloat(scales, static_cast<size_t>(r * blocks + b));
         const int zero = zp_data ? Unpack(zp_data + r * zp_row_bytes, b, bits) : default_zp;
         for (int64_t c = b * block; c < (b + 1) * block; ++c)
-          out[c * rows + r] = static_cast<float>(Unpack(data + r * row_bytes, c, bits) - zero) * scale;
+          out[c * stride + r] = static_cast<float>(Unpack(data + r * row_bytes, c, bits) - zero) * scale;
       }
     }
   };
@@ -182,7 +182,8 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     if (first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
     for (int64_t s = 0; s < S; ++s) {
       const size_t i = static_cast<size_t>(e * S + s);
-      float* first_out = w.first.data() + s * H * Fs;
+      float* first_out = w.first.data() + s * Fs;  // columns s*Fs.. of the [H, S*Fs] matrix
+      const int64_t first_stride = S * Fs;
       float* down_out = w.down.data() + s * Is * H;
       if (bits) {
         const int64_t blocks_first = H / spec.quant_block_size, blocks_down = Is / spec.quant_block_size;
@@ -198,13 +199,15 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
           if (error.empty()) error = check(down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
           if (!error.empty()) return error;
         }
-        dequantize(first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, Fs, H, first_out);
-        dequantize(down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, H, Is, down_out);
+        dequantize(first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, Fs, H, first_out, first_stride);
+        dequantize(down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, H, Is, down_out, H);
       } else {
         error = check(first[i], "first", {H, Fs}, false);
         if (error.empty()) error = check(down[i], "down", {Is, H}, false);
         if (!error.empty()) return error;
-        for (size_t j = 0; j < static_cast<size_t>(H * Fs); ++j) first_out[j] = ReadFloat(first[i], j);
+        for (int64_t r = 0; r < H; ++r)
+          for (int64_t j = 0; j < Fs; ++j)
+            first_out[r * first_stride + j] = ReadFloat(first[i], static_cast<size_t>(r * Fs + j));
         for (size_t j = 0; j < static_cast<size_t>(Is * H); ++j) down_out[j] = ReadFloat(down[i], j);
       }
       if (first_bias) {
@@ -229,12 +232,12 @@ size_t MoEKernel::weight_bytes() const {
   return floats * sizeof(float);
 }
 
-// In place: h is [rows, F/S]; the activation of row r is written to h[r, 0:I/S].
-void MoEKernel::Activate(float* h, int64_t rows) const {
-  const int64_t Fs = spec_.first_width(), Is = spec_.shard_width();
+// In place: h holds rows of F/S values (gate then up) ``stride`` apart; row r's activation goes to h[r, 0:I/S].
+void MoEKernel::Activate(float* h, int64_t rows, int64_t stride) const {
+  const int64_t Is = spec_.shard_width();
   const float alpha = spec_.alpha, limit = spec_.limit, beta = spec_.beta;
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = h + r * Fs;
+    float* row = h + r * stride;
     switch (spec_.activation) {
       case Activation::kSiluGlu:
         for (int64_t j = 0; j < Is; ++j) row[j] = row[j] * Sigmoid(row[j]) * row[Is + j];
@@ -265,31 +268,35 @@ void MoEKernel::Activate(float* h, int64_t rows) const {
   }
 }
 
-// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias.
+// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias. The first
+// projections of all shards are one product (their columns sit side by side); the down projections are one
+// product per shard, accumulated into y in shard order.
 void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
-  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width();
+  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
+  const int64_t width = S * Fs;
   std::vector<float>& h = t_hidden_buffer;
-  if (h.size() < static_cast<size_t>(rows * Fs)) h.resize(static_cast<size_t>(rows * Fs));
-  for (int64_t s = 0; s < spec_.shards; ++s) {
-    const float* first = w.first.data() + s * H * Fs;
+  if (h.size() < static_cast<size_t>(rows * width)) h.resize(static_cast<size_t>(rows * width));
+  if (rows == 1) {
+    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, H, width, 1.0f, w.first.data(), width, x, 1, 0.0f, h.data(), 1);
+  } else {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, width, H, 1.0f, x, H, w.first.data(), width,
+                      0.0f, h.data(), width);
+  }
+  if (!w.first_bias.empty()) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < width; ++j) h[static_cast<size_t>(r * width + j)] += w.first_bias[static_cast<size_t>(j)];
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    float* act = h.data() + s * Fs;  // shard s's activations: rows of I/S values, ``width`` apart
+    Activate(act, rows, width);
     const float* down = w.down.data() + s * Is * H;
-    if (rows == 1) {
-      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, H, Fs, 1.0f, first, Fs, x, 1, 0.0f, h.data(), 1);
-    } else {
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, Fs, H, 1.0f, x, H, first, Fs, 0.0f, h.data(), Fs);
-    }
-    if (!w.first_bias.empty()) {
-      const float* bias = w.first_bias.data() + s * Fs;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < Fs; ++j) h[static_cast<size_t>(r * Fs + j)] += bias[j];
-    }
-    Activate(h.data(), rows);
     const float beta = s == 0 ? 0.0f : 1.0f;  // shard partial sums reduced in shard order
     if (rows == 1) {
-      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, Is, H, 1.0f, down, H, h.data(), 1, beta, y, 1);
+      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, Is, H, 1.0f, down, H, act, 1, beta, y, 1);
     } else {
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, Is, 1.0f, h.data(), Fs, down, H, beta, y, H);
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, Is, 1.0f, act, width, down, H, beta, y,
+                        H);
     }
   }
   if (!w.down_bias.empty()) {

@@ -63,7 +63,7 @@ struct RawTensor {
 
 // One expert's weights as float32 in x @ W layout, shard-major.
 struct ExpertWeights {
-  std::vector<float> first;       // [S][H][F/S]: gate columns then up columns of each shard
+  std::vector<float> first;       // [H][S*F/S]: per shard s, columns s*F/S.. (gate columns then up columns)
   std::vector<float> down;        // [S][I/S][H]
   std::vector<float> first_bias;  // [S][F/S] or empty
   std::vector<float> down_bias;   // [H] or empty
@@ -88,7 +88,7 @@ class MoEKernel {
 
  private:
   void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
-  void Activate(float* h, int64_t rows) const;
+  void Activate(float* h, int64_t rows, int64_t stride) const;
 
   MoESpec spec_;
   std::vector<ExpertWeights> experts_;
