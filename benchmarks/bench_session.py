@@ -32,6 +32,11 @@ import ndp_ep  # noqa: E402
 from graph_passes.feeds import random_feeds  # noqa: E402
 
 TARGET_RATIO = 1.0
+TARGET_STARTUP_RATIO = 1.5
+STOCK_ONE_RUN = (
+    "import sys, numpy as np, onnxruntime as ort;"
+    "ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']).run(None, dict(np.load(sys.argv[2])))"
+)
 TARGET_REPORT_FRACTION = 0.10
 
 
@@ -86,6 +91,25 @@ def _time_simulator(session) -> list[float]:
     return total
 
 
+def startup(model: Path, repeats: int) -> tuple[float, float]:
+    """Best wall time of ``python -c 'import onnxruntime; one run'`` and of ``ndp-ep run MODEL --inputs``."""
+    import os
+    import subprocess
+
+    inputs = model.with_name(model.name.replace(".onnx", ".inputs.npz"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    stock, ours = [], []
+    for _ in range(repeats):
+        for command, out in (
+            ([sys.executable, "-c", STOCK_ONE_RUN, str(model), str(inputs)], stock),
+            ([sys.executable, "-m", "ndp_ep", "run", str(model), "--inputs", str(inputs)], ours),
+        ):
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, env=env)
+            out.append(time.perf_counter() - start)
+    return min(stock), min(ours)
+
+
 def default_models() -> list[Path]:
     exported = [p for p in sorted((ROOT / "sample_models" / "hf").glob("*_model_*.onnx")) if "eager" not in p.name]
     return [ROOT / "sample_models" / "moe_decoder.onnx", *exported]
@@ -97,7 +121,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--tokens", nargs="*", type=int, default=[1, 64])
+    parser.add_argument(
+        "--startup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: best of N process start-ups, `ndp-ep run` vs import onnxruntime + one run",
+    )
     args = parser.parse_args()
+    if args.startup:
+        model = ROOT / "sample_models" / "moe_decoder.onnx"
+        with tempfile.TemporaryDirectory() as tmp:
+            converted = Path(tmp) / "moe_decoder.ndp.onnx"
+            ndp_ep.convert_model(model, converted, shards=4)
+            import shutil
+
+            shutil.copy(model.with_name("moe_decoder.inputs.npz"), Path(tmp) / "moe_decoder.ndp.inputs.npz")
+            for label, path in (("original", model), ("converted", converted)):
+                stock_s, ours_s = startup(path, args.startup)
+                print(
+                    f"ndp-ep run {label} {path.name}: {ours_s:.3f} s; import onnxruntime + one run: {stock_s:.3f} s; "
+                    f"ratio {ours_s / stock_s:.2f} (target <= {TARGET_STARTUP_RATIO})"
+                )
+        return
     models = args.models or default_models()
     print(f"{args.repeats} alternating runs per cell; medians; ratios to stock ONNX Runtime on the original model")
     print(
