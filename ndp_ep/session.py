@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
+from hw_model.simulator import DEFAULT_POLICY
 from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_session_key, session_options
 from ndp_ep.errors import ConversionError, FeedError, ModelLoadError, NdpEpError
 from ndp_ep.partition import annotate_placement, claim
@@ -99,7 +100,7 @@ class InferenceSession:
             claimed = _claim(converted)
             ort_model = converted.SerializeToString()
         self.policy = policy
-        annotate_placement(converted, self.system, policy or "tp+lb+prefetch", claimed)
+        annotate_placement(converted, self.system, policy or DEFAULT_POLICY, claimed)
         self.converted_model = converted
         self.session_key = new_session_key()
         self.reporter = SessionReporter(
