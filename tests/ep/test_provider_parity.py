@@ -112,3 +112,30 @@ def test_the_provider_can_be_named_in_providers_after_register(tmp_path):
     feeds = _inputs(SAMPLES / "moe_block.onnx")
     session.run(None, feeds)
     assert ndp_ep.last_report(session).tokens == int(np.prod(feeds["hidden_states"].shape[:-1]))
+
+
+def test_a_node_that_breaks_the_contract_fails_the_session_and_the_provider_says_why(tmp_path, capfd):
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
+    model = onnx.load(converted)
+    node = next(n for n in model.graph.node if sharded_op.is_sharded_node(n))
+    next(a for a in node.attribute if a.name == "shards").i = 3  # the FFN width is not divisible by 3
+    with pytest.raises(Exception, match="implementation for ShardedMoEExperts"):
+        ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options())
+    # ONNX Runtime logs the provider's refusal (GetCapability's status) before it gives up on the node
+    assert "ndp-ep: moe: ffn is not divisible by shards" in capfd.readouterr().err
+
+
+def test_routing_nobody_reads_is_bounded_and_the_drop_is_counted(tmp_path):
+    from ndp_ep.ep import RoutingReader
+
+    converted = tmp_path / "decoder.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_decoder.onnx", converted, shards=2)
+    session = ort.InferenceSession(str(converted), ndp_ep.session_options(session_key="bounded", routing_capacity=4))
+    feeds = _inputs(SAMPLES / "moe_decoder.onnx")
+    for _ in range(5):  # 3 MoE layers per run: 15 records into a log of 4
+        session.run(None, feeds)
+    reader = RoutingReader("bounded")
+    records = reader.take()
+    assert len(records) == 4 and reader.dropped() == 11
+    assert [layer for _, layer, _ in records] == [2, 0, 1, 2]  # the newest records, oldest first
