@@ -197,3 +197,18 @@ def test_the_library_path_honours_the_environment_and_fails_in_one_line(monkeypa
     monkeypatch.setenv(ep.LIBRARY_ENV, str(tmp_path / "missing.so"))
     with pytest.raises(ep.LibraryNotFoundError, match="missing.so is not a file"):
         ep.get_library_path()
+
+
+def test_concurrent_runs_on_one_session_are_each_reported_once(samples_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", report_ring=16)
+    rng = np.random.default_rng(8)
+    feeds = [{"input_ids": rng.integers(0, 64, (1, int(n)), dtype=np.int64)} for n in rng.integers(1, 6, 80)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda f: session.run(None, f), feeds))
+    totals = session.aggregates
+    assert totals.runs == 80 and totals.tokens == sum(f["input_ids"].size for f in feeds)
+    assert totals.layer_invocations == [80, 80, 80]
+    assert len(session.reports) == 16
+    assert all(r.non_expert_gpu_s > 0 and not r.notes for r in session.reports)  # every run had its shapes
