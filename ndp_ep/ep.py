@@ -206,11 +206,13 @@ class RoutingReader:
             got = int(
                 self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, len(self._meta), self._ids_ptr, self._ids.size)
             )
-            if got <= 0:
-                if got == 0 and self._lib.ndp_ep_routing_pending(self.key, None) > 0:
-                    self._grow()  # the oldest record's ids did not fit
-                    continue
+            if got < 0:  # the session is gone
                 return records
+            if got == 0:
+                if self._lib.ndp_ep_routing_pending(self.key, None) <= 0:
+                    return records
+                self._grow()  # the oldest record's ids did not fit
+                continue
             meta = self._meta[:got].tolist()
             ids = self._ids[: sum(tokens * top_k for _, _, tokens, top_k in meta)].copy()
             start = 0
@@ -218,8 +220,6 @@ class RoutingReader:
                 stop = start + tokens * top_k
                 records.append((run_id, layer, ids[start:stop].reshape(tokens, top_k)))
                 start = stop
-            if got < len(self._meta):
-                return records
 
     def _grow(self) -> None:
         total = ctypes.c_int64(0)

@@ -139,3 +139,17 @@ def test_routing_nobody_reads_is_bounded_and_the_drop_is_counted(tmp_path):
     records = reader.take()
     assert len(records) == 4 and reader.dropped() == 11
     assert [layer for _, layer, _ in records] == [2, 0, 1, 2]  # the newest records, oldest first
+
+
+def test_routing_records_larger_than_the_readers_buffer_are_read_whole(tmp_path):
+    from ndp_ep.ep import RoutingReader
+
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
+    session = ort.InferenceSession(str(converted), ndp_ep.session_options(session_key="large-prefill"))
+    rng = np.random.default_rng(9)
+    for tokens in (40_000, 3):  # 80,000 expert ids: more than the reader's first buffer holds
+        session.run(None, {"hidden_states": rng.standard_normal((1, tokens, 64)).astype(np.float32)})
+    records = RoutingReader("large-prefill").take()
+    assert [ids.shape for _, _, ids in records] == [(40_000, 2), (3, 2)]
+    assert all(int(ids.min()) >= 0 and int(ids.max()) < 8 for _, _, ids in records)
