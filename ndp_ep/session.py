@@ -78,8 +78,6 @@ class InferenceSession:
     ) -> None:
         import onnxruntime as ort
 
-        from graph_passes.convert import ConversionReport
-
         _check_positive("ndp_units", ndp_units)
         _check_positive("shards", shards)
         if isinstance(hw, SystemSpec):
@@ -91,10 +89,10 @@ class InferenceSession:
         claimed = _claim(proto)
         if claimed:
             converted = proto
-            self.conversion_report = ConversionReport(notes=("model was already converted",))
+            self._conversion_report = None  # built on first use: the graph passes stay unimported
             ort_model: str | bytes = str(source_path) if source_path is not None else _serialize(proto, base_dir)
         else:
-            converted, self.conversion_report = _convert(
+            converted, self._conversion_report = _convert(
                 proto, shards or max(self.system.num_ndp_units, 1), strict, base_dir
             )
             claimed = _claim(converted)
@@ -111,7 +109,7 @@ class InferenceSession:
             dtype=dtype,
             report_ring=report_ring,
             claimed=claimed,
-            notes=_skip_notes(self.conversion_report),
+            notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
         )
         self.policy = self.reporter.policy
         options = session_options(
@@ -132,6 +130,15 @@ class InferenceSession:
         self._has_moe = bool(claimed)
         self._tags = itertools.count(1)
         self._tag_lock = threading.Lock()
+
+    @property
+    def conversion_report(self):
+        """What the in-memory conversion did (:class:`graph_passes.convert.ConversionReport`)."""
+        if self._conversion_report is None:
+            from graph_passes.convert import ConversionReport
+
+            self._conversion_report = ConversionReport(notes=("model was already converted",))
+        return self._conversion_report
 
     # -- ONNX Runtime's API ------------------------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -263,9 +270,6 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
     """The model (without external weight bytes), the directory of its data, and its path when a file."""
     import onnx
 
-    from graph_passes.convert import load_model
-    from graph_passes.errors import InvalidModelError
-
     if isinstance(source, (bytes, bytearray, memoryview)):
         try:
             model = onnx.load_from_string(bytes(source))
@@ -276,6 +280,16 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
         return model, None, None
     if not isinstance(source, (str, Path, onnx.ModelProto)):
         raise ModelLoadError(f"expected a model path, bytes or onnx.ModelProto, got {type(source).__name__}")
+    if isinstance(source, (str, Path)) and Path(source).is_file():  # fast path: no graph-pass import
+        try:
+            model = onnx.load(str(source), load_external_data=False)
+        except Exception:  # the graph passes' loader below says what is wrong
+            model = None
+        if model is not None and (model.graph.node or model.graph.output):
+            return model, Path(source).parent, Path(source)
+    from graph_passes.convert import load_model
+    from graph_passes.errors import InvalidModelError
+
     try:
         model, base_dir = load_model(source)
     except InvalidModelError as exc:
