@@ -231,7 +231,9 @@ class SessionReporter:
             notes.append("non-expert GPU work not costed: the run's input shapes are unknown (untagged run)")
             gpu_s = 0.0
         tokens = max((int(ids.shape[0]) for ids in routing.values()), default=0)
-        phase = ("prefill" if tokens > 1 else "decode") if routing else "unknown"
+        if not routing and input_shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
+            tokens = _tokens_of(input_shapes, self._unconverted_moe[0].hidden)
+        phase = ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
         layers: list[LayerReport] = []
         per_layer_gap = gpu_s / len(routing) if routing else 0.0
         for index in sorted(routing):

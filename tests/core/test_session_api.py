@@ -145,6 +145,7 @@ def test_strict_conversion_of_a_skipped_block_raises_conversion_error(samples_di
     report_notes = session.last_report.notes
     assert any("was not converted" in note and "costed on the GPU" in note for note in report_notes)
     assert session.last_report.non_expert_gpu_s > 0
+    assert (session.last_report.phase, session.last_report.tokens) == ("prefill", 5)  # x is [5, 16]
 
 
 def test_reports_live_in_a_bounded_ring_with_running_totals(block):
