@@ -1,18 +1,25 @@
-"""ndp-ep: an ONNX Runtime execution-provider prototype for MoE models on GPU + NDP-DIMM systems.
+"""ndp-ep: an ONNX Runtime execution provider for MoE models on GPU + NDP-DIMM systems.
 
 ``ndp_ep.InferenceSession`` has ONNX Runtime's session API; ``ndp_ep.convert_model`` rewrites a model's
-MoE blocks into sharded expert ops; ``ndp_ep.sample_path`` finds the bundled sample models. Heavy modules
-are imported on first use (``_LAZY``), so ``import ndp_ep`` and ``ndp-ep --help`` stay fast; ``dir(ndp_ep)``
-lists the public API (``__all__``).
+MoE blocks into sharded expert ops; ``ndp_ep.sample_path`` finds the bundled sample models. For a plain
+``onnxruntime.InferenceSession``: ``register()``, ``devices()``, ``session_options()``,
+``last_report(session)``, ``get_library_path()``, ``get_ep_name()``. Heavy modules are imported on first use
+(``_LAZY``), so ``import ndp_ep`` and ``ndp-ep --help`` stay fast; ``dir(ndp_ep)`` lists the public API.
 """
 
-from ndp_ep.errors import ConversionError, FeedError, ModelLoadError, NdpEpError
+from ndp_ep.errors import ConversionError, FeedError, ModelLoadError, NdpEpError, RunError
 
 # public name -> module that defines it, imported on first access
 _LAZY = {
     "InferenceSession": "ndp_ep.session",
     "convert_model": "ndp_ep.convert",
     "sample_path": "ndp_ep.samples",
+    "devices": "ndp_ep.ep",
+    "get_ep_name": "ndp_ep.ep",
+    "get_library_path": "ndp_ep.ep",
+    "last_report": "ndp_ep.ep",
+    "register": "ndp_ep.ep",
+    "session_options": "ndp_ep.ep",
 }
 
 __all__ = [
@@ -21,9 +28,16 @@ __all__ = [
     "InferenceSession",
     "ModelLoadError",
     "NdpEpError",
+    "RunError",
     "__version__",
     "convert_model",
+    "devices",
+    "get_ep_name",
+    "get_library_path",
+    "last_report",
+    "register",
     "sample_path",
+    "session_options",
 ]
 
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-COMMANDS = ("convert", "run", "demo", "bench", "validate", "diff", "sweep")
+COMMANDS = ("convert", "run", "demo", "bench", "validate", "diff", "sweep", "generate")
 EXIT_BAD_INPUT = 2
 DISTRIBUTION = "ndp-ep"
 

@@ -1,114 +1,75 @@
-"""Partitioning: which nodes the NDP side claims and which stay on the GPU.
+"""The claim step: which nodes of a converted model the NDP provider takes, found once.
 
-As in ONNX Runtime's ``partitioning_utils`` and torch.fx's ``CapabilityBasedPartitioner``, a support
-predicate marks the nodes the provider can run, and supported nodes are grouped greedily in topological
-order, merging a node into a neighbour's group only when the merge cannot create a cycle between groups
-(no path leaves the group and re-enters it). Every other node is costed on the GPU.
+Like ONNX Runtime's ``GetCapability``, :func:`claim` walks the graph once and returns the
+``ndp_ep::ShardedMoEExperts`` nodes (the only op the provider runs) with their validated contract specs, in
+graph order. Everything downstream consumes that result: the native library's own ``GetCapability`` claims
+exactly these nodes; the session builds its simulator layers and its report from them; the costing replaces
+them; :func:`annotate_placement` records where their shards live. Every other node stays with ONNX Runtime's
+CPU provider and is costed as GPU work.
 
-The claimed node, ``ndp_ep::ShardedMoEExperts``, is not pinned to the NDP units: for each invocation the
-scheduler places every activated expert on the GPU or spreads its shards over the NDP units.
+The claimed node is not pinned to the NDP units: for each invocation the scheduler places every activated
+expert on the GPU or spreads its shards over the NDP units.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import networkx as nx
-import onnx
-
-from graph_passes.rewrite import NDP_DOMAIN, SHARDED_OP
+from graph_passes import sharded_op
+from graph_passes.sharded_op import ShardedOpSpec
 from hw_model.hardware import SystemSpec
-
-GPU = "gpu"
-NDP = "ndp"
 
 
 @dataclass(frozen=True)
-class Partition:
-    device: str
-    nodes: tuple[str, ...]
+class ClaimedNode:
+    """One node the provider runs: its position among the claimed nodes, its name and its contract."""
+
+    index: int
+    name: str
+    spec: ShardedOpSpec
+
+    def __post_init__(self) -> None:
+        if self.index < 0:
+            raise ValueError(f"ClaimedNode.index must be non-negative, got {self.index}")
+        if not self.name:
+            raise ValueError("ClaimedNode.name must not be empty")
 
 
-def is_ndp_supported(node: onnx.NodeProto) -> bool:
-    return node.domain == NDP_DOMAIN and node.op_type == SHARDED_OP
+def is_ndp_supported(node) -> bool:
+    """True for the nodes the provider claims (``ndp_ep::ShardedMoEExperts``)."""
+    return sharded_op.is_sharded_node(node)
 
 
-def _dependency_graph(graph: onnx.GraphProto) -> nx.DiGraph:
-    producer = {o: n.name for n in graph.node for o in n.output if o}
-    dag = nx.DiGraph()
-    dag.add_nodes_from(n.name for n in graph.node)
-    for node in graph.node:
-        for inp in node.input:
-            if inp in producer:
-                dag.add_edge(producer[inp], node.name)
-    return dag
+def claim(model) -> tuple[ClaimedNode, ...]:
+    """The provider's nodes of ``model`` (an ``onnx.ModelProto``) in graph order, each contract-checked.
 
-
-def partition_graph(graph: onnx.GraphProto, supported: Callable[[onnx.NodeProto], bool] = is_ndp_supported):
-    """Groups of supported nodes (device ``ndp``) and the rest (device ``gpu``), cycle-free."""
-    dag = _dependency_graph(graph)
-    group_of: dict[str, int] = {}
-    groups: list[set[str]] = []
-    for node in graph.node:
-        if not supported(node):
-            continue
-        merged = False
-        for pred in dag.predecessors(node.name):
-            if pred not in group_of:
-                continue
-            group = groups[group_of[pred]]
-            if not _creates_cycle(dag, group, node.name):
-                group.add(node.name)
-                group_of[node.name] = group_of[pred]
-                merged = True
-                break
-        if not merged:
-            group_of[node.name] = len(groups)
-            groups.append({node.name})
-    order = [n.name for n in graph.node]
-    partitions = [Partition(NDP, tuple(n for n in order if n in g)) for g in groups]
-    rest = tuple(n for n in order if n not in group_of)
-    if rest:
-        partitions.append(Partition(GPU, rest))
-    return partitions
-
-
-def _creates_cycle(dag: nx.DiGraph, group: set[str], candidate: str) -> bool:
-    """True if some path from the group reaches ``candidate`` through a node outside the group."""
-    frontier = [s for g in group for s in dag.successors(g) if s not in group and s != candidate]
-    seen: set[str] = set()
-    while frontier:
-        current = frontier.pop()
-        if current == candidate:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        frontier.extend(dag.successors(current))
-    return False
-
-
-def annotate_placement(model: onnx.ModelProto, system: SystemSpec, policy: str) -> None:
-    """Record on every claimed node where its shards live and who decides its placement."""
+    Raises :class:`graph_passes.sharded_op.ShardedOpError` when a node of the op breaks the contract.
+    """
+    claimed: list[ClaimedNode] = []
     for node in model.graph.node:
-        if not is_ndp_supported(node):
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        shards = int(attrs.get("shards", 1))
-        units = max(system.num_ndp_units, 1)
-        placement = {
-            "device": "ndp+gpu",
-            "hardware": system.name,
-            "ndp_units": system.num_ndp_units,
-            "shard_to_ndp_unit": [s % units for s in range(shards)],
-            "scheduler": policy,
-            "note": "the scheduler places each activated expert on the GPU or on the NDP units per invocation",
-        }
-        props = {p.key: p for p in node.metadata_props}
-        if "ndp_ep.placement" in props:
-            props["ndp_ep.placement"].value = json.dumps(placement)
-        else:
-            entry = node.metadata_props.add()
-            entry.key, entry.value = "ndp_ep.placement", json.dumps(placement)
+        if is_ndp_supported(node):
+            claimed.append(ClaimedNode(len(claimed), node.name, sharded_op.parse_node(node)))
+    return tuple(claimed)
+
+
+def placement(spec: ShardedOpSpec, system: SystemSpec, policy: str) -> dict:
+    """Where a claimed node's shards live and who decides each invocation's placement."""
+    units = max(system.num_ndp_units, 1)
+    return {
+        "device": "ndp+gpu",
+        "hardware": system.name,
+        "ndp_units": system.num_ndp_units,
+        "shard_to_ndp_unit": [s % units for s in range(spec.shards)],
+        "scheduler": policy,
+        "note": "the scheduler places each activated expert on the GPU or on the NDP units per invocation",
+    }
+
+
+def annotate_placement(model, system: SystemSpec, policy: str, claimed: tuple[ClaimedNode, ...] | None = None) -> None:
+    """Record on every claimed node of ``model`` (the ``ndp_ep.placement`` metadata) where its shards live."""
+    claimed = claim(model) if claimed is None else claimed
+    by_name = {c.name: c for c in claimed}
+    for node in model.graph.node:
+        found = by_name.get(node.name) if is_ndp_supported(node) else None
+        if found is not None:
+            sharded_op.set_metadata(node, sharded_op.META_PLACEMENT, placement(found.spec, system, policy))

@@ -57,6 +57,13 @@ class RunReport:
     non_expert_gpu_s: float
     layers: tuple[LayerReport, ...]
     simulator: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what the figures leave out or approximate (skipped blocks, unknown shapes)
+
+    def __post_init__(self) -> None:
+        if self.run_index < 0 or self.tokens < 0 or self.ndp_units < 0:
+            raise ValueError("RunReport: run_index, tokens and ndp_units must be non-negative")
+        if self.non_expert_gpu_s < 0 or any(layer.latency_s < 0 for layer in self.layers):
+            raise ValueError("RunReport: simulated times must be non-negative")
 
     @property
     def moe_s(self) -> float:
@@ -80,6 +87,7 @@ class RunReport:
             "moe_s": self.moe_s,
             "layers": [layer.to_json() for layer in self.layers],
             "simulator": self.simulator,
+            "notes": list(self.notes),
         }
 
     def __repr__(self) -> str:
@@ -133,4 +141,5 @@ class RunReport:
                 ]
             )
         lines += table(rows, "<><<", indent="  ")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)

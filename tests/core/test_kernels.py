@@ -1,192 +1,364 @@
-"""The sharded kernel equals the unsharded reference for every activation, with and without biases."""
+"""The native sharded-expert kernels against an independent float64 reference written here.
+
+Each case builds one ``ndp_ep::ShardedMoEExperts`` node by hand (graph_passes.sharded_op.make_node with numpy
+weights), runs it in a plain ONNX Runtime session on the provider, and compares with a float64 evaluation of
+the contract's formula: ``y[t] = sum_k w[t,k] * sum_s Down_s(act(First_s(x[t])))`` with the test's own
+activation formulas and, for quantized weights, its own ``(q - zero_point) * scale`` dequantization.
+"""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-from graph_passes.expert_math import ExpertArrays, expert_ffn
-from graph_passes.plan import ExpertWeights, MoEBlockPlan, StackedMatrix
-from ndp_ep.kernels import ShardedExperts
+import ndp_ep
+from graph_passes import sharded_op
+from graph_passes.sharded_op import ShardedOpSpec
 
-ACTIVATIONS = ["silu_glu", "swiglu_clamp", "gelu_glu", "relu", "gelu", "gelu_tanh", "silu"]
+SEED = 1234
+ALPHA, LIMIT = 1.702, 7.0
+_erf = np.vectorize(math.erf)
 
 
-def _plan(activation: str, experts: int, top_k: int, hidden: int, ffn: int) -> MoEBlockPlan:
-    gated = activation in ("silu_glu", "swiglu_clamp", "gelu_glu")
-    matrix = StackedMatrix("w", "in_out")
-    weights = ExpertWeights(up=matrix, down=matrix, gate=matrix if gated else None)
-    return MoEBlockPlan(
-        name="b",
-        rule="test",
-        hidden_value="x",
-        expert_ids_value="i",
-        routing_weights_value="r",
-        output_value="y",
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def reference_activation(name: str, h: np.ndarray, beta: float) -> np.ndarray:
+    """float64 activations of the contract (graph_passes/plan.py), on [rows, F] with gate then up halves."""
+    if name in ("silu_glu", "gelu_glu", "swiglu_clamp"):
+        gate, up = np.split(h, 2, axis=-1)
+        if name == "silu_glu":
+            return gate * _sigmoid(gate) * up
+        if name == "gelu_glu":
+            return 0.5 * gate * (1 + _erf(gate / math.sqrt(2))) * up
+        gate = np.minimum(gate, LIMIT)
+        up = np.clip(up, -LIMIT, LIMIT)
+        return (up + beta) * gate * _sigmoid(ALPHA * gate)
+    if name == "relu":
+        return np.maximum(h, 0)
+    if name == "gelu":
+        return 0.5 * h * (1 + _erf(h / math.sqrt(2)))
+    if name == "gelu_tanh":
+        return 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    assert name == "silu"
+    return h * _sigmoid(h)
+
+
+def quantize(w_out_in: np.ndarray, bits: int, block: int, rng, zero_points: bool):
+    """Block-quantize a [out, in] float64 matrix: packed uint8 q, scales [out, in/block], zero points, and the
+    float64 values those dequantize to."""
+    out_dim, in_dim = w_out_in.shape
+    qmax = (1 << bits) - 1
+    blocks = w_out_in.reshape(out_dim, in_dim // block, block)
+    scale = np.abs(blocks).max(axis=-1) / (qmax // 2) + 1e-3
+    zp = (
+        rng.integers(qmax // 2 - 2, qmax // 2 + 3, scale.shape)
+        if zero_points
+        else np.full(scale.shape, 1 << (bits - 1))
+    )
+    q = np.clip(np.rint(blocks / scale[..., None]) + zp[..., None], 0, qmax).astype(np.uint8).reshape(out_dim, in_dim)
+    dequant = ((q.reshape(blocks.shape).astype(np.float64) - zp[..., None]) * scale[..., None]).reshape(out_dim, in_dim)
+
+    def pack(values: np.ndarray) -> np.ndarray:
+        if bits == 8:
+            return values.astype(np.uint8)
+        padded = np.concatenate([values, np.zeros((values.shape[0], values.shape[1] % 2), values.dtype)], axis=1)
+        return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
+
+    return pack(q), scale.astype(np.float32), pack(zp.astype(np.uint8)) if zero_points else None, dequant
+
+
+def build_case(
+    activation="silu_glu",
+    weight_dtype="float32",
+    shards=2,
+    experts=4,
+    top_k=2,
+    hidden=16,
+    ffn=24,
+    first_bias=False,
+    down_bias=False,
+    block=8,
+    zero_points=False,
+    beta=1.0,
+    seed=SEED,
+):
+    """The node's model and, per expert, the float64 matrices the reference uses: first [H, F], down [I, H]."""
+    rng = np.random.default_rng(seed)
+    gated = activation in ("silu_glu", "gelu_glu", "swiglu_clamp")
+    quantized = weight_dtype in ("int8", "int4")
+    spec = ShardedOpSpec(
+        layer="moe",
         num_experts=experts,
         top_k=top_k,
         hidden=hidden,
         ffn=ffn,
-        activation=activation,
-        weights=weights,
-        replaced_nodes=(),
-    )
-
-
-def _kernel_and_reference(activation: str, biases: bool):
-    """A sharded kernel and, for checking it, the unsharded experts it was cut from."""
-    experts, top_k, hidden, ffn, shards = 4, 2, 16, 24, 3
-    rng = np.random.default_rng(7)
-    plan = _plan(activation, experts, top_k, hidden, ffn)
-    arrays = []
-    for _ in range(experts):
-        arrays.append(
-            ExpertArrays(
-                up=rng.standard_normal((hidden, ffn)).astype(np.float32),
-                down=rng.standard_normal((ffn, hidden)).astype(np.float32),
-                gate=rng.standard_normal((hidden, ffn)).astype(np.float32) if plan.gated else None,
-                up_bias=rng.standard_normal(ffn).astype(np.float32) if biases else None,
-                gate_bias=rng.standard_normal(ffn).astype(np.float32) if biases and plan.gated else None,
-                down_bias=rng.standard_normal(hidden).astype(np.float32) if biases else None,
-            )
-        )
-    width = ffn // shards
-
-    def first(a: ExpertArrays, s: int) -> np.ndarray:
-        cols = slice(s * width, (s + 1) * width)
-        return np.concatenate([a.gate[:, cols], a.up[:, cols]], axis=1) if plan.gated else a.up[:, cols]
-
-    def first_bias(a: ExpertArrays, s: int) -> np.ndarray:
-        cols = slice(s * width, (s + 1) * width)
-        return np.concatenate([a.gate_bias[cols], a.up_bias[cols]]) if plan.gated else a.up_bias[cols]
-
-    kernel = ShardedExperts(
-        layer="b",
-        num_experts=experts,
-        top_k=top_k,
         shards=shards,
         activation=activation,
-        activation_alpha=1.702,
-        activation_limit=7.0,
-        first=np.stack([[first(a, s) for s in range(shards)] for a in arrays]),
-        down=np.stack([[a.down[s * width : (s + 1) * width] for s in range(shards)] for a in arrays]),
-        first_bias=np.stack([[first_bias(a, s) for s in range(shards)] for a in arrays]) if biases else None,
-        down_bias=np.stack([a.down_bias for a in arrays]) if biases else None,
+        activation_alpha=ALPHA,
+        activation_limit=LIMIT,
+        activation_beta=beta,
+        has_first_bias=first_bias,
+        has_down_bias=down_bias,
+        weight_dtype=weight_dtype,
+        quant_block_size=block if quantized else 0,
+        has_zero_points=zero_points and quantized,
     )
-    return kernel, plan, arrays
-
-
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("tokens", [1, 5])
-@pytest.mark.parametrize("biases", [False, True])
-def test_sharded_kernel_equals_unsharded_reference(activation, tokens, biases):
-    kernel, plan, arrays = _kernel_and_reference(activation, biases)
-    rng = np.random.default_rng(tokens)
-    hidden, experts, top_k = plan.hidden, plan.num_experts, plan.top_k
-    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
-    ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)]).astype(np.int64)
-    rw = rng.random((tokens, top_k)).astype(np.float32)
-    expected = np.zeros_like(x)
-    for t in range(tokens):
-        for k in range(top_k):
-            expected[t] += rw[t, k] * expert_ffn(plan, x[t : t + 1], arrays[ids[t, k]])[0]
-    got = kernel(x, ids, rw)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-
-
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("biases", [False, True])
-def test_native_decode_graph_equals_the_python_kernel(activation, biases):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    from ndp_ep.decode_graph import decode_branch
-
-    kernel, plan, _ = _kernel_and_reference(activation, biases)
-    nodes, initializers = decode_branch(kernel, "t", "x", "ids", "rw", "y")
+    width = ffn // shards
+    groups: dict[str, list[np.ndarray]] = {g: [] for g, _ in spec.input_groups()}
+    reference = []
+    float_type = {"float32": np.float32, "float16": np.float16}.get(weight_dtype)
+    for _e in range(experts):
+        gate = rng.standard_normal((hidden, ffn)) * 0.3
+        up = rng.standard_normal((hidden, ffn)) * 0.3
+        down = rng.standard_normal((ffn, hidden)) * 0.3
+        b1 = rng.standard_normal(2 * ffn if gated else ffn) * 0.1
+        b2 = rng.standard_normal(hidden) * 0.1
+        firsts, downs = [], []
+        for s in range(shards):
+            cols = slice(s * width, (s + 1) * width)
+            first = np.concatenate([gate[:, cols], up[:, cols]], axis=1) if gated else up[:, cols]
+            down_rows = down[cols]
+            if quantized:
+                bits = 8 if weight_dtype == "int8" else 4
+                q1, s1, z1, first = quantize(first.T, bits, block, rng, zero_points)
+                q2, s2, z2, down_rows = quantize(down_rows.T, bits, block, rng, zero_points)
+                first, down_rows = first.T, down_rows.T
+                groups["first"].append(q1)
+                groups["down"].append(q2)
+                groups["first_scales"].append(s1)
+                groups["down_scales"].append(s2)
+                if zero_points:
+                    groups["first_zero_points"].append(z1)
+                    groups["down_zero_points"].append(z2)
+            elif weight_dtype == "bfloat16":
+                first, down_rows = _bf16_round(first), _bf16_round(down_rows)
+                groups["first"].append(_bf16_tensor(first))
+                groups["down"].append(_bf16_tensor(down_rows))
+            else:
+                first = first.astype(float_type).astype(np.float64)
+                down_rows = down_rows.astype(float_type).astype(np.float64)
+                groups["first"].append(first.astype(float_type))
+                groups["down"].append(down_rows.astype(float_type))
+            shard_bias = np.concatenate([b1[:ffn][cols], b1[ffn:][cols]]) if gated else b1[cols]
+            if first_bias:
+                groups["first_bias"].append(shard_bias.astype(np.float32))
+            firsts.append((first, shard_bias.astype(np.float32).astype(np.float64) if first_bias else 0.0))
+            downs.append(down_rows)
+        if down_bias:
+            groups["down_bias"].append(b2.astype(np.float32))
+        reference.append((firsts, downs, b2.astype(np.float32).astype(np.float64) if down_bias else 0.0))
+    names = spec.weight_names()
+    flat = [a for g, _ in spec.input_groups() for a in groups[g]]
+    initializers = [a if isinstance(a, onnx.TensorProto) else numpy_helper.from_array(a) for a in flat]
+    for tensor, name in zip(initializers, names, strict=True):
+        tensor.name = name
+    node = sharded_op.make_node(spec, "x", "ids", "w", "y", names)
     graph = helper.make_graph(
-        nodes,
-        "decode",
+        [node],
+        "sharded",
         [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, plan.hidden]),
-            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, plan.top_k]),
-            helper.make_tensor_value_info("rw", TensorProto.FLOAT, [1, plan.top_k]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", hidden]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["T", top_k]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, ["T", top_k]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", hidden])],
         initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(11)
-    for _ in range(5):
-        x = rng.standard_normal((1, 1, plan.hidden)).astype(np.float32)
-        ids = rng.choice(plan.num_experts, plan.top_k, replace=False).astype(np.int64).reshape(1, -1)
-        rw = rng.random((1, plan.top_k)).astype(np.float32)
-        (native,) = session.run(None, {"x": x, "ids": ids, "rw": rw})
-        expected = kernel(x, ids, rw)
-        assert native.shape == expected.shape == (1, 1, plan.hidden)
-        np.testing.assert_allclose(native, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ndp_ep", 1)])
+    return model, reference, spec
 
 
-def test_kernel_rejects_out_of_range_expert_ids():
-    kernel = ShardedExperts(
-        layer="b",
-        num_experts=2,
-        top_k=1,
-        shards=1,
+def _bf16_round(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32).astype(np.float64)
+
+
+def _bf16_tensor(values: np.ndarray) -> onnx.TensorProto:
+    raw = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    tensor = onnx.TensorProto()
+    tensor.data_type = TensorProto.BFLOAT16
+    tensor.dims.extend(values.shape)
+    tensor.raw_data = raw.tobytes()
+    return tensor
+
+
+def reference_output(reference, spec: ShardedOpSpec, x, ids, w) -> np.ndarray:
+    out = np.zeros((x.shape[0], spec.hidden))
+    for t in range(x.shape[0]):
+        for k in range(spec.top_k):
+            firsts, downs, b2 = reference[ids[t, k]]
+            y = sum(
+                reference_activation(spec.activation, x[t] @ first + b1, spec.activation_beta) @ down
+                for (first, b1), down in zip(firsts, downs, strict=True)
+            )
+            out[t] += w[t, k] * (y + b2)
+    return out
+
+
+def run_case(model, spec, tokens=7, threads=1, seed=SEED):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed + tokens)
+    x = rng.standard_normal((tokens, spec.hidden)).astype(np.float32)
+    ids = np.array([rng.choice(spec.num_experts, spec.top_k, replace=False) for _ in range(tokens)], np.int64).reshape(
+        tokens, spec.top_k
+    )
+    w = rng.random((tokens, spec.top_k)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options(options))
+    assert session.get_providers()[0] == "NdpExecutionProvider"
+    return session.run(None, {"x": x, "ids": ids, "w": w})[0], (x.astype(np.float64), ids, w.astype(np.float64))
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+ACTIVATIONS = ["silu_glu", "gelu_glu", "swiglu_clamp", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("biases", [False, True])
+def test_float32_kernel_matches_the_float64_reference_for_every_activation(activation, biases):
+    model, reference, spec = build_case(activation, first_bias=biases, down_bias=biases, beta=0.5 if biases else 1.0)
+    out, (x, ids, w) = run_case(model, spec)
+    assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize("shards,tokens,threads", [(1, 1, 1), (3, 1, 2), (4, 33, 2), (2, 0, 1)])
+def test_shard_counts_token_counts_and_threads_do_not_change_the_result(shards, tokens, threads):
+    model, reference, spec = build_case("silu_glu", shards=shards, ffn=24)
+    out, (x, ids, w) = run_case(model, spec, tokens=tokens, threads=threads)
+    assert out.shape == (tokens, spec.hidden)
+    if tokens:
+        assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize("weight_dtype", ["float16", "bfloat16"])
+def test_half_precision_weights_compute_with_the_rounded_weights(weight_dtype):
+    model, reference, spec = build_case("swiglu_clamp", weight_dtype=weight_dtype, first_bias=True, down_bias=True)
+    out, (x, ids, w) = run_case(model, spec)
+    assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("zero_points", [False, True])
+@pytest.mark.parametrize("block", [4, 8])
+def test_block_quantized_weights_dequantize_as_the_contract_says(weight_dtype, zero_points, block):
+    model, reference, spec = build_case(
+        "silu_glu", weight_dtype=weight_dtype, ffn=32, block=block, zero_points=zero_points
+    )
+    out, (x, ids, w) = run_case(model, spec)
+    assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+def test_expert_ids_out_of_range_fail_the_run_with_a_message():
+    import onnxruntime as ort
+
+    model, _, spec = build_case("relu")
+    session = ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options())
+    feeds = {
+        "x": np.zeros((1, spec.hidden), np.float32),
+        "ids": np.array([[0, spec.num_experts]], np.int64),
+        "w": np.ones((1, 2), np.float32),
+    }
+    with pytest.raises(Exception, match="expert id 4 out of range 0..3"):
+        session.run(None, feeds)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_quantized_experts_match_onnx_runtime_qmoe_on_the_same_weights(bits, shards):
+    import onnxruntime as ort
+
+    experts, hidden, ffn, top_k, tokens, block = 4, 32, 64, 2, 6, 16
+    rng = np.random.default_rng(SEED + bits)
+    q1 = rng.integers(0, 1 << bits, (experts, ffn, hidden)).astype(np.uint8)  # [E, out, in] as QMoE stores them
+    q2 = rng.integers(0, 1 << bits, (experts, hidden, ffn)).astype(np.uint8)
+    s1 = (rng.random((experts, ffn, hidden // block)) * 0.05 + 0.01).astype(np.float32)
+    s2 = (rng.random((experts, hidden, ffn // block)) * 0.05 + 0.01).astype(np.float32)
+
+    def pack(q: np.ndarray) -> np.ndarray:
+        return q if bits == 8 else (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    logits = rng.standard_normal((tokens, experts)).astype(np.float32)
+    qmoe = helper.make_node(
+        "QMoE",
+        ["x", "logits", "fc1", "s1", "", "fc2", "s2", ""],
+        ["y"],
+        domain="com.microsoft",
+        k=top_k,
+        activation_type="relu",
+        normalize_routing_weights=1,
+        expert_weight_bits=bits,
+        block_size=block,
+    )
+    arrays = {"fc1": pack(q1), "s1": s1, "fc2": pack(q2), "s2": s2}
+    graph = helper.make_graph(
+        [qmoe],
+        "qmoe",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, hidden]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [tokens, experts]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, hidden])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "logits": logits}
+    )[0]
+
+    spec = ShardedOpSpec(
+        layer="moe",
+        num_experts=experts,
+        top_k=top_k,
+        hidden=hidden,
+        ffn=ffn,
+        shards=shards,
         activation="relu",
-        activation_alpha=1.0,
-        activation_limit=1.0,
-        first=np.zeros((2, 1, 4, 4), np.float32),
-        down=np.zeros((2, 1, 4, 4), np.float32),
+        weight_dtype=f"int{bits}",
+        quant_block_size=block,
     )
-    with pytest.raises(ValueError, match="out of range"):
-        kernel(np.zeros((1, 4), np.float32), np.array([[2]]), np.ones((1, 1), np.float32))
-    with pytest.raises(ValueError, match="out of range"):
-        kernel(np.zeros((3, 4), np.float32), np.array([[0], [-1], [1]]), np.ones((3, 1), np.float32))
-
-
-COEXISTENCE_SCRIPT = """
-import sys, numpy as np, onnxruntime as ort
-from onnx import TensorProto, helper
-import ndp_ep
-early = ndp_ep.InferenceSession(sys.argv[1])  # created before onnxruntime_extensions adds its own Python ops
-hidden = np.ones((1, 3, 64), np.float32)
-expected = early.run(None, {"hidden_states": hidden})[0]
-from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
-
-@onnx_op(op_type="NdpEpTestNegate", inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])
-def negate(x):
-    return -x
-
-node = helper.make_node("NdpEpTestNegate", ["x"], ["y"], domain="ai.onnx.contrib")
-graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)])
-options = ort.SessionOptions()
-options.register_custom_ops_library(get_library_path())
-theirs = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-late = ndp_ep.InferenceSession(sys.argv[1])
-assert theirs.run(None, {"x": np.array([1.0, -2.0], np.float32)})[0].tolist() == [-1.0, 2.0]
-assert np.array_equal(early.run(None, {"hidden_states": hidden})[0], expected)
-assert np.array_equal(late.run(None, {"hidden_states": hidden})[0], expected)
-assert theirs.run(None, {"x": np.array([3.0], np.float32).repeat(2)})[0].tolist() == [-3.0, -3.0]
-print("ok")
-"""
-
-
-def test_python_ops_of_onnxruntime_extensions_coexist_with_ours(samples_dir, repo_root):
-    """Their ops and ours in one process, ours created first; in a subprocess, since a failure here would be a
-    segmentation fault."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", COEXISTENCE_SCRIPT, str(samples_dir / "moe_block.onnx")],
-        capture_output=True,
-        text=True,
-        cwd=repo_root,
-        timeout=120,
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.strip() == "ok"
+    width = ffn // shards
+    groups: dict[str, list[np.ndarray]] = {g: [] for g, _ in spec.input_groups()}
+    for e in range(experts):
+        for s in range(shards):
+            rows = slice(s * width, (s + 1) * width)
+            groups["first"].append(pack(q1[e, rows]))
+            groups["down"].append(pack(q2[e][:, rows]))
+            groups["first_scales"].append(s1[e, rows])
+            groups["down_scales"].append(s2[e][:, s * width // block : (s + 1) * width // block])
+    names = spec.weight_names()
+    inits = [
+        numpy_helper.from_array(a, n)
+        for n, a in zip(names, [a for g, _ in spec.input_groups() for a in groups[g]], strict=True)
+    ]
+    sharded, _, _ = build_case()  # reuse the input signature of the hand-made cases
+    del sharded.graph.node[:]
+    del sharded.graph.initializer[:]
+    sharded.graph.node.append(sharded_op.make_node(spec, "x", "ids", "w", "y", names))
+    sharded.graph.initializer.extend(inits)
+    sharded.graph.input[0].type.tensor_type.shape.dim[1].dim_value = hidden
+    sharded.graph.output[0].type.tensor_type.shape.dim[1].dim_value = hidden
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    ids = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probabilities, ids, axis=1)
+    weights /= weights.sum(axis=1, keepdims=True)
+    session = ort.InferenceSession(sharded.SerializeToString(), ndp_ep.session_options())
+    ours = session.run(None, {"x": x, "ids": ids.astype(np.int64), "w": weights.astype(np.float32)})[0]
+    # 4-bit: ONNX Runtime dequantizes and runs SGEMM, as the contract says. Its 8-bit CPU path is not that exact
+    # (measured: 0.6-1 % from a float64 dequantize-then-multiply of the same weights); ours is (see above).
+    assert _rel(ours, expected) < (1e-5 if bits == 4 else 2e-2)

@@ -80,19 +80,6 @@ def test_converted_and_unconverted_models_give_the_same_outputs(block, tmp_path)
     np.testing.assert_allclose(direct, from_file, rtol=0, atol=1e-6)
 
 
-def test_decode_steps_match_with_and_without_the_native_decode_graph(block, monkeypatch):
-    import ndp_ep.session as session_module
-
-    feeds = {"hidden_states": np.random.default_rng(5).standard_normal((1, 1, 64)).astype(np.float32)}
-    native = ndp_ep.InferenceSession(block)
-    assert native.native_decode_layers == 1
-    monkeypatch.setattr(session_module, "NATIVE_DECODE_MAX_WEIGHT_BYTES", 0)
-    python_only = ndp_ep.InferenceSession(block)
-    assert python_only.native_decode_layers == 0
-    np.testing.assert_allclose(native.run(None, feeds)[0], python_only.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
-    assert native.last_report.layers[0].expert_tokens == python_only.last_report.layers[0].expert_tokens
-
-
 def test_gpu_memory_reserved_for_non_expert_weights_excludes_the_experts(samples_dir):
     import onnx
 
@@ -103,3 +90,126 @@ def test_gpu_memory_reserved_for_non_expert_weights_excludes_the_experts(samples
         int(np.prod(t.dims)) for t in original.graph.initializer if "experts" not in t.name and t.name in kept
     )
     assert session._non_expert_weight_bytes(session.converted_model) == 2 * non_expert  # bf16
+
+
+def test_onnx_runtime_positional_order_bytes_and_model_protos_are_accepted(block):
+    import onnx
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    feeds = {"hidden_states": np.random.default_rng(2).standard_normal((1, 3, 64)).astype(np.float32)}
+    from_path = ndp_ep.InferenceSession(str(block), options, ["CPUExecutionProvider"]).run(None, feeds)[0]
+    from_bytes = ndp_ep.InferenceSession(block.read_bytes()).run(None, feeds)[0]
+    from_proto = ndp_ep.InferenceSession(onnx.load(block)).run(None, feeds)[0]
+    np.testing.assert_array_equal(from_path, from_bytes)
+    np.testing.assert_array_equal(from_path, from_proto)
+
+
+def test_get_providers_is_the_real_sessions_and_onnx_runtime_methods_are_delegated(block):
+    session = ndp_ep.InferenceSession(block)
+    assert session.get_providers() == ["NdpExecutionProvider", "CPUExecutionProvider"]
+    feeds = {"hidden_states": np.ones((1, 2, 64), np.float32)}
+    binding = session.io_binding()
+    binding.bind_cpu_input("hidden_states", feeds["hidden_states"])
+    binding.bind_output("output")
+    session.run_with_iobinding(binding)
+    np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], session.run(None, feeds)[0])
+    value = ort.OrtValue.ortvalue_from_numpy(feeds["hidden_states"])
+    (result,) = session.run_with_ort_values(["output"], {"hidden_states": value})
+    np.testing.assert_array_equal(result.numpy(), session.run(None, feeds)[0])
+    assert isinstance(session.get_provider_options(), dict)
+
+
+def test_feeds_that_are_not_a_mapping_raise_feed_error(block):
+    session = ndp_ep.InferenceSession(block)
+    for feeds in (None, [np.ones((1, 2, 64), np.float32)]):
+        with pytest.raises(FeedError, match="mapping"):
+            session.run(None, feeds)
+
+
+def test_bad_model_arguments_raise_typed_errors(block):
+    with pytest.raises(ModelLoadError, match="not an ONNX model"):
+        ndp_ep.InferenceSession(b"junk bytes")
+    with pytest.raises(ModelLoadError, match="expected a model path"):
+        ndp_ep.InferenceSession(42)
+    with pytest.raises(ndp_ep.NdpEpError, match="shards must be a positive integer"):
+        ndp_ep.InferenceSession(block, shards=0)
+
+
+def test_strict_conversion_of_a_skipped_block_raises_conversion_error(samples_dir):
+    skipped = samples_dir / "fused" / "fused_moe_skip_swiglu_beta.onnx"
+    with pytest.raises(ndp_ep.ConversionError, match="strict"):
+        ndp_ep.InferenceSession(skipped, strict=True)
+    session = ndp_ep.InferenceSession(skipped)
+    session.run(None, dict(np.load(samples_dir / "fused" / "fused_moe_skip_swiglu_beta.inputs.npz")))
+    report_notes = session.last_report.notes
+    assert any("was not converted" in note and "costed on the GPU" in note for note in report_notes)
+    assert session.last_report.non_expert_gpu_s > 0
+    assert (session.last_report.phase, session.last_report.tokens) == ("prefill", 5)  # x is [5, 16]
+
+
+def test_reports_live_in_a_bounded_ring_with_running_totals(block):
+    session = ndp_ep.InferenceSession(block, report_ring=3)
+    rng = np.random.default_rng(4)
+    token_counts = [1, 2, 3, 4, 5]
+    for tokens in token_counts:
+        session.run(None, {"hidden_states": rng.standard_normal((1, tokens, 64)).astype(np.float32)})
+    reports = session.reports
+    assert [r.tokens for r in reports] == token_counts[-3:]
+    assert [r.run_index for r in reports] == [2, 3, 4]
+    totals = session.aggregates
+    assert totals.runs == 5 and totals.tokens == sum(token_counts)
+    assert totals.layer_expert_tokens == [2 * sum(token_counts)]  # top-2
+    assert totals.simulated_s >= sum(r.simulated_latency_s for r in reports) > 0
+
+
+def test_a_plain_onnx_runtime_session_gets_its_report_from_the_providers_routing(block, tmp_path):
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(block, converted, shards=2)
+    options = ndp_ep.session_options(hw="paper", ndp_units=2)
+    session = ort.InferenceSession(str(converted), options)
+    assert ndp_ep.last_report(session) is None
+    ids_seen = []
+    rng = np.random.default_rng(6)
+    for tokens in (3, 1):
+        session.run(None, {"hidden_states": rng.standard_normal((1, tokens, 64)).astype(np.float32)})
+        report = ndp_ep.last_report(session)
+        ids_seen.append((report.tokens, report.phase, report.ndp_units, sum(report.layers[0].expert_tokens)))
+    assert ids_seen == [(3, "prefill", 2, 6), (1, "decode", 2, 2)]
+    assert any("input shapes are unknown" in note for note in report.notes)
+
+
+def test_a_session_without_a_key_cannot_be_reported_on(block, tmp_path):
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(block, converted, shards=2)
+    options = ort.SessionOptions()
+    options.add_provider_for_devices(ndp_ep.devices(), {"hw": "paper"})
+    session = ort.InferenceSession(str(converted), options)
+    session.run(None, {"hidden_states": np.ones((1, 2, 64), np.float32)})
+    with pytest.raises(ndp_ep.NdpEpError, match="session key"):
+        ndp_ep.last_report(session)
+
+
+def test_the_library_path_honours_the_environment_and_fails_in_one_line(monkeypatch, tmp_path):
+    from ndp_ep import ep
+
+    assert ndp_ep.get_ep_name() == "NdpExecutionProvider"
+    assert ndp_ep.get_library_path().endswith("libndp_ep.so")
+    monkeypatch.setenv(ep.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(ep.LibraryNotFoundError, match="missing.so is not a file"):
+        ep.get_library_path()
+
+
+def test_concurrent_runs_on_one_session_are_each_reported_once(samples_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", report_ring=16)
+    rng = np.random.default_rng(8)
+    feeds = [{"input_ids": rng.integers(0, 64, (1, int(n)), dtype=np.int64)} for n in rng.integers(1, 6, 80)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda f: session.run(None, f), feeds))
+    totals = session.aggregates
+    assert totals.runs == 80 and totals.tokens == sum(f["input_ids"].size for f in feeds)
+    assert totals.layer_invocations == [80, 80, 80]
+    assert len(session.reports) == 16
+    assert all(r.non_expert_gpu_s > 0 and not r.notes for r in session.reports)  # every run had its shapes

@@ -1,0 +1,438 @@
+// The sharded MoE expert kernel (see moe_kernel.h and graph_passes/sharded_op.py).
+#include "moe_kernel.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace ndp {
+namespace {
+
+constexpr int32_t kFloat = 1;
+constexpr int32_t kUint8 = 2;
+constexpr int32_t kFloat16 = 10;
+constexpr int32_t kBFloat16 = 16;
+
+thread_local std::vector<float> t_hidden_buffer;  // per-thread scratch of RunExpert: [rows, F/S]
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float GeluErf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+inline float GeluTanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Reads element i of a float tensor of any float precision the contract allows.
+bool IsFloatType(int32_t t) { return t == kFloat || t == kFloat16 || t == kBFloat16; }
+float ReadFloat(const RawTensor& t, size_t i) {
+  switch (t.elem_type) {
+    case kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(t.data)[i]);
+    case kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(t.data)[i]);
+    default:
+      return static_cast<const float*>(t.data)[i];
+  }
+}
+
+// The q-th unsigned value of a packed row (low nibble first for 4 bits).
+inline int Unpack(const uint8_t* row, int64_t q, int bits) {
+  if (bits == 8) return row[q];
+  const uint8_t byte = row[q >> 1];
+  return (q & 1) ? (byte >> 4) : (byte & 0x0F);
+}
+
+}  // namespace
+
+bool ParseActivation(const std::string& name, Activation* out) {
+  static const std::pair<const char*, Activation> kNames[] = {
+      {"silu_glu", Activation::kSiluGlu}, {"gelu_glu", Activation::kGeluGlu},
+      {"swiglu_clamp", Activation::kSwigluClamp}, {"relu", Activation::kRelu},
+      {"gelu", Activation::kGelu}, {"gelu_tanh", Activation::kGeluTanh}, {"silu", Activation::kSilu}};
+  for (const auto& [text, value] : kNames) {
+    if (name == text) {
+      *out = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool IsGated(Activation a) {
+  return a == Activation::kSiluGlu || a == Activation::kGeluGlu || a == Activation::kSwigluClamp;
+}
+
+bool ParseWeightDtype(const std::string& name, WeightDtype* out) {
+  static const std::pair<const char*, WeightDtype> kNames[] = {{"float32", WeightDtype::kFloat32},
+                                                               {"float16", WeightDtype::kFloat16},
+                                                               {"bfloat16", WeightDtype::kBFloat16},
+                                                               {"int8", WeightDtype::kInt8},
+                                                               {"int4", WeightDtype::kInt4}};
+  for (const auto& [text, value] : kNames) {
+    if (name == text) {
+      *out = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+int QuantBits(WeightDtype dtype) {
+  return dtype == WeightDtype::kInt8 ? 8 : dtype == WeightDtype::kInt4 ? 4 : 0;
+}
+
+size_t MoESpec::weight_input_count() const {
+  const size_t per_shard = static_cast<size_t>(num_experts * shards);
+  size_t count = 2 * per_shard;
+  if (quantized()) count += (has_zero_points ? 4 : 2) * per_shard;
+  if (has_first_bias) count += per_shard;
+  if (has_down_bias) count += static_cast<size_t>(num_experts);
+  return count;
+}
+
+std::string MoESpec::Validate() const {
+  if (num_experts < 1 || top_k < 1 || hidden < 1 || ffn < 1 || shards < 1)
+    return layer + ": num_experts, top_k, hidden, ffn and shards must be positive";
+  if (top_k > num_experts) return layer + ": top_k exceeds num_experts";
+  if (ffn % shards) return layer + ": ffn is not divisible by shards";
+  if (quantized()) {
+    const int64_t block = quant_block_size;
+    if (block < 1 || hidden % block || shard_width() % block)
+      return layer + ": quant_block_size must divide hidden and the shard width";
+  } else if (quant_block_size || has_zero_points) {
+    return layer + ": quantization attributes on float weights";
+  }
+  return "";
+}
+
+size_t RawTensor::element_count() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights) {
+  std::string error = spec.Validate();
+  if (!error.empty()) return error;
+  if (weights.size() != spec.weight_input_count())
+    return spec.layer + ": expected " + std::to_string(spec.weight_input_count()) + " weight inputs, found " +
+           std::to_string(weights.size());
+  spec_ = spec;
+  const int64_t E = spec.num_experts, S = spec.shards, H = spec.hidden, Is = spec.shard_width();
+  const int64_t Fs = spec.first_width();
+  const int bits = QuantBits(spec.weight_dtype);
+  const size_t per_shard = static_cast<size_t>(E * S);
+  size_t position = 0;
+  const RawTensor* first = &weights[position];
+  const RawTensor* down = &weights[position += per_shard];
+  position += per_shard;
+  const RawTensor *first_scales = nullptr, *down_scales = nullptr, *first_zp = nullptr, *down_zp = nullptr;
+  if (bits) {
+    first_scales = &weights[position];
+    down_scales = &weights[position += per_shard];
+    position += per_shard;
+    if (spec.has_zero_points) {
+      first_zp = &weights[position];
+      down_zp = &weights[position += per_shard];
+      position += per_shard;
+    }
+  }
+  const RawTensor* first_bias = spec.has_first_bias ? &weights[position] : nullptr;
+  if (first_bias) position += per_shard;
+  const RawTensor* down_bias = spec.has_down_bias ? &weights[position] : nullptr;
+
+  auto check = [&](const RawTensor& t, const char* what, std::vector<int64_t> shape, bool quantized_data) {
+    if (t.shape != shape)
+      return spec.layer + ": " + what + " has shape " + ShapeText(t.shape) + ", expected " + ShapeText(shape);
+    if (quantized_data ? t.elem_type != kUint8 : !IsFloatType(t.elem_type))
+      return spec.layer + ": " + what + (quantized_data ? " must be uint8" : " must be a float tensor");
+    return std::string();
+  };
+  // Dequantizes a [rows, cols*bits/8] weight (rows = output features) into out[col * stride + row] (x @ W).
+  auto dequantize = [&](const RawTensor& q, const RawTensor& scales, const RawTensor* zp, int64_t rows,
+                        int64_t cols, float* out, int64_t stride) {
+    const int64_t block = spec.quant_block_size, blocks = cols / block;
+    const int64_t row_bytes = cols * bits / 8, zp_row_bytes = (blocks * bits + 7) / 8;
+    const auto* data = static_cast<const uint8_t*>(q.data);
+    const auto* zp_data = zp ? static_cast<const uint8_t*>(zp->data) : nullptr;
+    const int default_zp = 1 << (bits - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float scale = ReadFloat(scales, static_cast<size_t>(r * blocks + b));
+        const int zero = zp_data ? Unpack(zp_data + r * zp_row_bytes, b, bits) : default_zp;
+        for (int64_t c = b * block; c < (b + 1) * block; ++c)
+          out[c * stride + r] = static_cast<float>(Unpack(data + r * row_bytes, c, bits) - zero) * scale;
+      }
+    }
+  };
+
+  experts_.assign(static_cast<size_t>(E), ExpertWeights{});
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& w = experts_[static_cast<size_t>(e)];
+    w.first.resize(static_cast<size_t>(S * H * Fs));
+    w.down.resize(static_cast<size_t>(S * Is * H));
+    if (first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
+    for (int64_t s = 0; s < S; ++s) {
+      const size_t i = static_cast<size_t>(e * S + s);
+      float* first_out = w.first.data() + s * Fs;  // columns s*Fs.. of the [H, S*Fs] matrix
+      const int64_t first_stride = S * Fs;
+      float* down_out = w.down.data() + s * Is * H;
+      if (bits) {
+        const int64_t blocks_first = H / spec.quant_block_size, blocks_down = Is / spec.quant_block_size;
+        for (auto [t, what, shape, quant] : {std::make_tuple(first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
+                                             std::make_tuple(down + i, "down", std::vector<int64_t>{H, Is * bits / 8}, true),
+                                             std::make_tuple(first_scales + i, "first_scales", std::vector<int64_t>{Fs, blocks_first}, false),
+                                             std::make_tuple(down_scales + i, "down_scales", std::vector<int64_t>{H, blocks_down}, false)}) {
+          error = check(*t, what, shape, quant);
+          if (!error.empty()) return error;
+        }
+        if (first_zp) {
+          error = check(first_zp[i], "first_zero_points", {Fs, (blocks_first * bits + 7) / 8}, true);
+          if (error.empty()) error = check(down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
+          if (!error.empty()) return error;
+        }
+        dequantize(first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, Fs, H, first_out, first_stride);
+        dequantize(down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, H, Is, down_out, H);
+      } else {
+        error = check(first[i], "first", {H, Fs}, false);
+        if (error.empty()) error = check(down[i], "down", {Is, H}, false);
+        if (!error.empty()) return error;
+        for (int64_t r = 0; r < H; ++r)
+          for (int64_t j = 0; j < Fs; ++j)
+            first_out[r * first_stride + j] = ReadFloat(first[i], static_cast<size_t>(r * Fs + j));
+        for (size_t j = 0; j < static_cast<size_t>(Is * H); ++j) down_out[j] = ReadFloat(down[i], j);
+      }
+      if (first_bias) {
+        error = check(first_bias[i], "first_bias", {Fs}, false);
+        if (!error.empty()) return error;
+        for (int64_t j = 0; j < Fs; ++j) w.first_bias[static_cast<size_t>(s * Fs + j)] = ReadFloat(first_bias[i], j);
+      }
+    }
+    if (down_bias) {
+      error = check(down_bias[e], "down_bias", {H}, false);
+      if (!error.empty()) return error;
+      w.down_bias.resize(static_cast<size_t>(H));
+      for (int64_t j = 0; j < H; ++j) w.down_bias[static_cast<size_t>(j)] = ReadFloat(down_bias[e], j);
+    }
+  }
+  return "";
+}
+
+size_t MoEKernel::weight_bytes() const {
+  size_t floats = 0;
+  for (const auto& w : experts_) floats += w.first.size() + w.down.size() + w.first_bias.size() + w.down_bias.size();
+  return floats * sizeof(float);
+}
+
+// In place: h holds rows of F/S values (gate then up) ``stride`` apart; row r's activation goes to h[r, 0:I/S].
+void MoEKernel::Activate(float* h, int64_t rows, int64_t stride) const {
+  const int64_t Is = spec_.shard_width();
+  const float alpha = spec_.alpha, limit = spec_.limit, beta = spec_.beta;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = h + r * stride;
+    switch (spec_.activation) {
+      case Activation::kSiluGlu:
+        for (int64_t j = 0; j < Is; ++j) row[j] = row[j] * Sigmoid(row[j]) * row[Is + j];
+        break;
+      case Activation::kGeluGlu:
+        for (int64_t j = 0; j < Is; ++j) row[j] = GeluErf(row[j]) * row[Is + j];
+        break;
+      case Activation::kSwigluClamp:
+        for (int64_t j = 0; j < Is; ++j) {
+          const float g = std::min(row[j], limit);
+          const float u = std::clamp(row[Is + j], -limit, limit);
+          row[j] = (u + beta) * (g * Sigmoid(alpha * g));
+        }
+        break;
+      case Activation::kRelu:
+        for (int64_t j = 0; j < Is; ++j) row[j] = std::max(row[j], 0.0f);
+        break;
+      case Activation::kGelu:
+        for (int64_t j = 0; j < Is; ++j) row[j] = GeluErf(row[j]);
+        break;
+      case Activation::kGeluTanh:
+        for (int64_t j = 0; j < Is; ++j) row[j] = GeluTanh(row[j]);
+        break;
+      case Activation::kSilu:
+        for (int64_t j = 0; j < Is; ++j) row[j] = row[j] * Sigmoid(row[j]);
+        break;
+    }
+  }
+}
+
+// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias. The first
+// projections of all shards are one product (their columns sit side by side); the down projections are one
+// product per shard, accumulated into y in shard order.
+void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
+  const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
+  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
+  const int64_t width = S * Fs;
+  std::vector<float>& h = t_hidden_buffer;
+  if (h.size() < static_cast<size_t>(rows * width)) h.resize(static_cast<size_t>(rows * width));
+  if (rows == 1) {
+    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, H, width, 1.0f, w.first.data(), width, x, 1, 0.0f, h.data(), 1);
+  } else {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, width, H, 1.0f, x, H, w.first.data(), width,
+                      0.0f, h.data(), width);
+  }
+  if (!w.first_bias.empty()) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < width; ++j) h[static_cast<size_t>(r * width + j)] += w.first_bias[static_cast<size_t>(j)];
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    float* act = h.data() + s * Fs;  // shard s's activations: rows of I/S values, ``width`` apart
+    Activate(act, rows, width);
+    const float* down = w.down.data() + s * Is * H;
+    const float beta = s == 0 ? 0.0f : 1.0f;  // shard partial sums reduced in shard order
+    if (rows == 1) {
+      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, Is, H, 1.0f, down, H, act, 1, beta, y, 1);
+    } else {
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, Is, 1.0f, act, width, down, H, beta, y,
+                        H);
+    }
+  }
+  if (!w.down_bias.empty()) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
+  }
+}
+
+namespace {
+struct CallScratch {
+  std::vector<int64_t> counts, offsets, fill, slot_row, active;
+  std::vector<float> xg, yg;
+};
+thread_local CallScratch t_call;
+}  // namespace
+
+std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
+                               const ParallelFor& parallel_for) const {
+  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden;
+  if (tokens == 0) return "";
+  CallScratch& c = t_call;
+  const size_t slots = static_cast<size_t>(tokens * K);
+  c.counts.assign(static_cast<size_t>(E), 0);
+  for (size_t i = 0; i < slots; ++i) {
+    const int64_t e = ids[i];
+    if (e < 0 || e >= E)
+      return spec_.layer + ": expert id " + std::to_string(e) + " out of range 0.." + std::to_string(E - 1);
+    ++c.counts[static_cast<size_t>(e)];
+  }
+  // Rows grouped by expert, in token order within an expert.
+  c.offsets.assign(static_cast<size_t>(E + 1), 0);
+  c.active.clear();
+  for (int64_t e = 0; e < E; ++e) {
+    c.offsets[static_cast<size_t>(e + 1)] = c.offsets[static_cast<size_t>(e)] + c.counts[static_cast<size_t>(e)];
+    if (c.counts[static_cast<size_t>(e)]) c.active.push_back(e);
+  }
+  c.fill.assign(c.offsets.begin(), c.offsets.end() - 1);
+  c.slot_row.resize(slots);
+  if (c.xg.size() < slots * H) c.xg.resize(slots * H);
+  if (c.yg.size() < slots * H) c.yg.resize(slots * H);
+  for (size_t i = 0; i < slots; ++i) {
+    const int64_t row = c.fill[static_cast<size_t>(ids[i])]++;
+    c.slot_row[i] = row;
+    std::memcpy(c.xg.data() + row * H, x + (static_cast<int64_t>(i) / K) * H, sizeof(float) * H);
+  }
+  CallScratch* cs = &c;
+  parallel_for(c.active.size(), [this, cs, H](size_t task) {
+    const int64_t e = cs->active[task];
+    const int64_t start = cs->offsets[static_cast<size_t>(e)];
+    RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H,
+              cs->yg.data() + start * H);
+  });
+  // Weighted sum over each token's K slots in slot order.
+  constexpr int64_t kTokensPerTask = 16;
+  const size_t tasks = static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask);
+  auto combine = [cs, w, out, tokens, K, H](size_t task) {
+    const int64_t stop = std::min<int64_t>(tokens, static_cast<int64_t>(task + 1) * kTokensPerTask);
+    for (int64_t t = static_cast<int64_t>(task) * kTokensPerTask; t < stop; ++t) {
+      float* o = out + t * H;
+      for (int64_t k = 0; k < K; ++k) {
+        const float weight = w[t * K + k];
+        const float* y = cs->yg.data() + cs->slot_row[static_cast<size_t>(t * K + k)] * H;
+        if (k == 0) {
+          for (int64_t j = 0; j < H; ++j) o[j] = weight * y[j];
+        } else {
+          for (int64_t j = 0; j < H; ++j) o[j] += weight * y[j];
+        }
+      }
+    }
+  };
+  if (tasks == 1) {
+    combine(0);
+  } else {
+    parallel_for(tasks, combine);
+  }
+  return "";
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exponent = 127 - 15 + 1;
+      while (!(mantissa & 0x400)) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+    }
+  } else if (exponent == 0x1F) {
+    bits = sign | 0x7F800000 | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {  // round to nearest even
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t abs = bits & 0x7FFFFFFF;
+  if (abs >= 0x7F800000) return sign | (abs > 0x7F800000 ? 0x7E00 : 0x7C00);
+  if (abs >= 0x477FF000) return sign | 0x7C00;  // overflow to infinity
+  if (abs < 0x38800000) {                       // subnormal or zero
+    if (abs < 0x33000000) return sign;
+    const uint32_t shift = 113 - (abs >> 23), mantissa = (abs & 0x7FFFFF) | 0x800000;
+    uint32_t value = mantissa >> (shift + 13);
+    const uint32_t rest = mantissa & ((1u << (shift + 13)) - 1), half = 1u << (shift + 12);
+    if (rest > half || (rest == half && (value & 1))) ++value;
+    return sign | static_cast<uint16_t>(value);
+  }
+  uint32_t value = ((abs >> 13) - (112u << 10));
+  const uint32_t rest = abs & 0x1FFF;
+  if (rest > 0x1000 || (rest == 0x1000 && (value & 1))) ++value;
+  return sign | static_cast<uint16_t>(value);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {  // round to nearest even, NaN kept quiet
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace ndp

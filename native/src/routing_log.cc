@@ -1,0 +1,130 @@
+// Routing capture storage and its C interface for Python (ctypes on the library ONNX Runtime loaded).
+#include "routing_log.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+
+namespace ndp {
+namespace {
+std::mutex g_registry_mutex;
+std::map<std::string, std::weak_ptr<RoutingLog>> g_registry;
+std::atomic<int64_t> g_next_run_id{kUntaggedRunBase};
+thread_local int64_t t_run_id = 0;
+}  // namespace
+
+int32_t RoutingLog::AddLayer(const std::string& node_name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i] == node_name) return static_cast<int32_t>(i);
+  layers_.push_back(node_name);
+  return static_cast<int32_t>(layers_.size() - 1);
+}
+
+std::vector<std::string> RoutingLog::layers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layers_;
+}
+
+void RoutingLog::Append(RoutingRecord record) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_ids_ += record.ids.size();
+  records_.push_back(std::move(record));
+  while (records_.size() > capacity_) {  // bounded: a session nobody reads keeps only the newest records
+    pending_ids_ -= records_.front().ids.size();
+    records_.pop_front();
+    ++dropped_;
+  }
+}
+
+size_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* ids, size_t ids_capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t taken = 0, used = 0;
+  while (taken < max_records && !records_.empty()) {
+    RoutingRecord& r = records_.front();
+    if (used + r.ids.size() > ids_capacity) break;
+    meta[4 * taken + 0] = r.run_id;
+    meta[4 * taken + 1] = r.layer;
+    meta[4 * taken + 2] = r.tokens;
+    meta[4 * taken + 3] = r.top_k;
+    if (!r.ids.empty()) std::memcpy(ids + used, r.ids.data(), r.ids.size() * sizeof(int32_t));
+    used += r.ids.size();
+    pending_ids_ -= r.ids.size();
+    records_.pop_front();
+    ++taken;
+  }
+  return taken;
+}
+
+size_t RoutingLog::pending(size_t* total_ids) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (total_ids) *total_ids = pending_ids_;
+  return records_.size();
+}
+
+uint64_t RoutingLog::dropped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return dropped_;
+}
+
+std::shared_ptr<RoutingLog> OpenRoutingLog(const std::string& key, size_t capacity) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  for (auto it = g_registry.begin(); it != g_registry.end();)  // forget logs of closed sessions
+    it = it->second.expired() ? g_registry.erase(it) : std::next(it);
+  auto log = std::make_shared<RoutingLog>(capacity);
+  g_registry[key] = log;
+  return log;
+}
+
+std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = g_registry.find(key);
+  return it == g_registry.end() ? nullptr : it->second.lock();
+}
+
+int64_t CurrentRunId() { return t_run_id; }
+void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(1); }
+
+}  // namespace ndp
+
+// ---- C interface for ndp_ep/_native.py -------------------------------------------------------------------
+#define NDP_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Pending records and (through total_ids) their ids; -1 for an unknown session key.
+NDP_EXPORT int64_t ndp_ep_routing_pending(const char* key, int64_t* total_ids) {
+  auto log = ndp::FindRoutingLog(key);
+  if (!log) return -1;
+  size_t ids = 0;
+  const size_t records = log->pending(&ids);
+  if (total_ids) *total_ids = static_cast<int64_t>(ids);
+  return static_cast<int64_t>(records);
+}
+
+// Moves up to max_records records out: meta gets (run_id, layer, tokens, top_k) per record, ids their ids.
+NDP_EXPORT int64_t ndp_ep_routing_take(const char* key, int64_t* meta, int64_t max_records, int32_t* ids,
+                                       int64_t ids_capacity) {
+  auto log = ndp::FindRoutingLog(key);
+  if (!log || max_records < 0 || ids_capacity < 0) return -1;
+  return static_cast<int64_t>(
+      log->Take(meta, static_cast<size_t>(max_records), ids, static_cast<size_t>(ids_capacity)));
+}
+
+// The compiled nodes' names, '\n'-separated, in layer-index order; returns the size needed (with the NUL).
+NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t capacity) {
+  auto log = ndp::FindRoutingLog(key);
+  if (!log) return -1;
+  std::string text;
+  for (const auto& name : log->layers()) text += (text.empty() ? "" : "\n") + name;
+  if (buffer && capacity > 0) {
+    const size_t n = std::min(text.size(), static_cast<size_t>(capacity - 1));
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int64_t>(text.size() + 1);
+}
+
+// Records dropped because nobody drained the log (it keeps only the newest `routing_capacity`).
+NDP_EXPORT int64_t ndp_ep_routing_dropped(const char* key) {
+  auto log = ndp::FindRoutingLog(key);
+  return log ? static_cast<int64_t>(log->dropped()) : -1;
+}

@@ -1,0 +1,241 @@
+"""The native execution provider for plain ONNX Runtime: find, register and select ``NdpExecutionProvider``.
+
+Following the plugin-EP packages' convention (onnxruntime-ep-*, onnxruntime-ggml)::
+
+    import onnxruntime as ort, ndp_ep
+    so = ndp_ep.session_options(hw="paper", ndp_units=4)      # or: so.add_provider_for_devices(ndp_ep.devices(), {...})
+    sess = ort.InferenceSession("model.ndp.onnx", so)
+    sess.run(None, feeds)
+    print(ndp_ep.last_report(sess).format_text())
+
+The library (``libndp_ep.so``, built from ``native/`` by ``pip install .``) exports ONNX Runtime's plugin-EP
+entry points plus a few C functions this module reads the routing capture through (``ctypes`` on the library
+ONNX Runtime already loaded, so both share its globals). EP options arrive in the library as session config
+entries ``ep.ndpexecutionprovider.<key>``; ``session_key`` names the session's routing log, ``routing_capacity``
+bounds it (records kept when nobody reads them), ``record_routing=0`` turns capture off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ndp_ep.errors import NdpEpError
+
+EP_NAME = "NdpExecutionProvider"
+OPTION_PREFIX = "ep.ndpexecutionprovider."
+RUN_TAG_KEY = OPTION_PREFIX + "run_tag"
+SESSION_KEY_OPTION = "session_key"
+LIBRARY_ENV = "NDP_EP_LIBRARY"
+LIBRARY_NAME = "libndp_ep.so"
+MIN_ORT_VERSION = (1, 23, 1)
+SCHEMA_API_VERSION = 24  # from this ORT API on, the EP factory itself registers the op's schema
+REGISTER_HINT = (
+    "ndp_ep::ShardedMoEExperts runs only on the ndp-ep execution provider: install ndp-ep and create the session "
+    "with ndp_ep.InferenceSession(model) or ndp_ep.session_options() (see docs/provider.md)"
+)
+
+_lock = threading.Lock()
+_registered_path: str | None = None
+_native: ctypes.CDLL | None = None
+
+
+class LibraryNotFoundError(NdpEpError):
+    """The native provider library is not built or cannot be loaded into this ONNX Runtime."""
+
+
+def get_ep_name() -> str:
+    """The execution provider's name, as ONNX Runtime lists it."""
+    return EP_NAME
+
+
+def _library_candidates() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    candidates = [here / "lib" / LIBRARY_NAME, here.parent / "build" / "native" / LIBRARY_NAME]
+    try:  # the installed wheel's copy, when a source checkout's ndp_ep/ shadows the installed package
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        installed = Path(str(distribution("ndp-ep").locate_file(f"ndp_ep/lib/{LIBRARY_NAME}")))
+        candidates.append(installed)
+    except (ImportError, PackageNotFoundError):
+        pass
+    return candidates
+
+
+def get_library_path() -> str:
+    """Path of ``libndp_ep.so``: ``$NDP_EP_LIBRARY``, else the package's ``lib/``, an in-tree ``build/native/``,
+    or the installed distribution's copy."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise LibraryNotFoundError(f"{LIBRARY_ENV}={override} is not a file")
+        return str(Path(override).resolve())
+    for candidate in _library_candidates():
+        if candidate.is_file():
+            return str(candidate)
+    raise LibraryNotFoundError(
+        f"{LIBRARY_NAME} not found (install ndp-ep with `pip install .`, or build it in the source tree with "
+        "`cmake -S . -B build/cmake && cmake --build build/cmake`, or set NDP_EP_LIBRARY)"
+    )
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def register() -> str:
+    """Register the library with ONNX Runtime once per process (idempotent); returns its path."""
+    global _registered_path
+    import onnxruntime as ort
+
+    with _lock:
+        if _registered_path is not None:
+            return _registered_path
+        if _version_tuple(ort.__version__) < MIN_ORT_VERSION:
+            raise LibraryNotFoundError(
+                f"onnxruntime {ort.__version__} cannot run the ndp-ep provider (needs >= 1.23.1: older releases "
+                "lack plugin providers or put copy nodes around them)"
+            )
+        path = get_library_path()
+        try:
+            ort.register_execution_provider_library(EP_NAME, path)
+        except Exception as exc:  # ORT raises its own Fail/InvalidArgument types
+            if "already" not in str(exc).lower():
+                raise LibraryNotFoundError(f"onnxruntime could not load {path}: {exc}") from None
+        _registered_path = path
+        return path
+
+
+def devices() -> list:
+    """The ``OrtEpDevice`` s of this provider (one: the host CPU), for ``add_provider_for_devices``."""
+    import onnxruntime as ort
+
+    register()
+    found = [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+    if not found:
+        raise LibraryNotFoundError(f"onnxruntime lists no {EP_NAME} device after registering {get_library_path()}")
+    return found
+
+
+def native() -> ctypes.CDLL:
+    """The library's C interface (the handle ONNX Runtime opened, after :func:`register`)."""
+    global _native
+    if _native is None:
+        lib = ctypes.CDLL(register())
+        i64, p = ctypes.c_int64, ctypes.c_void_p
+        lib.ndp_ep_routing_pending.argtypes = [ctypes.c_char_p, ctypes.POINTER(i64)]
+        lib.ndp_ep_routing_pending.restype = i64
+        lib.ndp_ep_routing_take.argtypes = [ctypes.c_char_p, p, i64, p, i64]
+        lib.ndp_ep_routing_take.restype = i64
+        lib.ndp_ep_routing_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p, i64]
+        lib.ndp_ep_routing_layers.restype = i64
+        lib.ndp_ep_routing_dropped.argtypes = [ctypes.c_char_p]
+        lib.ndp_ep_routing_dropped.restype = i64
+        lib.ndp_ep_factory_api_version.restype = ctypes.c_int
+        lib.ndp_ep_version.restype = ctypes.c_char_p
+        _native = lib
+    return _native
+
+
+def new_session_key() -> str:
+    return uuid.uuid4().hex
+
+
+def session_options(options=None, **ep_options):
+    """``options`` (or a new ``onnxruntime.SessionOptions``) with the provider added and ``ep_options`` as its
+    options (``hw``, ``ndp_units``, ``policy``, ``routing_capacity``...; values are passed as strings).
+
+    A ``session_key`` is added when absent, so :func:`last_report` can find the session's routing. On ONNX
+    Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions() if options is None else options
+    values = {str(k): str(v) for k, v in ep_options.items() if v is not None}
+    values.setdefault(SESSION_KEY_OPTION, new_session_key())
+    if native().ndp_ep_factory_api_version() < SCHEMA_API_VERSION:
+        so.register_custom_ops_library(get_library_path())
+    so.add_provider_for_devices(devices(), values)
+    return so
+
+
+def session_option(options, key: str) -> str | None:
+    """The provider option ``key`` of a SessionOptions, or None."""
+    try:
+        value = options.get_session_config_entry(OPTION_PREFIX + key)
+    except Exception:  # ORT raises when the entry is absent
+        return None
+    return value or None
+
+
+class RoutingReader:
+    """Reads (and removes) the routing records the library captured for one session key."""
+
+    def __init__(self, key: str) -> None:
+        if not key:
+            raise NdpEpError("a session key is needed to read routing")
+        self.key = key.encode()
+        self._lib = native()
+        self._allocate(256, 1 << 16)  # reused buffers: a take is one C call for a few hundred records
+
+    def layer_names(self) -> list[str]:
+        size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
+        if size < 0:
+            return []
+        buffer = ctypes.create_string_buffer(int(size))
+        self._lib.ndp_ep_routing_layers(self.key, buffer, size)
+        text = buffer.value.decode()
+        return text.split("\n") if text else []
+
+    def dropped(self) -> int:
+        return max(int(self._lib.ndp_ep_routing_dropped(self.key)), 0)
+
+    def take(self) -> list[tuple[int, int, np.ndarray]]:
+        """``(run_id, layer, ids [tokens, top_k] int32)`` of every pending record, oldest first."""
+        records: list[tuple[int, int, np.ndarray]] = []
+        while True:
+            got = int(
+                self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, len(self._meta), self._ids_ptr, self._ids.size)
+            )
+            if got < 0:  # the session is gone
+                return records
+            if got == 0:
+                if self._lib.ndp_ep_routing_pending(self.key, None) <= 0:
+                    return records
+                self._grow()  # the oldest record's ids did not fit
+                continue
+            meta = self._meta[:got].tolist()
+            ids = self._ids[: sum(tokens * top_k for _, _, tokens, top_k in meta)].copy()
+            start = 0
+            for run_id, layer, tokens, top_k in meta:
+                stop = start + tokens * top_k
+                records.append((run_id, layer, ids[start:stop].reshape(tokens, top_k)))
+                start = stop
+
+    def _grow(self) -> None:
+        total = ctypes.c_int64(0)
+        self._lib.ndp_ep_routing_pending(self.key, ctypes.byref(total))
+        self._allocate(max(len(self._meta), 1), max(int(total.value), 2 * self._ids.size))
+
+    def _allocate(self, records: int, ids: int) -> None:
+        self._meta = np.empty((records, 4), np.int64)
+        self._ids = np.empty(ids, np.int32)
+        self._meta_ptr = self._meta.ctypes.data
+        self._ids_ptr = self._ids.ctypes.data
+
+
+def last_report(session):
+    """The simulated-latency report of the newest run of a session created with :func:`session_options`
+    (or an ``ndp_ep.InferenceSession``); None before the first run."""
+    from ndp_ep.reporter import reporter_for
+
+    return reporter_for(session).last_report

@@ -1,0 +1,385 @@
+"""Simulated-latency reports built from the routing the native provider recorded.
+
+The library appends every compiled MoE node's expert ids to the session's routing log during ``run``; a
+:class:`SessionReporter` drains that log only when a report is asked for, groups the records by run, and
+simulates the runs it has not seen yet, in run order, on one :class:`hw_model.simulator.MoESimulator` (so the
+prefetcher's state evolves across runs). Reports live in a bounded ring (``report_ring``, default
+:data:`DEFAULT_REPORT_RING`) next to running aggregates that never grow, so a long session stays small and
+``last_report`` costs only the runs that happened since the last call.
+
+Non-expert work (attention, norms, the router) is costed on the GPU from the run's input shapes
+(:class:`ndp_ep.costing.NonExpertCoster`), which ``ndp_ep.InferenceSession`` tags every run with. Runs that
+were not tagged (a plain ONNX Runtime session, ``run_with_ort_values``, io binding) report the expert side
+only and say so in their notes, as does every report of a model whose MoE blocks were skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
+from hw_model.simulator import DEFAULT_POLICY, MoESimulator
+from hw_model.workload import ExpertShape, MoELayerShape
+from ndp_ep.ep import RoutingReader
+from ndp_ep.errors import NdpEpError
+from ndp_ep.partition import ClaimedNode, claim
+from ndp_ep.report import LayerReport, RunReport
+
+DEFAULT_REPORT_RING = 256
+UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
+MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
+
+
+@dataclass
+class Aggregates:
+    """Running totals over every reported run of a session (constant size)."""
+
+    runs: int = 0
+    tokens: int = 0
+    simulated_s: float = 0.0
+    moe_s: float = 0.0
+    non_expert_gpu_s: float = 0.0
+    layer_invocations: list[int] = field(default_factory=list)
+    layer_expert_tokens: list[int] = field(default_factory=list)
+    dropped_records: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "runs": self.runs,
+            "tokens": self.tokens,
+            "simulated_s": self.simulated_s,
+            "moe_s": self.moe_s,
+            "non_expert_gpu_s": self.non_expert_gpu_s,
+            "layer_invocations": list(self.layer_invocations),
+            "layer_expert_tokens": list(self.layer_expert_tokens),
+            "dropped_records": self.dropped_records,
+        }
+
+
+class SessionReporter:
+    """Reports of one provider session (see the module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        system: SystemSpec,
+        session_key: str,
+        *,
+        policy: str | None = None,
+        dtype: str = "bf16",
+        report_ring: int = DEFAULT_REPORT_RING,
+        claimed: tuple[ClaimedNode, ...] | None = None,
+        notes: Sequence[str] = (),
+        untagged_shapes: Callable[[int], Mapping[str, tuple[int, ...]]] | None = None,
+    ) -> None:
+        if not isinstance(report_ring, int) or report_ring < 1:
+            raise NdpEpError(f"report_ring must be a positive integer, got {report_ring!r}")
+        if dtype not in DTYPE_BYTES:
+            raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+        self.system = system
+        self.policy = policy or DEFAULT_POLICY
+        self.dtype = dtype
+        self.claimed = claim(model) if claimed is None else claimed
+        self.layers = [
+            MoELayerShape(
+                name=c.spec.layer,
+                num_experts=c.spec.num_experts,
+                top_k=c.spec.top_k,
+                expert=ExpertShape(c.spec.hidden, c.spec.ffn, c.spec.gated, dtype),
+            )
+            for c in self.claimed
+        ]
+        self._layer_of_node = {c.name: c.index for c in self.claimed}
+        self.notes = tuple(notes)
+        if not self.layers:
+            self.notes += ("the model has no MoE block the provider runs: there is no expert work to simulate",)
+        self.non_expert_weight_bytes = non_expert_weight_bytes(model, self.claimed, dtype)
+        self.simulator = (
+            MoESimulator(system, self.layers, self.policy, gpu_reserved_bytes=self.non_expert_weight_bytes)
+            if self.layers
+            else None
+        )
+        self._model = model
+        self._unconverted_moe = _unconverted_moe_ops(model)
+        if self._unconverted_moe:
+            self.notes += (
+                f"{len(self._unconverted_moe)} fused MoE op(s) not converted are costed as dense GPU work "
+                "(all their experts' weights read, top-k experts per token computed)",
+            )
+        self._coster = None  # built on first use: ONNX shape inference is not needed for the expert side
+        self._reader = RoutingReader(session_key)
+        self._native_layers: list[int] = []  # native layer index -> our layer index
+        self._lock = threading.Lock()
+        self._ring: deque[RunReport] = deque(maxlen=report_ring)
+        self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}
+        self._held: list[tuple[int, int, np.ndarray]] = []  # records of a run that may still be running
+        # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
+        self._untagged_shapes = untagged_shapes
+        self._untagged_runs = 0
+        self.aggregates = Aggregates(
+            layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
+        )
+
+    @property
+    def report_ring(self) -> int:
+        return self._ring.maxlen or 0
+
+    def tag_run(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Remember the input shapes of the run ONNX Runtime will record under ``tag``."""
+        with self._lock:
+            self._shapes[tag] = dict(input_shapes)
+            if len(self._shapes) > MAX_PENDING_SHAPES:
+                self._shapes.pop(next(iter(self._shapes)))
+
+    def add_run_without_moe(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """A run of a model without provider nodes: only its GPU cost is reported."""
+        with self._lock:
+            self._append(self._report(tag, dict(input_shapes), {}))
+
+    # -- reading ----------------------------------------------------------------------------------------
+    @property
+    def reports(self) -> list[RunReport]:
+        """The newest reports (at most ``report_ring``), oldest first."""
+        with self._lock:
+            self._update()
+            return list(self._ring)
+
+    @property
+    def last_report(self) -> RunReport | None:
+        with self._lock:
+            self._update()
+            return self._ring[-1] if self._ring else None
+
+    def _update(self) -> None:
+        if self.simulator is None:
+            return
+        records = self._held + self._reader.take()
+        self._held = []
+        if not records:
+            return
+        self.aggregates.dropped_records = self._reader.dropped()
+        runs: list[tuple[int, dict[int, np.ndarray], list]] = []  # (run id, layer -> ids, raw records)
+        open_runs: dict[int, int] = {}
+        for record in records:
+            run_id, native_layer, ids = record
+            layer = self._layer_index(native_layer)
+            position = open_runs.get(run_id)
+            if position is None or layer in runs[position][1]:  # a layer twice: the next run of an untagged caller
+                position = open_runs[run_id] = len(runs)
+                runs.append((run_id, {}, []))
+            runs[position][1][layer] = ids
+            runs[position][2].append(record)
+        if len(runs[-1][1]) < len(self.layers):  # possibly still running on another thread: report it next time
+            self._held = runs.pop()[2]
+        for run_id, routing, _ in runs:
+            shapes = self._shapes.pop(run_id, None)
+            if shapes is None and run_id >= UNTAGGED_RUN_BASE:
+                if self._untagged_shapes is not None:
+                    shapes = dict(self._untagged_shapes(self._untagged_runs))
+                self._untagged_runs += 1
+            self._append(self._report(run_id, shapes, routing))
+
+    def _layer_index(self, native_layer: int) -> int:
+        while len(self._native_layers) <= native_layer:
+            names = self._reader.layer_names()
+            self._native_layers = [self._layer_of_node.get(name, -1) for name in names]
+            if len(self._native_layers) <= native_layer:
+                raise NdpEpError(f"routing record of unknown layer {native_layer}")
+        layer = self._native_layers[native_layer]
+        if layer < 0:
+            raise NdpEpError(f"the provider ran a node this session did not claim ({native_layer})")
+        return layer
+
+    # -- simulation -------------------------------------------------------------------------------------
+    def _append(self, report: RunReport) -> None:
+        self._ring.append(report)
+        a = self.aggregates
+        a.runs += 1
+        a.tokens += report.tokens
+        a.simulated_s += report.simulated_latency_s
+        a.moe_s += report.moe_s
+        a.non_expert_gpu_s += report.non_expert_gpu_s
+        for layer in report.layers:
+            a.layer_invocations[layer.index] += 1
+            a.layer_expert_tokens[layer.index] += sum(layer.expert_tokens)
+
+    def _gpu_seconds(self, input_shapes: dict[str, tuple[int, ...]] | None) -> float | None:
+        if input_shapes is None:
+            return None
+        if self._coster is None:
+            from ndp_ep.costing import NonExpertCoster
+
+            self._coster = NonExpertCoster(self._model, self.system, self.dtype)
+        seconds = self._coster.cost(input_shapes).time_s
+        if self._unconverted_moe:
+            seconds += sum(
+                op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)
+                for op in self._unconverted_moe
+            )
+        return seconds
+
+    def _report(self, run_id: int, input_shapes, routing: dict[int, np.ndarray]) -> RunReport:
+        notes = list(self.notes)
+        gpu_s = self._gpu_seconds(input_shapes)
+        if gpu_s is None:
+            notes.append("non-expert GPU work not costed: the run's input shapes are unknown (untagged run)")
+            gpu_s = 0.0
+        tokens = max((int(ids.shape[0]) for ids in routing.values()), default=0)
+        if not routing and input_shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
+            tokens = _tokens_of(input_shapes, self._unconverted_moe[0].hidden)
+        phase = ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
+        layers: list[LayerReport] = []
+        per_layer_gap = gpu_s / len(routing) if routing else 0.0
+        for index in sorted(routing):
+            shape = self.layers[index]
+            counts = np.bincount(routing[index].reshape(-1), minlength=shape.num_experts)
+            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
+            self.simulator.advance_time_s(per_layer_gap)
+            expert_tokens = counts.tolist()
+            result = self.simulator.simulate_layer(index, expert_tokens, phase)
+            busy: dict[str, float] = {}  # LayerResult.busy_s of every resource, in one pass over the events
+            for event in result.events:
+                busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
+            layers.append(
+                LayerReport(
+                    index=index,
+                    name=shape.name,
+                    tokens=int(routing[index].shape[0]),
+                    expert_tokens=tuple(expert_tokens),
+                    latency_s=result.latency_s,
+                    placement=dict(result.placement),
+                    busy_s=dict(sorted(busy.items())),
+                    events=tuple(result.events),
+                )
+            )
+        return RunReport(
+            run_index=self.aggregates.runs,
+            hardware=self.system.name,
+            ndp_units=self.system.num_ndp_units,
+            policy=self.policy,
+            dtype=self.dtype,
+            phase=phase,
+            tokens=tokens,
+            non_expert_gpu_s=gpu_s,
+            layers=tuple(layers),
+            simulator=self.simulator.summary() if self.simulator is not None else {},
+            notes=tuple(notes),
+        )
+
+
+@dataclass(frozen=True)
+class UnconvertedMoE:
+    """A fused ``com.microsoft.MoE``/``QMoE`` op the conversion skipped: it runs on the GPU as it is."""
+
+    name: str
+    num_experts: int
+    top_k: int
+    hidden: int
+    first_width: int  # fc1 outputs (2I for gated experts)
+    ffn: int
+
+    def __post_init__(self) -> None:
+        if min(self.num_experts, self.top_k, self.hidden, self.first_width, self.ffn) < 1:
+            raise NdpEpError(f"{self.name}: MoE op dimensions must be positive")
+
+    def gpu_seconds(self, system: SystemSpec, tokens: int, dtype: str) -> float:
+        from hw_model.cost import kernel_time_s
+
+        per_expert = self.hidden * self.first_width + self.ffn * self.hidden
+        flops = 2.0 * tokens * self.top_k * per_expert
+        bytes_moved = (self.num_experts * per_expert + 2 * tokens * self.hidden) * DTYPE_BYTES[dtype]
+        return kernel_time_s(system.gpu, flops, bytes_moved, dtype, kernels=2)
+
+
+def _unconverted_moe_ops(model) -> tuple[UnconvertedMoE, ...]:
+    from onnx import helper
+
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.domain != "com.microsoft" or node.op_type not in ("MoE", "QMoE") or len(node.input) < 5:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        fc1, fc2 = dims.get(node.input[2]), dims.get(node.input[4])
+        if not fc1 or not fc2 or len(fc1) != 3 or len(fc2) != 3:
+            continue
+        pack = 8 // int(attrs.get("expert_weight_bits", 4)) if node.op_type == "QMoE" else 1
+        found.append(UnconvertedMoE(node.name, fc1[0], int(attrs.get("k", 1)), fc1[2] * pack, fc1[1], fc2[2] * pack))
+    return tuple(found)
+
+
+def _tokens_of(input_shapes: Mapping[str, tuple[int, ...]], hidden: int) -> int:
+    """Tokens of a run from its first input: the leading dims of hidden states ``[..., hidden]``, else all dims
+    (token ids)."""
+    if not input_shapes:
+        return 1
+    shape = next(iter(input_shapes.values()))
+    leading = shape[:-1] if shape and shape[-1] == hidden else shape
+    return int(np.prod(leading, dtype=np.int64)) if leading else 1
+
+
+def non_expert_weight_bytes(model, claimed: tuple[ClaimedNode, ...], dtype: str) -> float:
+    """GPU memory the non-expert weights take at the simulated dtype (not available to experts)."""
+    claimed_names = {c.name for c in claimed}
+    expert = {i for n in model.graph.node if n.name in claimed_names for i in n.input[3:]}
+    elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer if t.name not in expert)
+    return float(elements * DTYPE_BYTES[dtype])
+
+
+_plain_reporters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_plain_lock = threading.Lock()
+
+
+def reporter_for(session) -> SessionReporter:
+    """The reporter of an ``ndp_ep.InferenceSession`` or of a plain ``onnxruntime.InferenceSession`` created
+    with :func:`ndp_ep.session_options` (its hardware from the EP options ``hw``, ``ndp_units``, ``policy``)."""
+    own = getattr(session, "reporter", None)
+    if isinstance(own, SessionReporter):
+        return own
+    from ndp_ep.ep import SESSION_KEY_OPTION, session_option
+
+    with _plain_lock:
+        found = _plain_reporters.get(session)
+        if found is not None:
+            return found
+        options = session.get_session_options()
+        key = session_option(options, SESSION_KEY_OPTION)
+        if key is None:
+            raise NdpEpError(
+                "this session has no ndp-ep session key: create its options with ndp_ep.session_options() "
+                "(or pass session_key in the provider options)"
+            )
+        model = _session_model(session)
+        units = session_option(options, "ndp_units")
+        try:
+            system = load_system(session_option(options, "hw") or "paper", int(units) if units else None)
+        except ValueError as exc:
+            raise NdpEpError(f"EP option ndp_units must be an integer: {exc}") from None
+        reporter = SessionReporter(
+            model,
+            system,
+            key,
+            policy=session_option(options, "policy"),
+            dtype=session_option(options, "dtype") or "bf16",
+        )
+        _plain_reporters[session] = reporter
+        return reporter
+
+
+def _session_model(session):
+    """The model a plain ONNX Runtime session was created from, without external weight bytes."""
+    import onnx
+
+    path = getattr(session, "_model_path", None)
+    data = getattr(session, "_model_bytes", None)
+    if path:
+        return onnx.load(str(path), load_external_data=False)
+    if data:
+        return onnx.load_from_string(data)
+    raise NdpEpError("cannot read this session's model (neither a path nor bytes)")
