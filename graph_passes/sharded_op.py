@@ -38,7 +38,7 @@ does. ``quant_block_size`` is the number of consecutive input elements sharing o
 quantized source is written with ``quant_block_size`` equal to the shard's input width.
 
 Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_experts``, ``top_k``, ``hidden``,
-``ffn`` (I), ``shards`` (S), ``activation`` (a name of :mod:`graph_passes.plan`'s ``ACTIVATIONS``),
+``ffn`` (I), ``shards`` (S), ``activation`` (a name in :mod:`graph_passes.activations`' catalog),
 ``activation_alpha``, ``activation_limit``, ``activation_beta`` (``swiglu_clamp`` only:
 ``g = min(gate, limit); u = clip(up, -limit, limit); act = (u + beta) * g * sigmoid(alpha * g)``, beta absent
 means 1), ``has_first_bias``, ``has_down_bias``,
@@ -60,6 +60,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from graph_passes.activations import ACTIVATIONS, GATED_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
+
 DOMAIN = "ndp_ep"
 OPSET = 1
 OP_TYPE = "ShardedMoEExperts"
@@ -75,6 +77,8 @@ FLOAT_WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
 WEIGHT_DTYPES = FLOAT_WEIGHT_DTYPES + QUANTIZED_WEIGHT_DTYPES
 QUANT_BITS = {"int8": 8, "int4": 4}
+# onnx.TensorProto data types of float weights (FLOAT, FLOAT16, BFLOAT16) and their weight_dtype names
+FLOAT_WEIGHT_DTYPE_OF_ONNX = {1: "float32", 10: "float16", 16: "bfloat16"}
 
 ATTRIBUTES: dict[str, type] = {
     "layer": str,
@@ -110,9 +114,9 @@ class ShardedOpSpec:
     ffn: int
     shards: int
     activation: str
-    activation_alpha: float = 1.702
-    activation_limit: float = 7.0
-    activation_beta: float = 1.0
+    activation_alpha: float = SWIGLU_ALPHA
+    activation_limit: float = SWIGLU_LIMIT
+    activation_beta: float = SWIGLU_BETA
     has_first_bias: bool = False
     has_down_bias: bool = False
     weight_dtype: str = "float32"
@@ -120,8 +124,6 @@ class ShardedOpSpec:
     has_zero_points: bool = False
 
     def __post_init__(self) -> None:
-        from graph_passes.plan import ACTIVATIONS
-
         for field_name in ("num_experts", "top_k", "hidden", "ffn", "shards"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
@@ -146,8 +148,6 @@ class ShardedOpSpec:
 
     @property
     def gated(self) -> bool:
-        from graph_passes.plan import GATED_ACTIVATIONS
-
         return self.activation in GATED_ACTIVATIONS
 
     @property
@@ -223,7 +223,7 @@ class ShardedOpSpec:
             "has_down_bias": int(self.has_down_bias),
             "weight_dtype": self.weight_dtype,
         }
-        if self.activation_beta != 1.0:
+        if self.activation_beta != SWIGLU_BETA:
             attrs["activation_beta"] = float(self.activation_beta)
         if self.quantized:
             attrs["quant_block_size"] = self.quant_block_size

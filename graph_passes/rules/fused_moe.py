@@ -1,4 +1,4 @@
-"""Detection rule for ONNX Runtime's fused ``com.microsoft.MoE`` contrib op (as GenAI model builders emit it).
+"""Detection rule for ONNX Runtime's fused ``com.microsoft.MoE`` / ``QMoE`` contrib ops (GenAI model builder output).
 
 The fused op takes the router *logits* and does softmax, top-k and the optional renormalisation inside::
 
@@ -17,8 +17,12 @@ nodes the rewriter must insert (:func:`fused_moe_router_nodes`)::
 Semantics (ONNX Runtime 1.32 CPU kernel and op schema; checked numerically by sample_models/build_fused_moe.py):
 ``gelu`` is the tanh approximation; ``swiglu`` computes ``g = min(h_even, limit)``, ``l = clip(h_odd, ±limit)``,
 ``g * sigmoid(alpha * g) * (l + beta)``; attribute defaults are the schema's (alpha 1, beta 0, no limit).
-Anything the plan vocabulary cannot express exactly (other ``activation_beta``, chunked swiglu, sparse mixer,
-limit after activation, identity experts, weights that are not initializers) is skipped with the reason.
+``QMoE`` holds block-quantized int4/int8 experts (inputs ``fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias,
+fc3…, fc1_zero_points, fc2_zero_points, fc3_zero_points``; :mod:`graph_passes.quant` describes the layout); the
+plan keeps them quantized. Float weights keep their dtype (float32, float16, bfloat16).
+Anything the plan vocabulary cannot express exactly (chunked swiglu, sparse mixer, limit after activation,
+per-row quantization, MXFP4/NVFP4, identity experts, weights that are not initializers) is skipped with the
+reason.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from graph_passes.activations import SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
 
 MS_DOMAIN = "com.microsoft"
 
@@ -112,41 +118,80 @@ def router_as_constant_nodes(top_k: int, normalize: bool, prefix: str) -> list[o
     ]
 
 
+QUANT_DTYPE_OF_BITS = {8: "int8", 4: "int4"}
+# input positions of the two fused ops: (x, logits, fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias,
+# fc3, fc3_scales, fc3_bias, fc1_zero_points, fc2_zero_points, fc3_zero_points); -1: the op has no such input
+_MOE_INPUTS = (0, 1, 2, -1, 3, 4, -1, 5, 6, -1, 7, -1, -1, -1)
+_QMOE_INPUTS = tuple(range(14))
+_INPUT_NAMES = (
+    "x",
+    "logits",
+    "fc1",
+    "fc1_scales",
+    "fc1_bias",
+    "fc2",
+    "fc2_scales",
+    "fc2_bias",
+    "fc3",
+    "fc3_scales",
+    "fc3_bias",
+    "fc1_zero_points",
+    "fc2_zero_points",
+    "fc3_zero_points",
+)
+
+
+@dataclass(frozen=True)
+class _FusedInputs:
+    """The named inputs of one MoE / QMoE node ('' where absent)."""
+
+    values: dict[str, str]
+
+    def __getitem__(self, key: str) -> str:
+        return self.values[key]
+
+
+def _named_inputs(node: onnx.NodeProto, positions: tuple[int, ...]) -> _FusedInputs:
+    values = {}
+    for name, position in zip(_INPUT_NAMES, positions, strict=True):
+        values[name] = node.input[position] if 0 <= position < len(node.input) else ""
+    return _FusedInputs(values)
+
+
 class FusedMoERule:
-    """Turns each ``com.microsoft.MoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`)."""
+    """Turns each ``com.microsoft.MoE`` / ``QMoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`)."""
 
     name = "fused_moe"
 
     def find(self, index: GraphIndex) -> list[MoEBlockPlan | Skip]:
         results: list[MoEBlockPlan | Skip] = []
-        for ordinal, node in enumerate(index.nodes_of_type("MoE", MS_DOMAIN)):
+        fused = [n for n in index.graph.node if n.domain == MS_DOMAIN and n.op_type in ("MoE", "QMoE")]
+        for ordinal, node in enumerate(fused):
             results.append(self._plan(index, node, ordinal))
-        for node in index.nodes_of_type("QMoE", MS_DOMAIN):
-            bits = index.attr(node, "expert_weight_bits", "?")
-            results.append(
-                Skip(node.name or "QMoE", f"com.microsoft.QMoE: {bits}-bit quantized experts are not supported")
-            )
         return results
 
     def _plan(self, index: GraphIndex, node: onnx.NodeProto, ordinal: int) -> MoEBlockPlan | Skip:
         block = block_name_of(node, ordinal)
         where = node.name or block
+        quantized = node.op_type == "QMoE"
 
         def skip(reason: str) -> Skip:
-            return Skip(where, f"com.microsoft.MoE: {reason}")
+            return Skip(where, f"com.microsoft.{node.op_type}: {reason}", (node.name,))
 
         if not node.name:
             return skip("the node has no name, so the rewriter cannot address it")
-        inputs = list(node.input) + [""] * (8 - len(node.input))
-        x, logits, fc1, fc1_bias, fc2, fc2_bias, fc3, fc3_bias = inputs[:8]
-        if len(node.input) > 8:
-            return skip(f"{len(node.input)} inputs; only the 8 of the float MoE op are understood")
-        for label, value in (("fc1", fc1), ("fc2", fc2), ("fc3", fc3)):
+        limit_inputs = 14 if quantized else 8
+        if len(node.input) > limit_inputs:
+            return skip(f"{len(node.input)} inputs; only the {limit_inputs} of the op schema are understood")
+        inputs = _named_inputs(node, _QMOE_INPUTS if quantized else _MOE_INPUTS)
+        x, logits, fc1, fc2, fc3 = inputs["x"], inputs["logits"], inputs["fc1"], inputs["fc2"], inputs["fc3"]
+        for label in _INPUT_NAMES[2:]:
+            value = inputs[label]
             if value and index.initializer_shape(value) is None:
-                return skip(f"{label} weights {value!r} are not initializers (computed weights cannot be sharded)")
-        for label, value in (("fc1_bias", fc1_bias), ("fc2_bias", fc2_bias), ("fc3_bias", fc3_bias)):
-            if value and index.initializer_shape(value) is None:
-                return skip(f"{label} {value!r} is not an initializer")
+                return skip(f"{label} {value!r} is not an initializer (computed weights cannot be sharded)")
+        has_fc3 = bool(fc3 or inputs["fc3_bias"] or inputs["fc3_scales"])
+        if has_fc3 and (quantized or index.attr(node, "activation_type", DEFAULT_ACTIVATION) in (b"swiglu", "swiglu")):
+            return skip("a separate fc3 projection is not supported with this op / activation")
 
         top_k = int(index.attr(node, "k", DEFAULT_K))
         activation_type = index.attr(node, "activation_type", DEFAULT_ACTIVATION)
@@ -157,21 +202,59 @@ class FusedMoERule:
         if index.attr(node, "swiglu_limit_after_activation", 0):
             return skip("swiglu_limit_after_activation=1 is not supported")
 
+        fused_swiglu = activation_type == "swiglu"
         fc1_shape = index.initializer_shape(fc1)
         fc2_shape = index.initializer_shape(fc2)
-        if len(fc1_shape) != 3 or len(fc2_shape) != 3:
+        if fc1_shape is None or fc2_shape is None or len(fc1_shape) != 3 or len(fc2_shape) != 3:
             return skip(f"fc1 {fc1_shape} / fc2 {fc2_shape} are not [E, out, in] stacks")
-        num_experts, hidden, ffn = fc2_shape
-        fused_swiglu = activation_type == "swiglu"
-        fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
+        block_size = 0
+        if quantized:
+            bits = int(index.attr(node, "expert_weight_bits", 4))
+            quant_type = index.attr(node, "quant_type", "int")
+            quant_type = quant_type.decode() if isinstance(quant_type, bytes) else quant_type
+            if bits not in QUANT_DTYPE_OF_BITS or quant_type != "int":
+                return skip(f"expert_weight_bits={bits}, quant_type={quant_type}: only int4 and int8 are supported")
+            weight_dtype = QUANT_DTYPE_OF_BITS[bits]
+            block_size = int(index.attr(node, "block_size", 0))
+            if block_size <= 0:
+                return skip("per-row (block_size=0) quantization is not supported; only block-wise scales are")
+            if int(index.attr(node, "weights_prepacked", 0)):
+                return skip("weights_prepacked=1 (CUDA CUTLASS layout) is not supported")
+            per_byte = 8 // bits
+            num_experts, hidden, ffn = fc2_shape[0], fc2_shape[1], fc2_shape[2] * per_byte
+            fc1_in = fc1_shape[2] * per_byte
+            for label in ("fc1", "fc2"):
+                if index.initializers[inputs[label]].data_type != onnx.TensorProto.UINT8:
+                    return skip(f"{label} weights are not packed uint8")
+        else:
+            num_experts, hidden, ffn = fc2_shape
+            fc1_in = fc1_shape[2]
+            dtypes = {index.initializers[v].data_type for v in (fc1, fc2, fc3) if v}
+            if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_WEIGHT_DTYPE_OF_ONNX:
+                names = sorted(onnx.TensorProto.DataType.Name(d) for d in dtypes)
+                return skip(f"expert weights of type {', '.join(names)} (float32, float16 or bfloat16 expected)")
+            weight_dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX[next(iter(dtypes))]
         fc1_rows = 2 * ffn if fused_swiglu else ffn
-        if tuple(fc1_shape) != (num_experts, fc1_rows, hidden):
+        if (fc1_shape[0], fc1_shape[1], fc1_in) != (num_experts, fc1_rows, hidden):
             return skip(
                 f"fc1 shape {tuple(fc1_shape)} does not match fc2 {tuple(fc2_shape)} (expected "
-                f"{(num_experts, fc1_rows, hidden)})"
+                f"{(num_experts, fc1_rows, hidden)} unpacked)"
             )
         if fc3 and tuple(index.initializer_shape(fc3)) != (num_experts, ffn, hidden):
             return skip(f"fc3 shape {index.initializer_shape(fc3)} is not {(num_experts, ffn, hidden)}")
+        if quantized:
+            for label, rows, cols in (("fc1", fc1_rows, hidden), ("fc2", hidden, ffn)):
+                if cols % block_size:
+                    return skip(f"{label}: input width {cols} is not a multiple of block_size {block_size}")
+                expected = (num_experts, rows, cols // block_size)
+                scales = index.initializer_shape(inputs[f"{label}_scales"])
+                if scales is None or tuple(scales) != expected:
+                    return skip(f"{label}_scales shape {scales} is not {expected}")
+                zero_points = inputs[f"{label}_zero_points"]
+                zp_expected = (num_experts, rows, -(-(cols // block_size) * bits // 8))
+                zp_shape = index.initializer_shape(zero_points) if zero_points else None
+                if zero_points and tuple(zp_shape) != zp_expected:
+                    return skip(f"{label}_zero_points shape {zp_shape} is not {zp_expected}")
         if not 0 < top_k <= num_experts:
             return skip(f"k={top_k} is not in 1..{num_experts}")
         logits_shape = index.shape(logits)
@@ -179,41 +262,44 @@ class FusedMoERule:
             len(logits_shape) != 2 or (isinstance(logits_shape[-1], int) and logits_shape[-1] != num_experts)
         ):
             return skip(f"router input {logits!r} has shape {logits_shape}, expected [tokens, {num_experts}]")
-        for label, value, width in (
-            ("fc1_bias", fc1_bias, fc1_rows),
-            ("fc2_bias", fc2_bias, hidden),
-            ("fc3_bias", fc3_bias, ffn),
-        ):
+        for label, width in (("fc1_bias", fc1_rows), ("fc2_bias", hidden), ("fc3_bias", ffn)):
+            value = inputs[label]
             if value and tuple(index.initializer_shape(value)) != (num_experts, width):
                 return skip(f"{label} shape {index.initializer_shape(value)} is not {(num_experts, width)}")
 
         alpha = float(index.attr(node, "activation_alpha", DEFAULT_ALPHA))
         beta = float(index.attr(node, "activation_beta", DEFAULT_BETA))
         limit = float(index.attr(node, "swiglu_limit", math.inf))
-        down = StackedMatrix(fc2, "out_in")
+        fc1_bias, fc2_bias, fc3_bias = inputs["fc1_bias"], inputs["fc2_bias"], inputs["fc3_bias"]
+
+        def matrix(label: str, columns: str = "all") -> StackedMatrix:
+            if not quantized:
+                return StackedMatrix(inputs[label], "out_in", columns=columns)
+            return StackedMatrix(
+                inputs[label],
+                "out_in",
+                columns=columns,
+                scales=inputs[f"{label}_scales"],
+                zero_points=inputs[f"{label}_zero_points"],
+            )
+
+        down = matrix("fc2")
         down_bias = StackedBias(fc2_bias) if fc2_bias else None
-        notes = [f"com.microsoft.MoE activation_type={activation_type}"]
-        activation_limit = 7.0
-        activation_alpha = 1.702
+        notes = [f"com.microsoft.{node.op_type} activation_type={activation_type}"]
+        activation_alpha, activation_limit, activation_beta = SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA
         if fused_swiglu:
-            if fc3 or fc3_bias:
-                return skip("swiglu with a separate fc3 input is not supported")
+            fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
             if fusion != 1:
                 return skip(f"swiglu_fusion={fusion}: only the interleaved layout (1) has defined semantics here")
-            gate = StackedMatrix(fc1, "out_in", columns="even")
-            up = StackedMatrix(fc1, "out_in", columns="odd")
+            gate = matrix("fc1", "even")
+            up = matrix("fc1", "odd")
             gate_bias = StackedBias(fc1_bias, "even") if fc1_bias else None
             up_bias = StackedBias(fc1_bias, "odd") if fc1_bias else None
-            if beta == 1.0:
-                activation = "swiglu_clamp"
-                activation_alpha, activation_limit = alpha, limit
-            elif beta == 0.0 and alpha == 1.0 and math.isinf(limit):
+            if beta == 0.0 and alpha == 1.0 and math.isinf(limit):
                 activation = "silu_glu"
             else:
-                return skip(
-                    f"swiglu with activation_beta={beta}, activation_alpha={alpha}, swiglu_limit={limit}: "
-                    "only beta=1 (clamped SwiGLU, GPT-OSS) or alpha=1, beta=0 without limit (SiLU-GLU) are supported"
-                )
+                activation = "swiglu_clamp"
+                activation_alpha, activation_limit, activation_beta = alpha, limit, beta
             weights = ExpertWeights(
                 up=up, down=down, gate=gate, up_bias=up_bias, gate_bias=gate_bias, down_bias=down_bias
             )
@@ -223,9 +309,9 @@ class FusedMoERule:
             activation = GATED_ACTIVATION_OF_FC3[activation_type]
             notes.append("fc3 gating per the ONNX Runtime CUDA kernel: act(fc1 x) * fc3 x (the CPU kernel refuses fc3)")
             weights = ExpertWeights(
-                up=StackedMatrix(fc3, "out_in"),
+                up=matrix("fc3"),
                 down=down,
-                gate=StackedMatrix(fc1, "out_in"),
+                gate=matrix("fc1"),
                 up_bias=StackedBias(fc3_bias) if fc3_bias else None,
                 gate_bias=StackedBias(fc1_bias) if fc1_bias else None,
                 down_bias=down_bias,
@@ -235,10 +321,7 @@ class FusedMoERule:
                 return skip(f"activation_type={activation_type!r} is not supported")
             activation = PLAIN_ACTIVATION_OF[activation_type]
             weights = ExpertWeights(
-                up=StackedMatrix(fc1, "out_in"),
-                down=down,
-                up_bias=StackedBias(fc1_bias) if fc1_bias else None,
-                down_bias=down_bias,
+                up=matrix("fc1"), down=down, up_bias=StackedBias(fc1_bias) if fc1_bias else None, down_bias=down_bias
             )
 
         prefix = f"{block}/ndp_ep"
@@ -260,6 +343,9 @@ class FusedMoERule:
             replaced_nodes=(node.name,),
             activation_alpha=activation_alpha,
             activation_limit=activation_limit,
+            activation_beta=activation_beta,
             notes=tuple(notes),
             router_nodes=tuple(router_nodes),
+            weight_dtype=weight_dtype,
+            quant_block_size=block_size,
         )

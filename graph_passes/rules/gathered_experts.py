@@ -31,6 +31,7 @@ import re
 import numpy as np
 import onnx
 
+from graph_passes.activations import PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_LIMIT
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, MoECandidate, Skip, StackedBias, StackedMatrix
 
@@ -41,7 +42,6 @@ DATA_IN_FIRST_INPUT_OPS = LAYOUT_OPS | {"Slice", "Pad", "Split", "ConstantOfShap
 MAX_REGION_NODES = 400
 SMALL_INITIALIZER_ELEMENTS = 64  # scalars and shape vectors an expert region may read besides its weights
 GATED_COLUMN_SPLITS = (("first_half", "second_half"), ("even", "odd"), ("second_half", "first_half"), ("odd", "even"))
-DEFAULT_SWIGLU = (1.702, 7.0)
 
 
 def _is_std(node: onnx.NodeProto) -> bool:
@@ -439,14 +439,15 @@ class GatheredExpertsRule:
         down_options = layouts(down_dims, in_dim_is_hidden=False)
         op_types = {n.op_type for n in region}
         clamps = _scalar_constants(index, region, {"Clip", "Min", "Max"})
-        limits = sorted({abs(v) for v in clamps if v != 0}) or [DEFAULT_SWIGLU[1]]
-        alphas = sorted(_scalar_constants(index, region, {"Mul"}) - {1.0}) or [DEFAULT_SWIGLU[0]]
+        limits = sorted({abs(v) for v in clamps if v != 0}) or [SWIGLU_LIMIT]
+        alphas = sorted(_scalar_constants(index, region, {"Mul"}) - {1.0}) or [SWIGLU_ALPHA]
         if "Clip" in op_types or "Min" in op_types:
-            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits] + [("silu_glu", *DEFAULT_SWIGLU)]
+            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
+            gated_acts.append(("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT))
         else:
-            gated_acts = [("silu_glu", *DEFAULT_SWIGLU), ("gelu_glu", *DEFAULT_SWIGLU)]
+            gated_acts = [("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT), ("gelu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT)]
             gated_acts += [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
-        plain_order = ["relu", "gelu", "gelu_tanh", "silu"]
+        plain_order = list(PLAIN_ACTIVATIONS)
         hinted = {"Relu": "relu", "Erf": "gelu", "Tanh": "gelu_tanh", "Sigmoid": "silu"}
         plain_acts = sorted(plain_order, key=lambda a: 0 if a in {hinted.get(t) for t in op_types} else 1)
 
@@ -468,7 +469,7 @@ class GatheredExpertsRule:
             replaced_nodes=tuple(n.name for n in region),
         )
 
-        def reading(ffn, activation, weights, alpha=DEFAULT_SWIGLU[0], limit=DEFAULT_SWIGLU[1]) -> MoEBlockPlan:
+        def reading(ffn, activation, weights, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT) -> MoEBlockPlan:
             return MoEBlockPlan(
                 **common,
                 ffn=ffn,

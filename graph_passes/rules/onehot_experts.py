@@ -37,6 +37,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
+from graph_passes.activations import CATALOG, PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT, erf
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
 
@@ -582,21 +583,21 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     plain = {"gate": None, "up": None}
     relu = _producer(index, act, "Relu")
     if relu is not None and relu.input[0] == h:
-        return "relu", plain, 1.702, 7.0
+        return "relu", plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     if _silu_of(index, act) == h:
-        return "silu", plain, 1.702, 7.0
+        return "silu", plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     gelu = _producer(index, act, "Gelu")
     if gelu is not None and gelu.input[0] == h:
         approximate = index.attr(gelu, "approximate", "none")
         approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
-        return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, 1.702, 7.0
+        return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     # decomposed activations (erf / tanh GELU...): an elementwise subgraph of h alone, identified numerically
     function = _elementwise_function(index, [h], act)
     if function is not None:
         name = _identify_plain(function)
         if name is None:
             raise _NoMatch("unrecognised elementwise expert activation (not relu, silu, gelu or gelu_tanh)")
-        return name, plain, 1.702, 7.0
+        return name, plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     halves = _split_halves(index, ev, h, first["out_dim"])
     if len(halves) != 2:
         raise _NoMatch("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
@@ -606,7 +607,7 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     for a, b in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
         gate = _silu_of(index, a)
         if gate in halves and b in halves and gate != b:  # silu(g) * u
-            return "silu_glu", {"gate": halves[gate], "up": halves[b]}, 1.702, 7.0
+            return "silu_glu", {"gate": halves[gate], "up": halves[b]}, SWIGLU_ALPHA, SWIGLU_LIMIT
         swiglu = _clamped_swiglu(index, a, b, halves)
         if swiglu is not None:
             return "swiglu_clamp", swiglu[0], swiglu[1], swiglu[2]
@@ -614,7 +615,7 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     for gate, up in ((first_half, second_half), (second_half, first_half)):
         function = _elementwise_function(index, [gate, up], act)
         if function is not None and _identify_gated(function) is not None:
-            return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, 1.702, 7.0
+            return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, SWIGLU_ALPHA, SWIGLU_LIMIT
     raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u, gelu(g)*u or clamped SwiGLU)")
 
 
@@ -625,7 +626,7 @@ _UNARY = {
     "Sqrt": np.sqrt,
     "Exp": np.exp,
     "Tanh": np.tanh,
-    "Erf": lambda x: scipy_erf(x),
+    "Erf": erf,
     "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "Relu": lambda x: np.maximum(x, 0.0),
     "Reciprocal": np.reciprocal,
@@ -635,12 +636,6 @@ _UNARY = {
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
 ACTIVATION_SAMPLES = 2001
 ACTIVATION_RTOL = 1e-5
-
-
-def scipy_erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
-
-    return erf(x)
 
 
 def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
@@ -707,12 +702,7 @@ def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
     return function
 
 
-_REFERENCE = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-    "gelu": lambda x: 0.5 * x * (1.0 + scipy_erf(x / np.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
-}
+_REFERENCE = {name: CATALOG[name].reference for name in PLAIN_ACTIVATIONS}
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
@@ -735,8 +725,9 @@ def _identify_gated(function) -> str | None:
         y = np.asarray(function(gate, up), dtype=np.float64)
     except (TypeError, ValueError, FloatingPointError):
         return None
-    for name, reference in (("silu_glu", _REFERENCE["silu"]), ("gelu_glu", _REFERENCE["gelu"])):
-        if y.shape == gate.shape and _close(y, reference(gate) * up):
+    for name in ("silu_glu", "gelu_glu"):
+        reference = CATALOG[name].reference(gate, up, SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA)
+        if y.shape == gate.shape and _close(y, reference):
             return name
     return None
 

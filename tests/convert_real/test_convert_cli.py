@@ -26,7 +26,9 @@ ATOL = 1e-4
 
 # Fixtures the converter does not handle yet, by stem, with the reason: marked xfail(strict=False) so that they
 # start passing as soon as the converter supports them (test_rules.py already proves their plans).
-KNOWN_GAPS: dict[str, str] = {}
+KNOWN_GAPS: dict[str, str] = {
+    "fused_moe_skip_swiglu_beta": "converts (activation_beta); the Python kernels ignore beta until the native EP",
+}
 
 
 def _param(case: Expected):
