@@ -162,7 +162,7 @@ def plan_conversion(
     for candidate in candidates:
         found = _with_weight_dtype(candidate, store)
         (skipped if isinstance(found, Skip) else typed).append(found)
-    verdicts = choose_readings(model_copy, typed, store, max_weight_bytes=max_check_weight_bytes)
+    verdicts = choose_readings(model_copy, typed, store, max_weight_bytes=max_check_weight_bytes, index=index)
     for verdict in verdicts:
         if verdict.skip is not None:
             skipped.append(verdict.skip)
@@ -176,6 +176,8 @@ def plan_conversion(
                 f"using {count} shards"
             )
         shards_by_block[plan.name] = count
+        if verdict.note:
+            notes.append(f"{plan.name}: {verdict.note}")
         if not verdict.checked_numerically:
             notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
         plans.append(plan)

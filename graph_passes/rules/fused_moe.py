@@ -72,19 +72,26 @@ def block_name_of(node: onnx.NodeProto, ordinal: int) -> str:
 
 
 def fused_moe_router_nodes(
-    logits_value: str, top_k: int, normalize: bool, prefix: str
+    logits_value: str, top_k: int, normalize: bool, prefix: str, in_float32: bool = False
 ) -> tuple[list[onnx.NodeProto], str, str, str]:
     """The ordinary ONNX ops reproducing the fused op's internal router.
 
     Returns ``(nodes, expert_ids_value, routing_weights_value, k_initializer_name)``; the caller must also add
     an int64 initializer ``[top_k]`` named ``k_initializer_name`` (see :func:`fused_moe_router_initializers`).
-    The nodes only reference ``logits_value`` and new values named ``{prefix}/router/...``.
+    The nodes only reference ``logits_value`` and new values named ``{prefix}/router/...``. With
+    ``in_float32`` the logits are cast to float32 first (ONNX Runtime's CPU TopK has no bfloat16 kernel); the
+    routing weights are then float32, which the sharded op accepts.
     """
     probs = f"{prefix}/router/probs"
     values = f"{prefix}/router/topk_values"
     ids = f"{prefix}/router/expert_ids"
     k_name = f"{prefix}/router/k"
-    nodes = [
+    nodes = []
+    if in_float32:
+        cast = f"{prefix}/router/logits_float32"
+        nodes.append(helper.make_node("Cast", [logits_value], [cast], name=f"{prefix}/router/Cast", to=1))
+        logits_value = cast
+    nodes += [
         helper.make_node("Softmax", [logits_value], [probs], name=f"{prefix}/router/Softmax", axis=-1),
         helper.make_node(
             "TopK", [probs, k_name], [values, ids], name=f"{prefix}/router/TopK", axis=-1, largest=1, sorted=1
@@ -325,7 +332,10 @@ class FusedMoERule:
             )
 
         prefix = f"{block}/ndp_ep"
-        router_nodes, ids, routing_weights, _ = fused_moe_router_nodes(logits, top_k, normalize, prefix)
+        typed_weight = inputs["fc1_scales" if quantized else "fc1"]
+        logits_type = index.elem_type(logits) or index.initializers[typed_weight].data_type
+        in_float32 = logits_type == onnx.TensorProto.BFLOAT16
+        router_nodes, ids, routing_weights, _ = fused_moe_router_nodes(logits, top_k, normalize, prefix, in_float32)
         router_nodes = router_as_constant_nodes(top_k, normalize, prefix) + router_nodes
         return FusedMoEBlockPlan(
             name=block,
