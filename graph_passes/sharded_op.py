@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -124,6 +125,12 @@ class ShardedOpSpec:
     has_zero_points: bool = False
 
     def __post_init__(self) -> None:
+        for field_name in ("activation_alpha", "activation_limit", "activation_beta"):
+            # ONNX float attributes are float32: hold what the node will hold, so build and parse agree
+            value = getattr(self, field_name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ShardedOpError(f"{self.layer}: attribute {field_name} must be a number, got {value!r}")
+            object.__setattr__(self, field_name, struct.unpack("f", struct.pack("f", float(value)))[0])
         for field_name in ("num_experts", "top_k", "hidden", "ffn", "shards"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
