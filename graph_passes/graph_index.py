@@ -223,17 +223,31 @@ def copy_with_stubbed_initializers(model: onnx.ModelProto, stubbed: set[str]) ->
 
 
 def live_nodes(nodes: list[onnx.NodeProto], wanted: list[str] | set[str]) -> tuple[list[onnx.NodeProto], set[str]]:
-    """The nodes (in their order) needed to compute the values ``wanted``, and every value name they read."""
+    """The nodes (in their order) needed to compute the values ``wanted``, and every value name they read.
+
+    The list need not be topologically sorted (GenAI builder outputs are not).
+    """
+    producer: dict[str, int] = {}
+    for position, node in enumerate(nodes):
+        for o in node.output:
+            if o:
+                producer[o] = position
     live_values = set(wanted)
-    keep: list[onnx.NodeProto] = []
-    for node in reversed(nodes):
-        if any(o in live_values for o in node.output if o):
-            keep.append(node)
-            live_values.update(i for i in node.input if i)
-            for attr in node.attribute:  # values captured by subgraphs
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    live_values.update(subgraph_reads(attr.g))
-    return list(reversed(keep)), live_values
+    pending = list(live_values)
+    keep: set[int] = set()
+    while pending:
+        position = producer.get(pending.pop())
+        if position is None or position in keep:
+            continue
+        keep.add(position)
+        node = nodes[position]
+        reads = {i for i in node.input if i}
+        for attr in node.attribute:  # values captured by subgraphs
+            if attr.type == onnx.AttributeProto.GRAPH:
+                reads |= subgraph_reads(attr.g)
+        pending.extend(reads - live_values)
+        live_values |= reads
+    return [nodes[p] for p in sorted(keep)], live_values
 
 
 def subgraph_reads(graph: onnx.GraphProto) -> set[str]:

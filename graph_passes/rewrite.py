@@ -322,6 +322,8 @@ def apply_plans(
     graph.node.extend(rebuilt)
     if plans and not any(o.domain == sharded_op.DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(sharded_op.DOMAIN, sharded_op.OPSET))
+    if plans:
+        helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, **sharded_op.model_metadata()})
     dead = set(_remove_dead_nodes(graph)) - all_replaced
     side_nodes = _side_nodes_by_block(model.graph, replaced_by_plan, dead)
     for node in graph.node:

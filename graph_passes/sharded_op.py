@@ -73,6 +73,9 @@ META_BLOCK = "ndp_ep.block"
 META_PLACEMENT = "ndp_ep.placement"
 # Model-level metadata naming what a model needs to run, for tools that open it without the provider.
 MODEL_META_REQUIRES = "ndp_ep.requires"
+REQUIRES_TEXT = (
+    "ndp-ep: register the NdpExecutionProvider plugin (pip install ndp-ep; ndp_ep.register()) to run this model"
+)
 
 FLOAT_WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
@@ -343,6 +346,11 @@ def make_node(
     if summary is not None:
         set_metadata(node, META_BLOCK, summary)
     return node
+
+
+def model_metadata() -> dict[str, str]:
+    """The model-level ``metadata_props`` every converted model carries."""
+    return {MODEL_META_REQUIRES: REQUIRES_TEXT}
 
 
 def set_metadata(node, key: str, value) -> None:

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("convert", "run", "demo", "bench", "validate", "diff")
+COMMANDS = ("convert", "inspect", "run", "demo", "bench", "validate", "diff")
 EXIT_BAD_INPUT = 2
 
 

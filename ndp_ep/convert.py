@@ -1,7 +1,16 @@
-"""``ndp_ep.convert_model``: rewrite a model's MoE blocks into sharded expert ops and save it atomically."""
+"""``ndp_ep.convert_model``: rewrite a model's MoE blocks into sharded expert ops and save it atomically.
+
+A model inside an ONNX Runtime GenAI folder (``genai_config.json`` beside it) stays a GenAI folder: the
+config, tokenizer and other side files are copied beside the output, with ``decoder.filename`` pointing at
+the converted model, so ``onnxruntime_genai.Model(output_dir)`` loads the converted model.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,4 +73,48 @@ def convert_model(
         raise ConversionError(str(exc)) from None
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     files = save_rewritten(rewritten, output_path, external=external_data)
+    if not isinstance(source, onnx.ModelProto):
+        files += copy_genai_folder(Path(source), output_path, files)
     return ConversionResult(report, tuple(files), system, requested)
+
+
+GENAI_CONFIG = "genai_config.json"
+NOT_COPIED_SUFFIXES = (".onnx", ".onnx.data", ".data", ".npz")
+
+
+def copy_genai_folder(source: Path, output: Path, written: list[Path]) -> list[Path]:
+    """Copy the GenAI side files of ``source``'s folder beside ``output``; returns the files written.
+
+    Nothing happens without a ``genai_config.json`` beside ``source`` or when the output is in the same
+    folder (the original config must keep pointing at the original model). Model and data files are not
+    copied (``written`` already holds the converted ones).
+    """
+    config_path = source.parent / GENAI_CONFIG
+    if not config_path.is_file() or source.parent.resolve() == output.parent.resolve():
+        return []
+    try:
+        config = json.loads(config_path.read_text())
+        decoder = config["model"]["decoder"]
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise ConversionError(f"{config_path} is not a readable GenAI config ({type(exc).__name__})") from None
+    decoder["filename"] = output.name
+    copied: list[Path] = []
+    taken = {p.resolve() for p in written}
+    for path in sorted(source.parent.iterdir()):
+        target = output.parent / path.name
+        if not path.is_file() or path.name == GENAI_CONFIG or path.name.endswith(NOT_COPIED_SUFFIXES):
+            continue
+        if target.resolve() in taken:
+            continue
+        shutil.copy2(path, target)
+        copied.append(target)
+    target = output.parent / GENAI_CONFIG
+    handle, tmp = tempfile.mkstemp(prefix=f".{GENAI_CONFIG}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(config, stream, indent=4)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return [*copied, target]
