@@ -258,3 +258,27 @@ def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
             if attr.type == onnx.AttributeProto.GRAPH:
                 names |= subgraph_reads(attr.g)
     return names
+
+
+def is_standard_op(node: onnx.NodeProto) -> bool:
+    """True for an op of the default ONNX domain."""
+    return node.domain in ("", "ai.onnx")
+
+
+def scope_of(node_name: str) -> str:
+    """``/model/layers.0/mlp/experts/Gather_1`` -> ``model.layers.0.mlp``."""
+    parts = [p for p in node_name.split("/") if p]
+    if "experts" in parts:
+        parts = parts[: parts.index("experts")]
+    elif parts:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def through(index: GraphIndex, value: str, op_types: tuple[str, ...]) -> str:
+    """Follow ``value`` upstream through single-input layout ops of the given types."""
+    while True:
+        node = index.producer.get(value)
+        if node is None or node.op_type not in op_types or not is_standard_op(node):
+            return value
+        value = node.input[0]

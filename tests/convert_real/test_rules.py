@@ -10,7 +10,8 @@ import pytest
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoEBlockPlan, Skip
 from graph_passes.rules.fused_moe import FusedMoERule
-from graph_passes.rules.onehot_experts import OneHotExpertsRule, ShapeEvaluator
+from graph_passes.rules.onehot_experts import OneHotExpertsRule
+from graph_passes.shape_eval import ShapeEvaluator
 from tests.convert_real.cases import (
     EAGER_REASON,
     HF_DIR,
@@ -143,7 +144,7 @@ def test_shape_evaluator_resolves_the_torchscript_chunk_bounds():
 
 
 def test_stacked_experts_rule_claims_only_the_dynamo_form():
-    from graph_passes.rules.onehot_experts import StackedExpertsRule
+    from tests.convert_real.stacked_experts_rule import StackedExpertsRule
 
     dynamo = StackedExpertsRule().find(GraphIndex(onnx.load(HF_DIR / "qwen2_moe_model_dynamo.onnx")))
     assert [type(f).__name__ for f in dynamo] == ["MoEBlockPlan", "MoEBlockPlan"]
