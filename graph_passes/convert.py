@@ -17,7 +17,7 @@ from graph_passes.errors import InvalidModelError, UnsupportedModelError
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
-from graph_passes.rules import MoERule, default_rules
+from graph_passes.rules import MoERule, default_rules, explain_no_anchor
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
 from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, choose_readings
 from graph_passes.weights import WeightStore
@@ -40,6 +40,7 @@ class BlockReport:
     replaced_nodes: int
     checked_numerically: bool
     max_abs_error: float | None
+    checked_in_isolation: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -158,6 +159,8 @@ def plan_conversion(
     shards_by_block: dict[str, int] = {}
     reports: list[BlockReport] = []
     notes: list[str] = []
+    if not candidates and not skipped:
+        notes.append(explain_no_anchor(index))
     typed: list[MoECandidate] = []
     for candidate in candidates:
         found = _with_weight_dtype(candidate, store)
@@ -188,6 +191,7 @@ def plan_conversion(
                 replaced_nodes=len(plan.replaced_nodes),
                 checked_numerically=verdict.checked_numerically,
                 max_abs_error=verdict.max_abs_error,
+                checked_in_isolation=verdict.isolated,
             )
         )
     if strict and skipped:

@@ -64,3 +64,15 @@ def test_a_region_that_cannot_run_alone_falls_back_and_fails_closed(monkeypatch)
     assert len(report.skipped) == 2
     for skip in report.skipped:
         assert "its region cannot run alone and the whole model failed on random feeds" in skip.reason
+
+
+def test_a_model_without_moe_blocks_says_why_nothing_anchored():
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "dense", [x], [y])
+    report = plan_conversion(helper.make_model(graph)).report
+    (note,) = report.notes
+    assert note.startswith("no MoE block anchored: 0 com.microsoft.MoE/QMoE node(s), 0 TopK/ArgMax router(s)")
+    assert "does not look like an MoE model" in note
