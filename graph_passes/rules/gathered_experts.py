@@ -40,6 +40,7 @@ MATMUL_OPS = {"MatMul", "Gemm", "Einsum"}
 # ops whose inputs after the first are shape parameters (sizes, axes, repeats), not data
 DATA_IN_FIRST_INPUT_OPS = LAYOUT_OPS | {"Slice", "Pad", "Split", "ConstantOfShape", "Resize"}
 MAX_REGION_NODES = 400
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 SMALL_INITIALIZER_ELEMENTS = 64  # scalars and shape vectors an expert region may read besides its weights
 GATED_COLUMN_SPLITS = (("first_half", "second_half"), ("even", "odd"), ("second_half", "first_half"), ("odd", "even"))
 
@@ -399,8 +400,8 @@ class GatheredExpertsRule:
         if exit_size is not None and hidden_size is not None and exit_size != hidden_size:
             return Skip(where, f"block output has {exit_size} elements where the hidden state has {hidden_size}")
         for value in (hidden_value, routing_value, exit_value):
-            if index.elem_type(value) not in (None, onnx.TensorProto.FLOAT):
-                return Skip(where, f"{value} is not float32 (only float32 experts are supported)")
+            if index.elem_type(value) not in (None, *FLOAT_TYPES):
+                return Skip(where, f"{value} is not a float tensor (float32, float16 or bfloat16)")
         return hidden_value, routing_value, hidden
 
     def _readings(

@@ -237,3 +237,48 @@ def test_half_precision_moe_shards_keep_their_dtype(dtype):
         assert np.max(np.abs(got - expected)) <= 2e-2 * np.max(np.abs(expected))
     else:
         assert any("float32 copies of its bfloat16 weights" in n for n in report.notes)
+
+
+def _as_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every float32 initializer, constant, cast target and graph input/output in float16."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    for position, tensor in enumerate(graph.initializer):
+        if tensor.data_type == TensorProto.FLOAT:
+            half = numpy_helper.to_array(tensor).astype(np.float16)
+            graph.initializer[position].CopyFrom(numpy_helper.from_array(half, tensor.name))
+    for value in [*graph.input, *graph.output]:
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    del graph.value_info[:]
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.name == "to" and attribute.i == TensorProto.FLOAT:
+                attribute.i = TensorProto.FLOAT16
+            if attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT:
+                half = numpy_helper.to_array(attribute.t).astype(np.float16)
+                attribute.t.CopyFrom(numpy_helper.from_array(half, attribute.t.name))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stem", "rule"),
+    [
+        ("mixtral_block_dynamo", "gathered_experts"),
+        ("mixtral_block_torchscript", "onehot_experts"),
+        ("gpt_oss_block_dynamo", "gathered_experts"),
+    ],
+)
+def test_float16_pytorch_exports_convert_keeping_float16_shards(stem, rule):
+    from tests.convert_real.cases import HF_DIR
+
+    model = _as_float16(onnx.load(HF_DIR / f"{stem}.onnx"))
+    rewritten, report = convert(model, shards=2)
+    (block,) = report.blocks
+    assert (block.rule, block.weight_dtype) == (rule, "float16")
+    assert block.checked_numerically and block.checked_in_isolation
+    converted = materialize(rewritten)
+    spec, groups, arrays, _ = _shards(converted)
+    assert spec.weight_dtype == "float16"
+    assert {arrays[n].dtype for n in groups["first"] + groups["down"]} == {np.dtype(np.float16)}
