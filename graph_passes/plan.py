@@ -151,6 +151,45 @@ class MoEBlockPlan:
 
 
 @dataclass(frozen=True)
+class BlockRegion:
+    """What a rule's trace and check stages established about one candidate block, handed to its plan stage.
+
+    ``nodes`` are the region's node names (the expert computation and the combine, in graph order); the
+    values are the block's three inputs and its single output.
+    """
+
+    where: str
+    nodes: tuple[str, ...]
+    hidden_value: str
+    expert_ids_value: str
+    routing_weights_value: str
+    output_value: str
+    num_experts: int
+    top_k: int
+    hidden: int
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError(f"{self.where}: a block region needs nodes")
+        if not 0 < self.top_k <= self.num_experts or self.hidden < 1:
+            shape = f"top-{self.top_k} of {self.num_experts}, hidden {self.hidden}"
+            raise ValueError(f"{self.where}: inconsistent region ({shape})")
+
+    def plan_fields(self) -> dict:
+        """The :class:`MoEBlockPlan` fields the region fixes."""
+        return {
+            "hidden_value": self.hidden_value,
+            "expert_ids_value": self.expert_ids_value,
+            "routing_weights_value": self.routing_weights_value,
+            "output_value": self.output_value,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "hidden": self.hidden,
+            "replaced_nodes": self.nodes,
+        }
+
+
+@dataclass(frozen=True)
 class Skip:
     """A candidate block a rule found but could not prove equivalent: left untouched, reported."""
 
