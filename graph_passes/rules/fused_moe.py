@@ -165,8 +165,30 @@ def _named_inputs(node: onnx.NodeProto, positions: tuple[int, ...]) -> _FusedInp
     return _FusedInputs(values)
 
 
+@dataclass(frozen=True)
+class _FusedShape:
+    """The expert shape and precision a fused node's weights establish."""
+
+    num_experts: int
+    hidden: int
+    ffn: int
+    fc1_rows: int
+    weight_dtype: str
+    bits: int = 0
+    block_size: int = 0
+
+
+def _text_attr(index: GraphIndex, node: onnx.NodeProto, name: str, default: str) -> str:
+    value = index.attr(node, name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class FusedMoERule:
-    """Turns each ``com.microsoft.MoE`` / ``QMoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`)."""
+    """Turns each ``com.microsoft.MoE`` / ``QMoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`).
+
+    Stages: inputs and attributes understood → shapes and precision → quantization tensors and biases fit →
+    weights and activation read → router nodes planned. Each stage returns its value or a skip reason.
+    """
 
     name = "fused_moe"
 
@@ -174,165 +196,36 @@ class FusedMoERule:
         results: list[MoEBlockPlan | Skip] = []
         fused = [n for n in index.graph.node if n.domain == MS_DOMAIN and n.op_type in ("MoE", "QMoE")]
         for ordinal, node in enumerate(fused):
-            results.append(self._plan(index, node, ordinal))
+            outcome = self._plan(index, node, ordinal)
+            if isinstance(outcome, str):
+                where = node.name or block_name_of(node, ordinal)
+                outcome = Skip(where, f"com.microsoft.{node.op_type}: {outcome}", (node.name,))
+            results.append(outcome)
         return results
 
-    def _plan(self, index: GraphIndex, node: onnx.NodeProto, ordinal: int) -> MoEBlockPlan | Skip:
+    def _plan(self, index: GraphIndex, node: onnx.NodeProto, ordinal: int) -> MoEBlockPlan | str:
+        inputs = self._inputs(index, node)
+        if isinstance(inputs, str):
+            return inputs
+        reason = self._attributes(index, node)
+        if reason:
+            return reason
+        shape = self._shape(index, node, inputs)
+        if isinstance(shape, str):
+            return shape
+        reason = self._quantization_and_biases(index, node, inputs, shape)
+        if reason:
+            return reason
+        read = self._weights(index, node, inputs, shape)
+        if isinstance(read, str):
+            return read
+        weights, activation, (alpha, limit, beta), notes = read
         block = block_name_of(node, ordinal)
-        where = node.name or block
-        quantized = node.op_type == "QMoE"
-
-        def skip(reason: str) -> Skip:
-            return Skip(where, f"com.microsoft.{node.op_type}: {reason}", (node.name,))
-
-        if not node.name:
-            return skip("the node has no name, so the rewriter cannot address it")
-        limit_inputs = 14 if quantized else 8
-        if len(node.input) > limit_inputs:
-            return skip(f"{len(node.input)} inputs; only the {limit_inputs} of the op schema are understood")
-        inputs = _named_inputs(node, _QMOE_INPUTS if quantized else _MOE_INPUTS)
-        x, logits, fc1, fc2, fc3 = inputs["x"], inputs["logits"], inputs["fc1"], inputs["fc2"], inputs["fc3"]
-        for label in _INPUT_NAMES[2:]:
-            value = inputs[label]
-            if value and index.initializer_shape(value) is None:
-                return skip(f"{label} {value!r} is not an initializer (computed weights cannot be sharded)")
-        has_fc3 = bool(fc3 or inputs["fc3_bias"] or inputs["fc3_scales"])
-        if has_fc3 and (quantized or index.attr(node, "activation_type", DEFAULT_ACTIVATION) in (b"swiglu", "swiglu")):
-            return skip("a separate fc3 projection is not supported with this op / activation")
-
         top_k = int(index.attr(node, "k", DEFAULT_K))
-        activation_type = index.attr(node, "activation_type", DEFAULT_ACTIVATION)
-        activation_type = activation_type.decode() if isinstance(activation_type, bytes) else activation_type
         normalize = bool(index.attr(node, "normalize_routing_weights", 0))
-        if index.attr(node, "use_sparse_mixer", 0):
-            return skip("use_sparse_mixer=1 (sparse-mixer routing) is not expressible as softmax/top-k routing")
-        if index.attr(node, "swiglu_limit_after_activation", 0):
-            return skip("swiglu_limit_after_activation=1 is not supported")
-
-        fused_swiglu = activation_type == "swiglu"
-        fc1_shape = index.initializer_shape(fc1)
-        fc2_shape = index.initializer_shape(fc2)
-        if fc1_shape is None or fc2_shape is None or len(fc1_shape) != 3 or len(fc2_shape) != 3:
-            return skip(f"fc1 {fc1_shape} / fc2 {fc2_shape} are not [E, out, in] stacks")
-        block_size = 0
-        if quantized:
-            bits = int(index.attr(node, "expert_weight_bits", 4))
-            quant_type = index.attr(node, "quant_type", "int")
-            quant_type = quant_type.decode() if isinstance(quant_type, bytes) else quant_type
-            if bits not in QUANT_DTYPE_OF_BITS or quant_type != "int":
-                return skip(f"expert_weight_bits={bits}, quant_type={quant_type}: only int4 and int8 are supported")
-            weight_dtype = QUANT_DTYPE_OF_BITS[bits]
-            block_size = int(index.attr(node, "block_size", 0))
-            if block_size <= 0:
-                return skip("per-row (block_size=0) quantization is not supported; only block-wise scales are")
-            if int(index.attr(node, "weights_prepacked", 0)):
-                return skip("weights_prepacked=1 (CUDA CUTLASS layout) is not supported")
-            per_byte = 8 // bits
-            num_experts, hidden, ffn = fc2_shape[0], fc2_shape[1], fc2_shape[2] * per_byte
-            fc1_in = fc1_shape[2] * per_byte
-            for label in ("fc1", "fc2"):
-                if index.initializers[inputs[label]].data_type != onnx.TensorProto.UINT8:
-                    return skip(f"{label} weights are not packed uint8")
-        else:
-            num_experts, hidden, ffn = fc2_shape
-            fc1_in = fc1_shape[2]
-            dtypes = {index.initializers[v].data_type for v in (fc1, fc2, fc3) if v}
-            if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_WEIGHT_DTYPE_OF_ONNX:
-                names = sorted(onnx.TensorProto.DataType.Name(d) for d in dtypes)
-                return skip(f"expert weights of type {', '.join(names)} (float32, float16 or bfloat16 expected)")
-            weight_dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX[next(iter(dtypes))]
-        fc1_rows = 2 * ffn if fused_swiglu else ffn
-        if (fc1_shape[0], fc1_shape[1], fc1_in) != (num_experts, fc1_rows, hidden):
-            return skip(
-                f"fc1 shape {tuple(fc1_shape)} does not match fc2 {tuple(fc2_shape)} (expected "
-                f"{(num_experts, fc1_rows, hidden)} unpacked)"
-            )
-        if fc3 and tuple(index.initializer_shape(fc3)) != (num_experts, ffn, hidden):
-            return skip(f"fc3 shape {index.initializer_shape(fc3)} is not {(num_experts, ffn, hidden)}")
-        if quantized:
-            for label, rows, cols in (("fc1", fc1_rows, hidden), ("fc2", hidden, ffn)):
-                if cols % block_size:
-                    return skip(f"{label}: input width {cols} is not a multiple of block_size {block_size}")
-                expected = (num_experts, rows, cols // block_size)
-                scales = index.initializer_shape(inputs[f"{label}_scales"])
-                if scales is None or tuple(scales) != expected:
-                    return skip(f"{label}_scales shape {scales} is not {expected}")
-                zero_points = inputs[f"{label}_zero_points"]
-                zp_expected = (num_experts, rows, -(-(cols // block_size) * bits // 8))
-                zp_shape = index.initializer_shape(zero_points) if zero_points else None
-                if zero_points and tuple(zp_shape) != zp_expected:
-                    return skip(f"{label}_zero_points shape {zp_shape} is not {zp_expected}")
-        if not 0 < top_k <= num_experts:
-            return skip(f"k={top_k} is not in 1..{num_experts}")
-        logits_shape = index.shape(logits)
-        if logits_shape is not None and (
-            len(logits_shape) != 2 or (isinstance(logits_shape[-1], int) and logits_shape[-1] != num_experts)
-        ):
-            return skip(f"router input {logits!r} has shape {logits_shape}, expected [tokens, {num_experts}]")
-        for label, width in (("fc1_bias", fc1_rows), ("fc2_bias", hidden), ("fc3_bias", ffn)):
-            value = inputs[label]
-            if value and tuple(index.initializer_shape(value)) != (num_experts, width):
-                return skip(f"{label} shape {index.initializer_shape(value)} is not {(num_experts, width)}")
-
-        alpha = float(index.attr(node, "activation_alpha", DEFAULT_ALPHA))
-        beta = float(index.attr(node, "activation_beta", DEFAULT_BETA))
-        limit = float(index.attr(node, "swiglu_limit", math.inf))
-        fc1_bias, fc2_bias, fc3_bias = inputs["fc1_bias"], inputs["fc2_bias"], inputs["fc3_bias"]
-
-        def matrix(label: str, columns: str = "all") -> StackedMatrix:
-            if not quantized:
-                return StackedMatrix(inputs[label], "out_in", columns=columns)
-            return StackedMatrix(
-                inputs[label],
-                "out_in",
-                columns=columns,
-                scales=inputs[f"{label}_scales"],
-                zero_points=inputs[f"{label}_zero_points"],
-            )
-
-        down = matrix("fc2")
-        down_bias = StackedBias(fc2_bias) if fc2_bias else None
-        notes = [f"com.microsoft.{node.op_type} activation_type={activation_type}"]
-        activation_alpha, activation_limit, activation_beta = SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA
-        if fused_swiglu:
-            fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
-            if fusion != 1:
-                return skip(f"swiglu_fusion={fusion}: only the interleaved layout (1) has defined semantics here")
-            gate = matrix("fc1", "even")
-            up = matrix("fc1", "odd")
-            gate_bias = StackedBias(fc1_bias, "even") if fc1_bias else None
-            up_bias = StackedBias(fc1_bias, "odd") if fc1_bias else None
-            if beta == 0.0 and alpha == 1.0 and math.isinf(limit):
-                activation = "silu_glu"
-            else:
-                activation = "swiglu_clamp"
-                activation_alpha, activation_limit, activation_beta = alpha, limit, beta
-            weights = ExpertWeights(
-                up=up, down=down, gate=gate, up_bias=up_bias, gate_bias=gate_bias, down_bias=down_bias
-            )
-        elif fc3:
-            if activation_type not in GATED_ACTIVATION_OF_FC3:
-                return skip(f"activation_type={activation_type} with an fc3 input has no matching gated activation")
-            activation = GATED_ACTIVATION_OF_FC3[activation_type]
-            notes.append("fc3 gating per the ONNX Runtime CUDA kernel: act(fc1 x) * fc3 x (the CPU kernel refuses fc3)")
-            weights = ExpertWeights(
-                up=matrix("fc3"),
-                down=down,
-                gate=matrix("fc1"),
-                up_bias=StackedBias(fc3_bias) if fc3_bias else None,
-                gate_bias=StackedBias(fc1_bias) if fc1_bias else None,
-                down_bias=down_bias,
-            )
-        else:
-            if activation_type not in PLAIN_ACTIVATION_OF:
-                return skip(f"activation_type={activation_type!r} is not supported")
-            activation = PLAIN_ACTIVATION_OF[activation_type]
-            weights = ExpertWeights(
-                up=matrix("fc1"), down=down, up_bias=StackedBias(fc1_bias) if fc1_bias else None, down_bias=down_bias
-            )
-
         prefix = f"{block}/ndp_ep"
-        typed_weight = inputs["fc1_scales" if quantized else "fc1"]
+        logits = inputs["logits"]
+        typed_weight = inputs["fc1_scales" if shape.bits else "fc1"]
         logits_type = index.elem_type(logits) or index.initializers[typed_weight].data_type
         in_float32 = logits_type == onnx.TensorProto.BFLOAT16
         router_nodes, ids, routing_weights, _ = fused_moe_router_nodes(logits, top_k, normalize, prefix, in_float32)
@@ -340,22 +233,180 @@ class FusedMoERule:
         return FusedMoEBlockPlan(
             name=block,
             rule=self.name,
-            hidden_value=x,
+            hidden_value=inputs["x"],
             expert_ids_value=ids,
             routing_weights_value=routing_weights,
             output_value=node.output[0],
-            num_experts=num_experts,
+            num_experts=shape.num_experts,
             top_k=top_k,
-            hidden=hidden,
-            ffn=ffn,
+            hidden=shape.hidden,
+            ffn=shape.ffn,
             activation=activation,
             weights=weights,
             replaced_nodes=(node.name,),
-            activation_alpha=activation_alpha,
-            activation_limit=activation_limit,
-            activation_beta=activation_beta,
+            activation_alpha=alpha,
+            activation_limit=limit,
+            activation_beta=beta,
             notes=tuple(notes),
             router_nodes=tuple(router_nodes),
-            weight_dtype=weight_dtype,
-            quant_block_size=block_size,
+            weight_dtype=shape.weight_dtype,
+            quant_block_size=shape.block_size,
         )
+
+    @staticmethod
+    def _inputs(index: GraphIndex, node: onnx.NodeProto) -> _FusedInputs | str:
+        quantized = node.op_type == "QMoE"
+        if not node.name:
+            return "the node has no name, so the rewriter cannot address it"
+        limit_inputs = 14 if quantized else 8
+        if len(node.input) > limit_inputs:
+            return f"{len(node.input)} inputs; only the {limit_inputs} of the op schema are understood"
+        inputs = _named_inputs(node, _QMOE_INPUTS if quantized else _MOE_INPUTS)
+        for label in _INPUT_NAMES[2:]:
+            value = inputs[label]
+            if value and index.initializer_shape(value) is None:
+                return f"{label} {value!r} is not an initializer (computed weights cannot be sharded)"
+        has_fc3 = bool(inputs["fc3"] or inputs["fc3_bias"] or inputs["fc3_scales"])
+        if has_fc3 and (quantized or _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION) == "swiglu"):
+            return "a separate fc3 projection is not supported with this op / activation"
+        return inputs
+
+    @staticmethod
+    def _attributes(index: GraphIndex, node: onnx.NodeProto) -> str:
+        if index.attr(node, "use_sparse_mixer", 0):
+            return "use_sparse_mixer=1 (sparse-mixer routing) is not expressible as softmax/top-k routing"
+        if index.attr(node, "swiglu_limit_after_activation", 0):
+            return "swiglu_limit_after_activation=1 is not supported"
+        if node.op_type == "QMoE":
+            bits = int(index.attr(node, "expert_weight_bits", 4))
+            quant_type = _text_attr(index, node, "quant_type", "int")
+            if bits not in QUANT_DTYPE_OF_BITS or quant_type != "int":
+                return f"expert_weight_bits={bits}, quant_type={quant_type}: only int4 and int8 are supported"
+            if int(index.attr(node, "block_size", 0)) <= 0:
+                return "per-row (block_size=0) quantization is not supported; only block-wise scales are"
+            if int(index.attr(node, "weights_prepacked", 0)):
+                return "weights_prepacked=1 (CUDA CUTLASS layout) is not supported"
+        return ""
+
+    @staticmethod
+    def _shape(index: GraphIndex, node: onnx.NodeProto, inputs: _FusedInputs) -> _FusedShape | str:
+        fc1_shape, fc2_shape = index.initializer_shape(inputs["fc1"]), index.initializer_shape(inputs["fc2"])
+        if fc1_shape is None or fc2_shape is None or len(fc1_shape) != 3 or len(fc2_shape) != 3:
+            return f"fc1 {fc1_shape} / fc2 {fc2_shape} are not [E, out, in] stacks"
+        fused_swiglu = _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION) == "swiglu"
+        bits = block_size = 0
+        if node.op_type == "QMoE":
+            bits = int(index.attr(node, "expert_weight_bits", 4))
+            block_size = int(index.attr(node, "block_size", 0))
+            weight_dtype = QUANT_DTYPE_OF_BITS[bits]
+            per_byte = 8 // bits
+            num_experts, hidden, ffn = fc2_shape[0], fc2_shape[1], fc2_shape[2] * per_byte
+            fc1_in = fc1_shape[2] * per_byte
+            for label in ("fc1", "fc2"):
+                if index.initializers[inputs[label]].data_type != onnx.TensorProto.UINT8:
+                    return f"{label} weights are not packed uint8"
+        else:
+            num_experts, hidden, ffn = fc2_shape
+            fc1_in = fc1_shape[2]
+            dtypes = {index.initializers[inputs[k]].data_type for k in ("fc1", "fc2", "fc3") if inputs[k]}
+            if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_WEIGHT_DTYPE_OF_ONNX:
+                names = sorted(onnx.TensorProto.DataType.Name(d) for d in dtypes)
+                return f"expert weights of type {', '.join(names)} (float32, float16 or bfloat16 expected)"
+            weight_dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX[next(iter(dtypes))]
+        fc1_rows = 2 * ffn if fused_swiglu else ffn
+        if (fc1_shape[0], fc1_shape[1], fc1_in) != (num_experts, fc1_rows, hidden):
+            expected = (num_experts, fc1_rows, hidden)
+            return f"fc1 shape {tuple(fc1_shape)} does not match fc2 {tuple(fc2_shape)} (expected {expected} unpacked)"
+        fc3 = inputs["fc3"]
+        if fc3 and tuple(index.initializer_shape(fc3)) != (num_experts, ffn, hidden):
+            return f"fc3 shape {index.initializer_shape(fc3)} is not {(num_experts, ffn, hidden)}"
+        top_k = int(index.attr(node, "k", DEFAULT_K))
+        if not 0 < top_k <= num_experts:
+            return f"k={top_k} is not in 1..{num_experts}"
+        logits_shape = index.shape(inputs["logits"])
+        if logits_shape is not None and (
+            len(logits_shape) != 2 or (isinstance(logits_shape[-1], int) and logits_shape[-1] != num_experts)
+        ):
+            return f"router input {inputs['logits']!r} has shape {logits_shape}, expected [tokens, {num_experts}]"
+        return _FusedShape(num_experts, hidden, ffn, fc1_rows, weight_dtype, bits, block_size)
+
+    @staticmethod
+    def _quantization_and_biases(
+        index: GraphIndex, node: onnx.NodeProto, inputs: _FusedInputs, shape: _FusedShape
+    ) -> str:
+        if shape.bits:
+            block = shape.block_size
+            for label, rows, cols in (("fc1", shape.fc1_rows, shape.hidden), ("fc2", shape.hidden, shape.ffn)):
+                if cols % block:
+                    return f"{label}: input width {cols} is not a multiple of block_size {block}"
+                expected = (shape.num_experts, rows, cols // block)
+                scales = index.initializer_shape(inputs[f"{label}_scales"])
+                if scales is None or tuple(scales) != expected:
+                    return f"{label}_scales shape {scales} is not {expected}"
+                zero_points = inputs[f"{label}_zero_points"]
+                zp_expected = (shape.num_experts, rows, -(-(cols // block) * shape.bits // 8))
+                zp_shape = index.initializer_shape(zero_points) if zero_points else None
+                if zero_points and tuple(zp_shape) != zp_expected:
+                    return f"{label}_zero_points shape {zp_shape} is not {zp_expected}"
+        for label, width in (("fc1_bias", shape.fc1_rows), ("fc2_bias", shape.hidden), ("fc3_bias", shape.ffn)):
+            value = inputs[label]
+            if value and tuple(index.initializer_shape(value)) != (shape.num_experts, width):
+                return f"{label} shape {index.initializer_shape(value)} is not {(shape.num_experts, width)}"
+        return ""
+
+    @staticmethod
+    def _weights(index: GraphIndex, node: onnx.NodeProto, inputs: _FusedInputs, shape: _FusedShape):
+        """``(ExpertWeights, activation, (alpha, limit, beta), notes)`` or a skip reason."""
+        activation_type = _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION)
+        alpha = float(index.attr(node, "activation_alpha", DEFAULT_ALPHA))
+        beta = float(index.attr(node, "activation_beta", DEFAULT_BETA))
+        limit = float(index.attr(node, "swiglu_limit", math.inf))
+        fc1_bias, fc2_bias, fc3_bias = inputs["fc1_bias"], inputs["fc2_bias"], inputs["fc3_bias"]
+
+        def matrix(label: str, columns: str = "all") -> StackedMatrix:
+            if not shape.bits:
+                return StackedMatrix(inputs[label], "out_in", columns=columns)
+            scales, zero_points = inputs[f"{label}_scales"], inputs[f"{label}_zero_points"]
+            return StackedMatrix(inputs[label], "out_in", columns=columns, scales=scales, zero_points=zero_points)
+
+        def bias(value: str, columns: str = "all") -> StackedBias | None:
+            return StackedBias(value, columns) if value else None
+
+        down, down_bias = matrix("fc2"), bias(fc2_bias)
+        notes = [f"com.microsoft.{node.op_type} activation_type={activation_type}"]
+        parameters = (SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA)
+        if activation_type == "swiglu":
+            fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
+            if fusion != 1:
+                return f"swiglu_fusion={fusion}: only the interleaved layout (1) has defined semantics here"
+            if beta == 0.0 and alpha == 1.0 and math.isinf(limit):
+                activation = "silu_glu"
+            else:
+                activation, parameters = "swiglu_clamp", (alpha, limit, beta)
+            weights = ExpertWeights(
+                up=matrix("fc1", "odd"),
+                down=down,
+                gate=matrix("fc1", "even"),
+                up_bias=bias(fc1_bias, "odd"),
+                gate_bias=bias(fc1_bias, "even"),
+                down_bias=down_bias,
+            )
+        elif inputs["fc3"]:
+            if activation_type not in GATED_ACTIVATION_OF_FC3:
+                return f"activation_type={activation_type} with an fc3 input has no matching gated activation"
+            activation = GATED_ACTIVATION_OF_FC3[activation_type]
+            notes.append("fc3 gating per the ONNX Runtime CUDA kernel: act(fc1 x) * fc3 x (the CPU kernel refuses fc3)")
+            weights = ExpertWeights(
+                up=matrix("fc3"),
+                down=down,
+                gate=matrix("fc1"),
+                up_bias=bias(fc3_bias),
+                gate_bias=bias(fc1_bias),
+                down_bias=down_bias,
+            )
+        else:
+            if activation_type not in PLAIN_ACTIVATION_OF:
+                return f"activation_type={activation_type!r} is not supported"
+            activation = PLAIN_ACTIVATION_OF[activation_type]
+            weights = ExpertWeights(up=matrix("fc1"), down=down, up_bias=bias(fc1_bias), down_bias=down_bias)
+        return weights, activation, parameters, notes

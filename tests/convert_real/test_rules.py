@@ -196,5 +196,9 @@ def test_a_float_moe_relabelled_qmoe_is_reported_not_ignored():
     node.op_type = "QMoE"
     node.attribute.append(onnx.helper.make_attribute("expert_weight_bits", 4))
     (skip,) = FusedMoERule().find(GraphIndex(model))
-    # QMoE's third input is fc1_scales: the float MoE's fc2 position holds a bias, so no [E, out, in] stack
+    # without a block_size attribute the scales would be per row, which the sharded op does not express
+    assert skip.reason.startswith("com.microsoft.QMoE: per-row (block_size=0) quantization is not supported")
+    node.attribute.append(onnx.helper.make_attribute("block_size", 16))
+    (skip,) = FusedMoERule().find(GraphIndex(model))
+    # QMoE's sixth input is fc2: the float MoE's fc2 bias sits there, so no [E, out, in] stack
     assert skip.reason.startswith("com.microsoft.QMoE: ") and "are not [E, out, in] stacks" in skip.reason
