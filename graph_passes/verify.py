@@ -120,7 +120,7 @@ def choose_readings(
     verdicts: dict[int, Verdict] = {}
     whole_model: list[MoECandidate] = []
     for position, candidate in enumerate(candidates):
-        if _weight_bytes(candidate.readings[0], store) > max_weight_bytes:
+        if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
             verdicts[position] = Verdict(candidate.readings[candidate.structural_choice], None, False)
             continue
         region = isolated_region(model, index, candidate.readings[0])
@@ -368,6 +368,13 @@ def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.nda
     names = [o.name for o in session.get_outputs()]
     feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
     return {**feeds, **dict(zip(names, session.run(names, feeds), strict=True))}
+
+
+def _check_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
+    """What checking ``plan``'s region may hold: its weights, plus the per-slot weight copies a gathered block
+    materialises (a fused op computes expert by expert)."""
+    extra = 0 if plan.router_nodes else _activation_bytes(plan, store)
+    return _weight_bytes(plan, store) + extra
 
 
 def _activation_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:

@@ -76,3 +76,17 @@ def test_a_model_without_moe_blocks_says_why_nothing_anchored():
     (note,) = report.notes
     assert note.startswith("no MoE block anchored: 0 com.microsoft.MoE/QMoE node(s), 0 TopK/ArgMax router(s)")
     assert "does not look like an MoE model" in note
+
+
+def test_the_check_budget_counts_the_per_slot_weight_copies_of_a_gathered_block():
+    path = ROOT / "hf" / "mixtral_block_dynamo.onnx"
+    planned = plan_conversion(path)
+    (plan,) = planned.plans
+    weights = verify._weight_bytes(plan, planned.store)
+    # the weights alone fit, the copies a gathered block makes per routed slot do not: accepted on structure
+    report = plan_conversion(path, max_check_weight_bytes=weights + 1).report
+    (block,) = report.blocks
+    assert not block.checked_numerically
+    assert any("weights too large for the numeric check" in note for note in report.notes)
+    per_slot = verify.PROBE_SEQ_LEN * plan.top_k * (weights // plan.num_experts)
+    assert plan_conversion(path, max_check_weight_bytes=weights + per_slot).report.blocks[0].checked_numerically
