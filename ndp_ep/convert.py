@@ -74,7 +74,7 @@ def convert_model(
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     files = save_rewritten(rewritten, output_path, external=external_data)
     if not isinstance(source, onnx.ModelProto):
-        files += copy_genai_folder(Path(source), output_path, files)
+        files = [*files, *copy_genai_folder(Path(source), output_path, list(files))]
     return ConversionResult(report, tuple(files), system, requested)
 
 
