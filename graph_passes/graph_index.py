@@ -141,13 +141,21 @@ class GraphIndex:
                 return onnx.helper.get_attribute_value(attribute)
         return default
 
-    def single_consumer(self, value: str) -> onnx.NodeProto | None:
-        users = self.consumers.get(value, [])
-        return users[0] if len(users) == 1 and value not in self.graph_outputs else None
-
     def nodes_of_type(self, op_type: str, domain: str = "") -> Iterable[onnx.NodeProto]:
         domains = ("", "ai.onnx") if domain in ("", "ai.onnx") else (domain,)
         return (n for n in self.graph.node if n.op_type == op_type and n.domain in domains)
+
+    def downstream(self, values: Iterable[str]) -> set[str]:
+        """Names of every node downstream of ``values``."""
+        found: set[str] = set()
+        pending = list(values)
+        while pending:
+            value = pending.pop()
+            for user in self.consumers.get(value, []):
+                if user.name not in found:
+                    found.add(user.name)
+                    pending.extend(user.output)
+        return found
 
     def upstream(self, value: str, stop: set[str] | None = None) -> set[str]:
         """Names of the nodes that ``value`` depends on (stopping at values in ``stop``)."""

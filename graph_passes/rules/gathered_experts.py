@@ -241,7 +241,7 @@ class GatheredExpertsRule:
     ) -> BlockRegion | Skip:
         """The region downstream of the anchors up to a single exit value whose inputs are x, rw and ids."""
         anchor_names = {a.name for a in anchors}
-        descendants = _downstream_nodes(index, [o for a in anchors for o in a.output])
+        descendants = index.downstream(o for a in anchors for o in a.output)
         routing_nodes = _routing_nodes(index, router, descendants | anchor_names)
         walk = sorted(anchor_names | descendants, key=order.__getitem__)
         exits = self._single_exit_points(index, walk, anchor_names, routing_nodes)
@@ -496,19 +496,6 @@ class GatheredExpertsRule:
 
 
 # ---------------------------------------------------------------------------------------------- graph walks
-
-
-def _downstream_nodes(index: GraphIndex, values: list[str]) -> set[str]:
-    """Names of every node downstream of ``values``."""
-    found: set[str] = set()
-    pending = list(values)
-    while pending:
-        value = pending.pop()
-        for user in index.consumers.get(value, []):
-            if user.name not in found:
-                found.add(user.name)
-                pending.extend(user.output)
-    return found
 
 
 def _routing_nodes(index: GraphIndex, router: onnx.NodeProto, excluded: set[str]) -> set[str]:

@@ -123,3 +123,12 @@ def test_run_without_inputs_feeds_a_decoder_an_empty_past(tmp_path, capsys):
     outputs = dict(np.load(tmp_path / "out.npz"))
     assert outputs["logits"].shape[:2] == (1, 8) and np.isfinite(outputs["logits"]).all()
     assert outputs["present.1.key"].shape[2] == 8  # empty past + 8 new tokens
+
+
+def test_onnxruntime_genai_opens_the_converted_folder_and_finds_the_converted_model(tmp_path, capsys):
+    og = pytest.importorskip("onnxruntime_genai")
+    convert_json(GENAI_DIR / "gpt_oss_fp32" / "model.onnx", tmp_path / "gpt_oss.ndp.onnx", capsys)
+    config = og.Config(str(tmp_path))
+    # without the provider registered, loading stops exactly at the sharded op: the config led to our file
+    with pytest.raises(Exception, match="ShardedMoEExperts"):
+        og.Model(config)
