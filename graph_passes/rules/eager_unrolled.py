@@ -47,6 +47,7 @@ def find_eager_unrolled(index: GraphIndex) -> list[Skip]:
                 f"{EAGER_REASON}: {branches} unrolled expert branch(es){classes} (a loop over NonZero of the "
                 "one-hot expert mask, accumulated with ScatterElements); other inputs drop experts or fail. "
                 "Re-export with experts_implementation='batched_mm'.",
+                (mask_name, *scatters),
             )
         )
     return skips

@@ -73,7 +73,7 @@ class OneHotExpertsRule:
             try:
                 results.append(_match_block(index, evaluator, flat_ids, selections, self.name))
             except _NoMatch as reason:
-                results.append(Skip(where, str(reason)))
+                results.append(Skip(where, str(reason), tuple(s.name for s in selections)))
         return results
 
 
