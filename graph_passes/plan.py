@@ -197,6 +197,11 @@ class Skip:
     reason: str
     nodes: tuple[str, ...] = ()  # nodes of the candidate, so a block another rule claimed is not reported twice
 
+    def __post_init__(self) -> None:
+        if not self.reason:
+            raise ValueError(f"Skip at {self.where!r} needs a reason")
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
 
 @dataclass(frozen=True)
 class MoECandidate:

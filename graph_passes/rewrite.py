@@ -54,6 +54,12 @@ class LazyTensor:
     produce: Callable[[], np.ndarray]
     data_type: int = TensorProto.FLOAT
 
+    def __post_init__(self) -> None:
+        if any(not isinstance(d, int) or d < 0 for d in self.dims):
+            raise ValueError(f"{self.name}: dims must be non-negative integers, got {self.dims}")
+        helper.tensor_dtype_to_np_dtype(self.data_type)  # raises for an unknown data type
+        self.dims = tuple(int(d) for d in self.dims)
+
     @property
     def nbytes(self) -> int:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).itemsize
