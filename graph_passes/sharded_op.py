@@ -25,9 +25,9 @@ Inputs, in order:
                                quantized: [H, (I/S)*bits/8] uint8, rows = output features
        first_scales      E*S   quantized only: [F/S, H/block]        T (or float32)
        down_scales       E*S   quantized only: [H, (I/S)/block]      T (or float32)
-       first_zero_points E*S   quantized with zero points only: uint8 [F/S, ceil(H/block)*bits/8] (packed like weights)
-       down_zero_points  E*S   quantized with zero points only: uint8 [H, ceil((I/S)/block)*bits/8]
-       first_bias        E*S   has_first_bias only: [F/S] (gate part then up part)
+       first_zero_points E*S   quantized with zero points: uint8 [F/S, ceil((H/block)*bits/8)] (packed like weights)
+       down_zero_points  E*S   quantized with zero points: uint8 [H, ceil(((I/S)/block)*bits/8)]
+       first_bias        E*S   has_first_bias only: [F/S] (gate part then up part), dtype of the source bias
        down_bias         E     has_down_bias only: [H] (added once per expert, not per shard)
 
 Output 0: ``[..., H]`` of the hidden state's dtype (and shape).
