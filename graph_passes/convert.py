@@ -134,26 +134,7 @@ def plan_conversion(
     store = WeightStore(model_copy, base_dir if base_dir is not None else data_dir)
     index = GraphIndex(model_copy)
 
-    candidates: list[MoECandidate] = []
-    skipped: list[Skip] = []
-    claimed_outputs: set[str] = set()
-    claimed_nodes: set[str] = set()
-    for rule in rules if rules is not None else default_rules():
-        for found in rule.find(index):
-            if isinstance(found, Skip):
-                if not claimed_nodes.intersection(found.nodes):
-                    skipped.append(found)
-                continue
-            candidate = found if isinstance(found, MoECandidate) else MoECandidate((found,))
-            if candidate.output_value in claimed_outputs:
-                continue
-            if claimed_nodes.intersection(candidate.readings[0].replaced_nodes):
-                skipped.append(Skip(candidate.name, "its nodes overlap a block another rule already claimed"))
-                continue
-            candidate = _with_unique_name(candidate, {c.name for c in candidates})
-            claimed_outputs.add(candidate.output_value)
-            claimed_nodes.update(candidate.readings[0].replaced_nodes)
-            candidates.append(candidate)
+    candidates, skipped = _collect_candidates(index, rules if rules is not None else default_rules())
 
     plans: list[MoEBlockPlan] = []
     shards_by_block: dict[str, int] = {}
@@ -213,6 +194,31 @@ def convert(
     planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir)
     rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
     return rewritten, planned.report
+
+
+def _collect_candidates(index: GraphIndex, rules: list[MoERule]) -> tuple[list[MoECandidate], list[Skip]]:
+    """Every rule's candidates in rule order; a block claimed by an earlier rule is not reported again."""
+    candidates: list[MoECandidate] = []
+    skipped: list[Skip] = []
+    claimed_outputs: set[str] = set()
+    claimed_nodes: set[str] = set()
+    for rule in rules:
+        for found in rule.find(index):
+            if isinstance(found, Skip):
+                if not claimed_nodes.intersection(found.nodes):
+                    skipped.append(found)
+                continue
+            candidate = found if isinstance(found, MoECandidate) else MoECandidate((found,))
+            if candidate.output_value in claimed_outputs:
+                continue
+            if claimed_nodes.intersection(candidate.readings[0].replaced_nodes):
+                skipped.append(Skip(candidate.name, "its nodes overlap a block another rule already claimed"))
+                continue
+            candidate = _with_unique_name(candidate, {c.name for c in candidates})
+            claimed_outputs.add(candidate.output_value)
+            claimed_nodes.update(candidate.readings[0].replaced_nodes)
+            candidates.append(candidate)
+    return candidates, skipped
 
 
 def _with_unique_name(candidate: MoECandidate, taken: set[str]) -> MoECandidate:
