@@ -71,10 +71,11 @@ def convert_model(
         raise ModelLoadError(str(exc)) from None
     except UnsupportedModelError as exc:
         raise ConversionError(str(exc)) from None
+    genai = None if isinstance(source, onnx.ModelProto) else genai_folder_config(Path(source), output_path)
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     files = save_rewritten(rewritten, output_path, external=external_data)
-    if not isinstance(source, onnx.ModelProto):
-        files = [*files, *copy_genai_folder(Path(source), output_path, list(files))]
+    if genai is not None:
+        files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
     return ConversionResult(report, tuple(files), system, requested)
 
 
@@ -82,22 +83,27 @@ GENAI_CONFIG = "genai_config.json"
 NOT_COPIED_SUFFIXES = (".onnx", ".onnx.data", ".data", ".npz")
 
 
-def copy_genai_folder(source: Path, output: Path, written: list[Path]) -> list[Path]:
-    """Copy the GenAI side files of ``source``'s folder beside ``output``; returns the files written.
+def genai_folder_config(source: Path, output: Path) -> dict | None:
+    """The GenAI config to write beside ``output`` (``decoder.filename`` pointing at it), or None.
 
-    Nothing happens without a ``genai_config.json`` beside ``source`` or when the output is in the same
-    folder (the original config must keep pointing at the original model). Model and data files are not
-    copied (``written`` already holds the converted ones).
+    None without a ``genai_config.json`` beside ``source`` or when the output is in the same folder (the
+    original config must keep pointing at the original model). Read before anything is written, so that an
+    unreadable config fails the conversion cleanly.
     """
     config_path = source.parent / GENAI_CONFIG
     if not config_path.is_file() or source.parent.resolve() == output.parent.resolve():
-        return []
+        return None
     try:
         config = json.loads(config_path.read_text())
-        decoder = config["model"]["decoder"]
+        config["model"]["decoder"]["filename"] = output.name
     except (ValueError, KeyError, TypeError, OSError) as exc:
         raise ConversionError(f"{config_path} is not a readable GenAI config ({type(exc).__name__})") from None
-    decoder["filename"] = output.name
+    return config
+
+
+def copy_genai_folder(source: Path, output: Path, config: dict, written: list[Path]) -> list[Path]:
+    """Copy the GenAI side files of ``source``'s folder beside ``output`` and write ``config``; returns the files
+    written. Model and data files are not copied (``written`` already holds the converted ones)."""
     copied: list[Path] = []
     taken = {p.resolve() for p in written}
     for path in sorted(source.parent.iterdir()):

@@ -132,3 +132,17 @@ def test_onnxruntime_genai_opens_the_converted_folder_and_finds_the_converted_mo
     # without the provider registered, loading stops exactly at the sharded op: the config led to our file
     with pytest.raises(Exception, match="ShardedMoEExperts"):
         og.Model(config)
+
+
+def test_an_unreadable_genai_config_fails_the_conversion_before_writing(tmp_path, capsys):
+    import shutil
+
+    from ndp_ep.cli import main
+
+    source = tmp_path / "in"
+    shutil.copytree(GENAI_DIR / "gpt_oss_fp32", source)
+    (source / "genai_config.json").write_text("{not json")
+    (tmp_path / "out").mkdir()
+    assert main(["convert", str(source / "model.onnx"), "-o", str(tmp_path / "out" / "model.onnx")]) == 2
+    assert "is not a readable GenAI config" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == []
