@@ -63,12 +63,27 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.nd
 
 def _with_router_nodes(nodes: list[onnx.NodeProto], plan: MoEBlockPlan) -> list[onnx.NodeProto]:
     """``nodes`` plus ``plan``'s router nodes right after the node producing the last value they read."""
-    if not plan.router_nodes:
+    return _insert_router(nodes, list(plan.router_nodes))
+
+
+def _insert_router(nodes: list[onnx.NodeProto], router: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    if not router:
         return nodes
     produced = {o: position for position, node in enumerate(nodes) for o in node.output}
-    reads = [i for n in plan.router_nodes for i in n.input if i in produced]
+    reads = [i for n in router for i in n.input if i in produced]
     position = max((produced[i] for i in reads), default=-1) + 1
-    return [*nodes[:position], *plan.router_nodes, *nodes[position:]]
+    return [*nodes[:position], *router, *nodes[position:]]
+
+
+def _empty_like(model: onnx.ModelProto, graph_name: str) -> onnx.ModelProto:
+    """A model with ``model``'s header (IR version, opsets, functions) and an empty graph."""
+    probe = onnx.ModelProto()
+    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(probe, field_name, getattr(model, field_name))
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    probe.graph.name = graph_name
+    return probe
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
@@ -195,12 +210,7 @@ def isolated_region(model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPla
     if plan.output_value not in made:
         return None
     reads, _ = _reads(nodes)
-    probe = onnx.ModelProto()
-    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
-        setattr(probe, field_name, getattr(model, field_name))
-    probe.opset_import.extend(model.opset_import)
-    probe.functions.extend(model.functions)
-    probe.graph.name = f"{plan.name}/isolated"
+    probe = _empty_like(model, f"{plan.name}/isolated")
     for value in sorted(inputs & reads):
         shape = _concrete_shape(index, value, plan)
         elem_type = _elem_type(index, value, plan)
@@ -255,7 +265,7 @@ def _pull_upstream(nodes: list[onnx.NodeProto], index: GraphIndex, inputs: set[s
             order = {n.name: position for position, n in enumerate(index.graph.node)}
             router = [n for n in nodes if n.name not in order]
             ordered = sorted((n for n in nodes if n.name in order), key=lambda n: order[n.name])
-            return _with_router_only(ordered, router)
+            return _insert_router(ordered, router)
         added = False
         for value in sorted(missing):
             producer = index.producer.get(value)
@@ -273,16 +283,6 @@ def _pull_upstream(nodes: list[onnx.NodeProto], index: GraphIndex, inputs: set[s
             added = True
         if not added:
             return None
-
-
-def _with_router_only(ordered: list[onnx.NodeProto], router: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Insert the plan's router nodes (not in the original graph) after the last node producing what they read."""
-    if not router:
-        return ordered
-    produced = {o: position for position, node in enumerate(ordered) for o in node.output}
-    reads = [i for n in router for i in n.input if i in produced]
-    position = max((produced[i] for i in reads), default=-1) + 1
-    return [*ordered[:position], *router, *ordered[position:]]
 
 
 def _elem_type(index: GraphIndex, value: str, plan: MoEBlockPlan) -> int | None:
@@ -413,16 +413,11 @@ def _probe_model(
             continue
         chosen.append(candidate)
         nodes = trial
-    probe = onnx.ModelProto()
+    probe = _empty_like(model, model.graph.name)
     if not chosen:
         return chosen, probe
     wanted = list(dict.fromkeys(v for c in chosen for v in _wanted_values(c.readings[0])))
     nodes, reads = live_nodes(nodes, wanted)
-    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
-        setattr(probe, field_name, getattr(model, field_name))
-    probe.opset_import.extend(model.opset_import)
-    probe.functions.extend(model.functions)
-    probe.graph.name = model.graph.name
     probe.graph.input.extend(model.graph.input)
     probe.graph.node.extend(nodes)
     probe.graph.initializer.extend(initializers[n] for n in initializers if n in reads)
