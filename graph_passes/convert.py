@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from graph_passes.errors import InvalidModelError, UnsupportedModelError
+from graph_passes.feeds import read_genai_config
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
@@ -146,7 +147,10 @@ def plan_conversion(
     for candidate in candidates:
         found = _with_weight_dtype(candidate, store)
         (skipped if isinstance(found, Skip) else typed).append(found)
-    verdicts = choose_readings(model_copy, typed, store, max_weight_bytes=max_check_weight_bytes, index=index)
+    decoder = None if isinstance(source, onnx.ModelProto) else read_genai_config(source)
+    verdicts = choose_readings(
+        model_copy, typed, store, max_weight_bytes=max_check_weight_bytes, index=index, decoder=decoder
+    )
     for verdict in verdicts:
         if verdict.skip is not None:
             skipped.append(verdict.skip)

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from graph_passes.expert_math import expert_ffn, group_slots_by_expert, load_expert
-from graph_passes.feeds import random_feeds
+from graph_passes.feeds import DecoderConfig, random_feeds
 from graph_passes.graph_index import GraphIndex, live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.weights import WeightStore
@@ -129,6 +129,7 @@ def choose_readings(
     max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     seed: int = 0,
     index: GraphIndex | None = None,
+    decoder: DecoderConfig | None = None,
 ) -> list[Verdict]:
     """Pick, for every candidate, the reading that reproduces its output (in isolation where possible)."""
     index = index if index is not None else GraphIndex(model)
@@ -158,13 +159,18 @@ def choose_readings(
         verdict = _judge(candidate, store, captured, isolated=True)
         verdicts[position] = dataclasses.replace(verdict, note=note) if verdict.plan is not None else verdict
     if whole_model:
-        for candidate, verdict in zip(whole_model, _whole_model_verdicts(model, whole_model, store, seed), strict=True):
+        fallback = _whole_model_verdicts(model, whole_model, store, seed, decoder)
+        for candidate, verdict in zip(whole_model, fallback, strict=True):
             verdicts[candidates.index(candidate)] = verdict
     return [verdicts[position] for position in range(len(candidates))]
 
 
 def _whole_model_verdicts(
-    model: onnx.ModelProto, candidates: list[MoECandidate], store: WeightStore, seed: int
+    model: onnx.ModelProto,
+    candidates: list[MoECandidate],
+    store: WeightStore,
+    seed: int,
+    decoder: DecoderConfig | None = None,
 ) -> list[Verdict]:
     """The fallback: one run of ``model`` (pruned to what the blocks need) on random feeds."""
     checkable, probe = _probe_model(model, candidates, store, DEFAULT_MAX_WEIGHT_BYTES)
@@ -172,7 +178,8 @@ def _whole_model_verdicts(
     failure = ""
     if checkable:
         try:
-            captured = _capture(probe, store, random_feeds(model, seed=seed, seq_len=PROBE_SEQ_LEN))
+            feeds = random_feeds(model, seed=seed, seq_len=PROBE_SEQ_LEN, config=decoder)
+            captured = _capture(probe, store, feeds)
         except Exception as exc:  # onnxruntime raises its own exception types; all mean "cannot check"
             failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     verdicts = []

@@ -90,3 +90,10 @@ def test_the_check_budget_counts_the_per_slot_weight_copies_of_a_gathered_block(
     assert any("weights too large for the numeric check" in note for note in report.notes)
     per_slot = verify.PROBE_SEQ_LEN * plan.top_k * (weights // plan.num_experts)
     assert plan_conversion(path, max_check_weight_bytes=weights + per_slot).report.blocks[0].checked_numerically
+
+
+def test_the_whole_model_fallback_feeds_a_decoder_from_its_genai_config(monkeypatch):
+    monkeypatch.setattr(verify, "isolated_region", lambda *args: None)
+    report = plan_conversion(GENAI_GPT_OSS).report
+    assert len(report.blocks) == 2 and report.skipped == ()
+    assert all(b.checked_numerically and not b.checked_in_isolation for b in report.blocks)
