@@ -178,6 +178,16 @@ class _FusedShape:
     block_size: int = 0
 
 
+def _cuda_qmoe_layout(fc1: tuple[int, ...], fc2: tuple[int, ...], per_byte: int) -> bool:
+    """True when the packed shapes only fit the CUDA layout: fc1 ``[E, H, F/p]`` and fc2 ``[E, I, H/p]``
+    (F = I or 2I) and not the CPU layout fc1 ``[E, F, H/p]``, fc2 ``[E, H, I/p]``."""
+    hidden, ffn = fc2[2] * per_byte, fc2[1]
+    cuda = fc1[1] == hidden and fc1[2] * per_byte in (ffn, 2 * ffn)
+    cpu_hidden, cpu_ffn = fc2[1], fc2[2] * per_byte
+    cpu = fc1[2] * per_byte == cpu_hidden and fc1[1] in (cpu_ffn, 2 * cpu_ffn)
+    return cuda and not cpu
+
+
 def _text_attr(index: GraphIndex, node: onnx.NodeProto, name: str, default: str) -> str:
     value = index.attr(node, name, default)
     return value.decode() if isinstance(value, bytes) else value
@@ -305,6 +315,11 @@ class FusedMoERule:
             for label in ("fc1", "fc2"):
                 if index.initializers[inputs[label]].data_type != onnx.TensorProto.UINT8:
                     return f"{label} weights are not packed uint8"
+            if _cuda_qmoe_layout(fc1_shape, fc2_shape, per_byte):
+                return (
+                    "weights in the CUDA QMoE layout ([E, in, out*bits/8], a `-e cuda` export): only the CPU "
+                    "layout ([E, out, in*bits/8]) is supported; re-export with `-e cpu`"
+                )
         else:
             num_experts, hidden, ffn = fc2_shape
             fc1_in = fc1_shape[2]

@@ -282,3 +282,21 @@ def test_float16_pytorch_exports_convert_keeping_float16_shards(stem, rule):
     spec, groups, arrays, _ = _shards(converted)
     assert spec.weight_dtype == "float16"
     assert {arrays[n].dtype for n in groups["first"] + groups["down"]} == {np.dtype(np.float16)}
+
+
+def test_qmoe_weights_in_the_cuda_layout_are_skipped_with_the_advice_to_export_for_cpu():
+    from graph_passes.graph_index import GraphIndex
+    from graph_passes.rules.fused_moe import FusedMoERule
+
+    rng = np.random.default_rng(5)
+    experts, hidden, ffn = 4, 64, 128  # CUDA layout: fc1 [E, H, 2I/2], fc2 [E, I, H/2], scales per output row
+    inputs = {
+        "fc1": rng.integers(0, 256, (experts, hidden, ffn), dtype=np.uint8),
+        "fc1_scales": np.ones((experts, 2 * ffn, hidden // 32), np.float32),
+        "fc2": rng.integers(0, 256, (experts, ffn, hidden // 2), dtype=np.uint8),
+        "fc2_scales": np.ones((experts, hidden, ffn // 32), np.float32),
+    }
+    attrs = dict(k=2, activation_type="swiglu", swiglu_fusion=1, expert_weight_bits=4, block_size=32)
+    model = _fused_model("QMoE", inputs, attrs, hidden, experts, TensorProto.FLOAT)
+    (skip,) = FusedMoERule().find(GraphIndex(model))
+    assert "CUDA QMoE layout" in skip.reason and "re-export with `-e cpu`" in skip.reason
