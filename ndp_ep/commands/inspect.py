@@ -29,10 +29,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model}: {len(report.blocks)} MoE block(s) would be rewritten, {len(report.skipped)} skipped")
     for block in report.blocks:
         quant = f" (blocks of {block.quant_block_size})" if block.quant_block_size else ""
+        if block.checked_in_isolation:
+            proof = "proven on its own region"
+        elif block.checked_numerically:
+            proof = "proven on a whole-model run"
+        else:
+            proof = "accepted on structure (too large to run)"
         print(
             f"  rewrite {block.name}: {block.num_experts} experts, top-{block.top_k}, hidden {block.hidden}, "
             f"ffn {block.ffn}, {block.weight_dtype}{quant} weights, {block.activation}, {block.shards} shards, "
-            f"rule {block.rule}, {block.replaced_nodes} nodes"
+            f"rule {block.rule}, {block.replaced_nodes} nodes, {proof}"
         )
     for skip in report.skipped:
         print(f"  skip {skip.where}: {skip.reason}")
