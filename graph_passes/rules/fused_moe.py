@@ -65,8 +65,8 @@ class FusedMoEBlockPlan(MoEBlockPlan):
 
 
 def block_name_of(node: onnx.NodeProto, ordinal: int) -> str:
-    """A readable block name from the node name (``/model/layers.0/moe/MoE`` -> ``model.layers.0.moe``)."""
-    name = re.sub(r"/MoE(_\d+)?$", "", node.name.strip("/")) if node.name else ""
+    """A readable block name from the node name (``/model/layers.0/moe/QMoE`` -> ``model.layers.0.moe``)."""
+    name = re.sub(r"/Q?MoE(_\d+)?$", "", node.name.strip("/")) if node.name else ""
     name = re.sub(r"[^A-Za-z0-9_.]+", ".", name).strip(".")
     return name or f"moe{ordinal}"
 
