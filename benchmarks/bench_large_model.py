@@ -2,6 +2,7 @@
 
     python benchmarks/bench_large_model.py                  # ~4.5 GB of float32 expert weights, temp dir
     python benchmarks/bench_large_model.py --dir /data/tmp --keep --experts 8   # smaller, kept on disk
+    python benchmarks/bench_large_model.py --dtype float16 --experts 90         # ~4.5 GB of float16 weights
 
 The model is a chain of MoE blocks in the dynamo form of ``sample_models.build_samples`` (router
 Gemm → Softmax → TopK, GatherND of stacked ``[E, 2I, H]`` gate_up and ``[E, H, I]`` down weights):
@@ -46,6 +47,7 @@ from sample_models.build_samples import OPSET, GraphBuilder, MoEBlockSpec, add_m
 
 GIB = 2**30
 RSS_ALLOWANCE_BYTES = GIB
+DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
 COPY_RATIO_TARGET = 2.0
 
 
@@ -56,6 +58,7 @@ class LargeModelSpec:
     top_k: int
     hidden: int
     ffn: int
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for name in ("layers", "num_experts", "top_k", "hidden", "ffn"):
@@ -63,28 +66,39 @@ class LargeModelSpec:
                 raise ValueError(f"{name} must be positive")
         if self.top_k > self.num_experts:
             raise ValueError("top_k must not exceed num_experts")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(DTYPES[self.dtype][0]).itemsize
 
     @property
     def expert_weight_bytes(self) -> int:
-        per_expert = 3 * self.hidden * self.ffn * 4  # gate_up [2I, H] + down [H, I], float32
+        per_expert = 3 * self.hidden * self.ffn * self.itemsize  # gate_up [2I, H] + down [H, I]
         return self.layers * self.num_experts * per_expert
 
     @property
     def largest_tensor_bytes(self) -> int:
-        return self.num_experts * 2 * self.ffn * self.hidden * 4
+        return self.num_experts * 2 * self.ffn * self.hidden * self.itemsize
 
 
 class StreamingBuilder(GraphBuilder):
     """A GraphBuilder whose stacked expert weights go straight to an external-data file, one expert at a time."""
 
-    def __init__(self, seed: int, data_file, data_name: str) -> None:
+    def __init__(self, seed: int, data_file, data_name: str, dtype: str = "float32") -> None:
         super().__init__(seed)
         self.data_file = data_file
         self.data_name = data_name
+        self.np_dtype, self.onnx_dtype = DTYPES[dtype]
 
     def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
         if ".experts." not in name:
-            return super().weight(name, shape, scale)
+            name = super().weight(name, shape, scale)
+            if self.np_dtype != np.float32:  # every float weight of the model in the same precision
+                array = onnx.numpy_helper.to_array(self.initializers[-1]).astype(self.np_dtype)
+                self.initializers[-1].CopyFrom(onnx.numpy_helper.from_array(array, name))
+            return name
         std = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
         offset = self.data_file.tell()
         per_expert = int(np.prod(shape[1:]))
@@ -93,9 +107,9 @@ class StreamingBuilder(GraphBuilder):
             chunk = self.rng.random(per_expert, dtype=np.float32)
             chunk -= np.float32(0.5)
             chunk *= np.float32(std * np.sqrt(12.0))
-            chunk.tofile(self.data_file)
+            chunk.astype(self.np_dtype, copy=False).tofile(self.data_file)
         tensor = TensorProto()
-        tensor.name, tensor.data_type = name, TensorProto.FLOAT
+        tensor.name, tensor.data_type = name, self.onnx_dtype
         tensor.dims.extend(shape)
         tensor.data_location = TensorProto.EXTERNAL
         length = self.data_file.tell() - offset
@@ -112,15 +126,16 @@ def build_large_model(spec: LargeModelSpec, directory: Path, seed: int = 0) -> t
     data_path = directory / "large_moe.onnx.data"
     block = MoEBlockSpec(num_experts=spec.num_experts, top_k=spec.top_k, hidden=spec.hidden, ffn=spec.ffn)
     with open(data_path, "wb") as data_file:
-        builder = StreamingBuilder(seed, data_file, data_path.name)
+        builder = StreamingBuilder(seed, data_file, data_path.name, spec.dtype)
         x = "hidden_states"
         for layer in range(spec.layers):
             x = add_moe_block(builder, x, f"model.layers.{layer}.mlp", block)
         builder.nodes.append(helper.make_node("Identity", [x], ["output"], name="output/Identity"))
         data_file.flush()
         os.fsync(data_file.fileno())
-    x_info = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["tokens", spec.hidden])
-    y_info = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["tokens", spec.hidden])
+    onnx_dtype = DTYPES[spec.dtype][1]
+    x_info = helper.make_tensor_value_info("hidden_states", onnx_dtype, ["tokens", spec.hidden])
+    y_info = helper.make_tensor_value_info("output", onnx_dtype, ["tokens", spec.hidden])
     graph = helper.make_graph(builder.nodes, "large_moe", [x_info], [y_info], builder.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ndp-ep bench")
     model.ir_version = 9
@@ -189,7 +204,11 @@ def check_output(spec: LargeModelSpec, model_path: Path, out_path: Path, shards:
     def memmap(tensor: TensorProto, base: Path) -> np.ndarray:
         info = {e.key: e.value for e in tensor.external_data}
         return np.memmap(
-            base / info["location"], dtype=np.float32, mode="r", offset=int(info["offset"]), shape=tuple(tensor.dims)
+            base / info["location"],
+            dtype=DTYPES[spec.dtype][0],
+            mode="r",
+            offset=int(info["offset"]),
+            shape=tuple(tensor.dims),
         )
 
     sources = {t.name: t for t in source.graph.initializer}
@@ -222,8 +241,9 @@ def main() -> int:
     parser.add_argument("--ffn", type=int, default=2048)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="expert weight precision")
     args = parser.parse_args()
-    spec = LargeModelSpec(args.layers, args.experts, args.top_k, args.hidden, args.ffn)
+    spec = LargeModelSpec(args.layers, args.experts, args.top_k, args.hidden, args.ffn, args.dtype)
 
     parent = args.dir if args.dir is not None else REPO
     parent.mkdir(parents=True, exist_ok=True)

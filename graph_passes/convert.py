@@ -1,6 +1,7 @@
 """The conversion pass: detect → plan → verify → emit, with every plan built before any mutation.
 
-``convert(model_or_path, shards=...)`` returns the rewritten model (lazy weights) and a
+:func:`plan_conversion` decides (what ``ndp-ep inspect`` lists); ``convert(model_or_path, shards=...)``
+returns the rewritten model (lazy weights) and a
 :class:`ConversionReport` listing each rewritten block and each skipped candidate with its reason.
 """
 
@@ -13,11 +14,13 @@ from pathlib import Path
 import onnx
 
 from graph_passes.errors import UnsupportedModelError
+from graph_passes.feeds import read_genai_config
 from graph_passes.graph_index import GraphIndex
 from graph_passes.model_io import load_model
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
-from graph_passes.rules import MoERule, default_rules
+from graph_passes.rules import MoERule, default_rules, explain_no_anchor
+from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
 from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, choose_readings
 from graph_passes.weights import WeightStore
 
@@ -34,12 +37,15 @@ class BlockReport:
     ffn: int
     shards: int
     activation: str
+    weight_dtype: str
+    quant_block_size: int
     replaced_nodes: int
     checked_numerically: bool
     max_abs_error: float | None
+    checked_in_isolation: bool = False
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -73,16 +79,34 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> None:
         seen.add(node.name)
 
 
-def convert(
+@dataclass
+class ConversionPlan:
+    """Everything :func:`convert` decided before touching the graph (what ``ndp-ep inspect`` shows)."""
+
+    model: onnx.ModelProto
+    store: WeightStore
+    plans: list[MoEBlockPlan]
+    shards_by_block: dict[str, int]
+    report: ConversionReport
+
+
+def block_shards(plan: MoEBlockPlan, requested: int) -> int:
+    """The largest shard count ≤ ``requested`` that splits the FFN width evenly (on quantization-block
+    boundaries for quantized experts)."""
+    block = plan.quant_block_size if plan.quantized else 1
+    return max(d for d in range(1, requested + 1) if plan.ffn % d == 0 and (plan.ffn // d) % block == 0)
+
+
+def plan_conversion(
     source: str | Path | onnx.ModelProto,
     shards: int = DEFAULT_SHARDS,
     strict: bool = False,
     rules: list[MoERule] | None = None,
     max_check_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     base_dir: str | Path | None = None,
-) -> tuple[RewrittenModel, ConversionReport]:
-    """Convert every provable MoE block of ``source`` into sharded expert ops."""
-    if not isinstance(shards, int) or shards < 1:
+) -> ConversionPlan:
+    """Detect, plan and verify every MoE block of ``source``; nothing is rewritten or written."""
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
         raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
     model, data_dir = load_model(source)
     if isinstance(source, onnx.ModelProto):  # the caller's model: never mutate it (node names, small weights)
@@ -94,11 +118,78 @@ def convert(
     store = WeightStore(model_copy, base_dir if base_dir is not None else data_dir)
     index = GraphIndex(model_copy)
 
+    candidates, skipped = _collect_candidates(index, rules if rules is not None else default_rules())
+
+    plans: list[MoEBlockPlan] = []
+    shards_by_block: dict[str, int] = {}
+    reports: list[BlockReport] = []
+    notes: list[str] = []
+    if not candidates and not skipped:
+        notes.append(explain_no_anchor(index))
+    typed: list[MoECandidate] = []
+    for candidate in candidates:
+        found = _with_weight_dtype(candidate, store)
+        (skipped if isinstance(found, Skip) else typed).append(found)
+    decoder = None if isinstance(source, onnx.ModelProto) else read_genai_config(source)
+    verdicts = choose_readings(
+        model_copy, typed, store, max_weight_bytes=max_check_weight_bytes, index=index, decoder=decoder
+    )
+    for verdict in verdicts:
+        if verdict.skip is not None:
+            skipped.append(verdict.skip)
+            continue
+        plan = verdict.plan
+        count = block_shards(plan, shards)
+        if count != shards:
+            unit = f"multiple of the quantization block {plan.quant_block_size}" if plan.quantized else "integer"
+            notes.append(
+                f"{plan.name}: FFN width {plan.ffn} does not split into {shards} shards of {unit} width; "
+                f"using {count} shards"
+            )
+        shards_by_block[plan.name] = count
+        if verdict.note:
+            notes.append(f"{plan.name}: {verdict.note}")
+        if not verdict.checked_numerically:
+            notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
+        plans.append(plan)
+        reports.append(
+            BlockReport(
+                name=plan.name,
+                **plan.summary(count),
+                replaced_nodes=len(plan.replaced_nodes),
+                checked_numerically=verdict.checked_numerically,
+                max_abs_error=verdict.max_abs_error,
+                checked_in_isolation=verdict.isolated,
+            )
+        )
+    if strict and skipped:
+        first = skipped[0]
+        raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
+    report = ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
+    return ConversionPlan(model_copy, store, plans, shards_by_block, report)
+
+
+def convert(
+    source: str | Path | onnx.ModelProto,
+    shards: int = DEFAULT_SHARDS,
+    strict: bool = False,
+    rules: list[MoERule] | None = None,
+    max_check_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    base_dir: str | Path | None = None,
+) -> tuple[RewrittenModel, ConversionReport]:
+    """Convert every provable MoE block of ``source`` into sharded expert ops."""
+    planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir)
+    rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
+    return rewritten, planned.report
+
+
+def _collect_candidates(index: GraphIndex, rules: list[MoERule]) -> tuple[list[MoECandidate], list[Skip]]:
+    """Every rule's candidates in rule order; a block claimed by an earlier rule is not reported again."""
     candidates: list[MoECandidate] = []
     skipped: list[Skip] = []
     claimed_outputs: set[str] = set()
     claimed_nodes: set[str] = set()
-    for rule in rules if rules is not None else default_rules():
+    for rule in rules:
         for found in rule.find(index):
             if isinstance(found, Skip):
                 if not claimed_nodes.intersection(found.nodes):
@@ -114,42 +205,7 @@ def convert(
             claimed_outputs.add(candidate.output_value)
             claimed_nodes.update(candidate.readings[0].replaced_nodes)
             candidates.append(candidate)
-
-    plans: list[MoEBlockPlan] = []
-    shards_by_block: dict[str, int] = {}
-    reports: list[BlockReport] = []
-    notes: list[str] = []
-    unsupported = [c for c in candidates if not all(_weights_supported(r, store) for r in c.readings[:1])]
-    for candidate in unsupported:
-        skipped.append(Skip(candidate.name, "expert weights are not float32 (only float32 is supported)"))
-    candidates = [c for c in candidates if c not in unsupported]
-    verdicts = choose_readings(model_copy, candidates, store, max_weight_bytes=max_check_weight_bytes)
-    for verdict in verdicts:
-        if verdict.skip is not None:
-            skipped.append(verdict.skip)
-            continue
-        plan = verdict.plan
-        block_shards = max(d for d in range(1, shards + 1) if plan.ffn % d == 0)
-        if block_shards != shards:
-            notes.append(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards}; using {block_shards} shards")
-        shards_by_block[plan.name] = block_shards
-        if not verdict.checked_numerically:
-            notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
-        plans.append(plan)
-        reports.append(
-            BlockReport(
-                name=plan.name,
-                **plan.summary(block_shards),
-                replaced_nodes=len(plan.replaced_nodes),
-                checked_numerically=verdict.checked_numerically,
-                max_abs_error=verdict.max_abs_error,
-            )
-        )
-    if strict and skipped:
-        first = skipped[0]
-        raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
-    rewritten = apply_plans(model_copy, plans, shards_by_block, store)
-    return rewritten, ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
+    return candidates, skipped
 
 
 def _with_unique_name(candidate: MoECandidate, taken: set[str]) -> MoECandidate:
@@ -163,8 +219,20 @@ def _with_unique_name(candidate: MoECandidate, taken: set[str]) -> MoECandidate:
     return dataclasses.replace(candidate, readings=tuple(dataclasses.replace(r, name=name) for r in candidate.readings))
 
 
-def _weights_supported(plan: MoEBlockPlan, store: WeightStore) -> bool:
-    w = plan.weights
-    names = [m.initializer for m in (w.up, w.down, w.gate) if m is not None and m.initializer]
-    names += [n for m in (w.up, w.down, w.gate) if m is not None for n in m.per_expert]
-    return all(store.dtype_supported(n) for n in names)
+def _with_weight_dtype(candidate: MoECandidate, store: WeightStore) -> MoECandidate | Skip:
+    """``candidate`` whose float readings carry the dtype their matrices have on disk (one dtype per block)."""
+    first = candidate.readings[0]
+    if first.quantized:
+        return candidate
+    w = first.weights
+    names = [n for m in (w.up, w.down, w.gate) if m is not None for n in (m.initializer, *m.per_expert) if n]
+    types = {store.tensors[n].data_type for n in names}
+    if len(types) != 1 or next(iter(types)) not in FLOAT_WEIGHT_DTYPE_OF_ONNX:
+        found = ", ".join(sorted(onnx.TensorProto.DataType.Name(t) for t in types))
+        return Skip(candidate.name, f"expert weights of type {found} (one of float32, float16, bfloat16 expected)")
+    dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX[next(iter(types))]
+    if dtype == first.weight_dtype:
+        return candidate
+    return dataclasses.replace(
+        candidate, readings=tuple(dataclasses.replace(r, weight_dtype=dtype) for r in candidate.readings)
+    )

@@ -12,48 +12,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graph_passes import activations, quant
 from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
-
-_SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    try:
-        from scipy.special import erf
-    except ImportError:  # pragma: no cover - scipy is a dependency
-        return np.vectorize(__import__("math").erf, otypes=[np.float32])(x)
-    return erf(x).astype(np.float32, copy=False)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
 
 
 def plain_activation(name: str, x: np.ndarray) -> np.ndarray:
-    """``relu``, ``gelu`` (erf), ``gelu_tanh`` or ``silu`` of ``x``."""
-    if name == "relu":
-        return np.maximum(x, np.float32(0))
-    if name == "gelu":
-        return (np.float32(0.5) * x * (np.float32(1) + _erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
-    if name == "gelu_tanh":
-        inner = _SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)
-        return (np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))).astype(np.float32)
-    if name == "silu":
-        return x * sigmoid(x)
-    raise ValueError(f"unknown activation {name!r}")
+    """A plain activation of the catalog (:mod:`graph_passes.activations`) applied to ``x``."""
+    return activations.apply_plain(name, x)
 
 
-def gated_activation(name: str, gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
-    """The GLU product of ``gate`` and ``up`` projections for ``silu_glu``, ``gelu_glu``, ``swiglu_clamp``."""
-    if name == "silu_glu":
-        return gate * sigmoid(gate) * up
-    if name == "gelu_glu":
-        return plain_activation("gelu", gate) * up
-    if name == "swiglu_clamp":
-        gate = np.minimum(gate, np.float32(limit))
-        up = np.clip(up, np.float32(-limit), np.float32(limit))
-        return (up + np.float32(1)) * (gate * sigmoid(np.float32(alpha) * gate))
-    raise ValueError(f"unknown gated activation {name!r}")
+def gated_activation(
+    name: str,
+    gate: np.ndarray,
+    up: np.ndarray,
+    alpha: float = activations.SWIGLU_ALPHA,
+    limit: float = activations.SWIGLU_LIMIT,
+    beta: float = activations.SWIGLU_BETA,
+) -> np.ndarray:
+    """A gated activation of the catalog applied to the ``gate`` and ``up`` projections."""
+    return activations.apply_gated(name, gate, up, alpha, limit, beta)
 
 
 def select_columns(array: np.ndarray, columns: str) -> np.ndarray:
@@ -102,12 +79,12 @@ def copy_blocked(view: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def canonical_view(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarray:
-    """One expert's matrix as ``[in, out]`` (``x @ W``) float32, as a view of ``raw_expert`` where possible.
+    """One expert's matrix as ``[in, out]`` (``x @ W``) in its stored dtype, a view of ``raw_expert``.
 
     Slice it and copy the slice with :func:`copy_blocked` to get a contiguous shard in one pass.
     """
     w = raw_expert.T if matrix.layout == "out_in" else raw_expert
-    return select_columns(w.astype(np.float32, copy=False), matrix.columns)
+    return select_columns(w, matrix.columns)
 
 
 def canonical_matrix(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarray:
@@ -121,6 +98,7 @@ def canonical_matrix(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarra
 
 
 def canonical_bias(raw_expert: np.ndarray, bias: StackedBias) -> np.ndarray:
+    """One expert's bias (selected columns) as contiguous float32."""
     return np.ascontiguousarray(select_columns(raw_expert, bias.columns), dtype=np.float32)
 
 
@@ -146,19 +124,25 @@ def load_expert(
     w = plan.weights
     to_canonical = canonical_view if views else canonical_matrix
 
-    def matrix(m: StackedMatrix | None) -> np.ndarray | None:
+    def matrix(m: StackedMatrix | None, inputs: int) -> np.ndarray | None:
         if m is None:
             return None
         raw = read_expert(m.per_expert[expert], -1) if m.per_expert else read_expert(m.initializer, expert)
+        if m.scales:
+            if views:
+                raise ValueError("quantized experts have no float view; slice the packed rows instead")
+            zero_points = read_expert(m.zero_points, expert) if m.zero_points else None
+            scales = read_expert(m.scales, expert)
+            raw = quant.dequantize(raw, scales, zero_points, plan.bits, plan.quant_block_size, inputs)
         return to_canonical(raw, m)
 
     def bias(b: StackedBias | None) -> np.ndarray | None:
         return None if b is None else canonical_bias(read_expert(b.initializer, expert), b)
 
     return ExpertArrays(
-        up=matrix(w.up),
-        down=matrix(w.down),
-        gate=matrix(w.gate),
+        up=matrix(w.up, plan.hidden),
+        down=matrix(w.down, plan.ffn),
+        gate=matrix(w.gate, plan.hidden),
         up_bias=bias(w.up_bias),
         gate_bias=bias(w.gate_bias),
         down_bias=bias(w.down_bias),
@@ -174,7 +158,9 @@ def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays) -> np.n
         g = x @ weights.gate
         if weights.gate_bias is not None:
             g = g + weights.gate_bias
-        act = gated_activation(plan.activation, g, u, plan.activation_alpha, plan.activation_limit)
+        act = gated_activation(
+            plan.activation, g, u, plan.activation_alpha, plan.activation_limit, plan.activation_beta
+        )
     else:
         act = plain_activation(plan.activation, u)
     y = act @ weights.down

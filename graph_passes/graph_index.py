@@ -141,13 +141,21 @@ class GraphIndex:
                 return onnx.helper.get_attribute_value(attribute)
         return default
 
-    def single_consumer(self, value: str) -> onnx.NodeProto | None:
-        users = self.consumers.get(value, [])
-        return users[0] if len(users) == 1 and value not in self.graph_outputs else None
-
     def nodes_of_type(self, op_type: str, domain: str = "") -> Iterable[onnx.NodeProto]:
         domains = ("", "ai.onnx") if domain in ("", "ai.onnx") else (domain,)
         return (n for n in self.graph.node if n.op_type == op_type and n.domain in domains)
+
+    def downstream(self, values: Iterable[str]) -> set[str]:
+        """Names of every node downstream of ``values``."""
+        found: set[str] = set()
+        pending = list(values)
+        while pending:
+            value = pending.pop()
+            for user in self.consumers.get(value, []):
+                if user.name not in found:
+                    found.add(user.name)
+                    pending.extend(user.output)
+        return found
 
     def upstream(self, value: str, stop: set[str] | None = None) -> set[str]:
         """Names of the nodes that ``value`` depends on (stopping at values in ``stop``)."""
@@ -223,17 +231,31 @@ def copy_with_stubbed_initializers(model: onnx.ModelProto, stubbed: set[str]) ->
 
 
 def live_nodes(nodes: list[onnx.NodeProto], wanted: list[str] | set[str]) -> tuple[list[onnx.NodeProto], set[str]]:
-    """The nodes (in their order) needed to compute the values ``wanted``, and every value name they read."""
+    """The nodes (in their order) needed to compute the values ``wanted``, and every value name they read.
+
+    The list need not be topologically sorted (GenAI builder outputs are not).
+    """
+    producer: dict[str, int] = {}
+    for position, node in enumerate(nodes):
+        for o in node.output:
+            if o:
+                producer[o] = position
     live_values = set(wanted)
-    keep: list[onnx.NodeProto] = []
-    for node in reversed(nodes):
-        if any(o in live_values for o in node.output if o):
-            keep.append(node)
-            live_values.update(i for i in node.input if i)
-            for attr in node.attribute:  # values captured by subgraphs
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    live_values.update(subgraph_reads(attr.g))
-    return list(reversed(keep)), live_values
+    pending = list(live_values)
+    keep: set[int] = set()
+    while pending:
+        position = producer.get(pending.pop())
+        if position is None or position in keep:
+            continue
+        keep.add(position)
+        node = nodes[position]
+        reads = {i for i in node.input if i}
+        for attr in node.attribute:  # values captured by subgraphs
+            if attr.type == onnx.AttributeProto.GRAPH:
+                reads |= subgraph_reads(attr.g)
+        pending.extend(reads - live_values)
+        live_values |= reads
+    return [nodes[p] for p in sorted(keep)], live_values
 
 
 def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
@@ -244,3 +266,27 @@ def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
             if attr.type == onnx.AttributeProto.GRAPH:
                 names |= subgraph_reads(attr.g)
     return names
+
+
+def is_standard_op(node: onnx.NodeProto) -> bool:
+    """True for an op of the default ONNX domain."""
+    return node.domain in ("", "ai.onnx")
+
+
+def scope_of(node_name: str) -> str:
+    """``/model/layers.0/mlp/experts/Gather_1`` -> ``model.layers.0.mlp``."""
+    parts = [p for p in node_name.split("/") if p]
+    if "experts" in parts:
+        parts = parts[: parts.index("experts")]
+    elif parts:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def through(index: GraphIndex, value: str, op_types: tuple[str, ...]) -> str:
+    """Follow ``value`` upstream through single-input layout ops of the given types."""
+    while True:
+        node = index.producer.get(value)
+        if node is None or node.op_type not in op_types or not is_standard_op(node):
+            return value
+        value = node.input[0]

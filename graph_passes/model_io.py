@@ -331,7 +331,7 @@ def _write_external(rewritten: RewrittenModel, data_file, location: str) -> onnx
         lazy = rewritten.lazy.get(tensor.name)
         offset = data_file.tell()
         if lazy is not None:
-            data_file.write(memoryview(np.ascontiguousarray(lazy.produce(), dtype=np.float32)).cast("B"))
+            data_file.write(memoryview(np.ascontiguousarray(lazy.produce()).reshape(-1).view(np.uint8)))
         elif tensor.data_location == TensorProto.EXTERNAL:
             if store is None:
                 raise GraphPassError(f"cannot read external data of {tensor.name}")
@@ -377,9 +377,9 @@ def _write_embedded(rewritten: RewrittenModel, model_file) -> None:
         written = record.graph.initializer.add()
         lazy = rewritten.lazy.get(tensor.name)
         if lazy is not None:
-            written.name, written.data_type = tensor.name, TensorProto.FLOAT
+            written.name, written.data_type = tensor.name, lazy.data_type
             written.dims.extend(tensor.dims)
-            written.raw_data = np.ascontiguousarray(lazy.produce(), dtype=np.float32).tobytes()
+            written.raw_data = np.ascontiguousarray(lazy.produce()).tobytes()
         elif tensor.data_location == TensorProto.EXTERNAL:
             if store is None:
                 raise GraphPassError(f"cannot read external data of {tensor.name}")

@@ -11,20 +11,22 @@ without knowing which exporter produced the graph. Every plan is built before an
 
 Expert FFN forms (``activation``):
 
-    silu_glu      act = silu(x @ Wg) * (x @ Wu)                 y = act @ Wd      (Mixtral, Qwen, DeepSeek)
-    swiglu_clamp  g = min(x@Wg+bg, limit); u = clip(x@Wu+bu, -limit, limit)
-                  act = (u + 1) * g * sigmoid(alpha * g)        y = act @ Wd + bd (GPT-OSS)
-    relu | gelu | silu | gelu_tanh
-                  act = f(x @ W1 + b1)                          y = act @ W2 + b2 (Switch, fused MoE op)
+    gated (silu_glu, swiglu_clamp, gelu_glu)   act = f(x @ Wg + bg, x @ Wu + bu)   y = act @ Wd + bd
+    plain (relu, gelu, gelu_tanh, silu)        act = f(x @ W1 + b1)                y = act @ W2 + b2
+
+with ``f`` from :mod:`graph_passes.activations` (the catalog defines each one and its constants).
+
+Precision: ``weight_dtype`` is what the expert matrices hold on disk (``float32``, ``float16``, ``bfloat16``,
+or block-quantized ``int8``/``int4`` as :mod:`graph_passes.quant` describes, with ``quant_block_size``); the
+rewriter keeps it, the verifier computes in float32 from the dequantized values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GATED_ACTIVATIONS = ("silu_glu", "swiglu_clamp", "gelu_glu")
-PLAIN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-ACTIVATIONS = GATED_ACTIVATIONS + PLAIN_ACTIVATIONS
+from graph_passes.activations import ACTIVATIONS, GATED_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
+from graph_passes.sharded_op import QUANT_BITS, WEIGHT_DTYPES
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,22 @@ class StackedMatrix:
     transpose). ``columns`` selects output columns of the gated pair: ``"all"``, ``"first_half"``,
     ``"second_half"``, ``"even"`` or ``"odd"`` (interleaved gate/up rows as in ``swiglu_fusion=1``).
     ``per_expert`` lists one initializer per expert instead of one stacked initializer (then
-    ``initializer`` is empty).
+    ``initializer`` is empty). A block-quantized matrix (``[E, out, in*bits/8]`` uint8, layout ``out_in``) names
+    its ``scales`` ``[E, out, in/block]`` and optional ``zero_points`` initializers.
     """
 
     initializer: str
     layout: str
     columns: str = "all"
     per_expert: tuple[str, ...] = ()
+    scales: str = ""
+    zero_points: str = ""
 
     def __post_init__(self) -> None:
+        if self.zero_points and not self.scales:
+            raise ValueError("StackedMatrix: zero_points without scales")
+        if self.scales and (self.layout != "out_in" or self.per_expert):
+            raise ValueError("StackedMatrix: a quantized matrix must be one stacked [E, out, in] initializer")
         if self.layout not in ("in_out", "out_in"):
             raise ValueError(f"StackedMatrix.layout must be 'in_out' or 'out_in', got {self.layout!r}")
         if self.columns not in ("all", "first_half", "second_half", "even", "odd"):
@@ -90,16 +99,24 @@ class MoEBlockPlan:
     activation: str
     weights: ExpertWeights
     replaced_nodes: tuple[str, ...]  # nodes computing experts+combine that become dead
-    activation_alpha: float = 1.702  # swiglu_clamp only
-    activation_limit: float = 7.0  # swiglu_clamp only
+    activation_alpha: float = SWIGLU_ALPHA  # swiglu_clamp only
+    activation_limit: float = SWIGLU_LIMIT  # swiglu_clamp only
     notes: tuple[str, ...] = field(default_factory=tuple)
     # ONNX nodes to insert before the sharded op that produce expert_ids_value / routing_weights_value when
     # the original graph computed the router inside a fused op (they read only existing values)
     router_nodes: tuple = ()
+    activation_beta: float = SWIGLU_BETA  # swiglu_clamp only
+    weight_dtype: str = "float32"
+    quant_block_size: int = 0  # quantized only: inputs sharing one scale
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {self.activation!r}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"{self.name}: unknown weight_dtype {self.weight_dtype!r}")
+        quantized_matrices = [bool(m.scales) for m in (self.weights.up, self.weights.down, self.weights.gate) if m]
+        if self.quantized != all(quantized_matrices) or (self.quantized and self.quant_block_size < 1):
+            raise ValueError(f"{self.name}: weight_dtype {self.weight_dtype} and the matrices' scales disagree")
         gated = self.activation in GATED_ACTIVATIONS
         if gated != (self.weights.gate is not None):
             raise ValueError(f"{self.name}: activation {self.activation} and gate weights disagree")
@@ -109,6 +126,14 @@ class MoEBlockPlan:
     @property
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_dtype in QUANT_BITS
+
+    @property
+    def bits(self) -> int:
+        return QUANT_BITS.get(self.weight_dtype, 0)
 
     def summary(self, shards: int) -> dict:
         """What the conversion report and the sharded node's ``ndp_ep.block`` metadata say about the block."""
@@ -120,6 +145,47 @@ class MoEBlockPlan:
             "shards": shards,
             "activation": self.activation,
             "rule": self.rule,
+            "weight_dtype": self.weight_dtype,
+            "quant_block_size": self.quant_block_size,
+        }
+
+
+@dataclass(frozen=True)
+class BlockRegion:
+    """What a rule's trace and check stages established about one candidate block, handed to its plan stage.
+
+    ``nodes`` are the region's node names (the expert computation and the combine, in graph order); the
+    values are the block's three inputs and its single output.
+    """
+
+    where: str
+    nodes: tuple[str, ...]
+    hidden_value: str
+    expert_ids_value: str
+    routing_weights_value: str
+    output_value: str
+    num_experts: int
+    top_k: int
+    hidden: int
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError(f"{self.where}: a block region needs nodes")
+        if not 0 < self.top_k <= self.num_experts or self.hidden < 1:
+            shape = f"top-{self.top_k} of {self.num_experts}, hidden {self.hidden}"
+            raise ValueError(f"{self.where}: inconsistent region ({shape})")
+
+    def plan_fields(self) -> dict:
+        """The :class:`MoEBlockPlan` fields the region fixes."""
+        return {
+            "hidden_value": self.hidden_value,
+            "expert_ids_value": self.expert_ids_value,
+            "routing_weights_value": self.routing_weights_value,
+            "output_value": self.output_value,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "hidden": self.hidden,
+            "replaced_nodes": self.nodes,
         }
 
 
@@ -130,6 +196,11 @@ class Skip:
     where: str
     reason: str
     nodes: tuple[str, ...] = ()  # nodes of the candidate, so a block another rule claimed is not reported twice
+
+    def __post_init__(self) -> None:
+        if not self.reason:
+            raise ValueError(f"Skip at {self.where!r} needs a reason")
+        object.__setattr__(self, "nodes", tuple(self.nodes))
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,23 @@
 """Emit sharded expert ops from verified :class:`MoEBlockPlan` s (saving them: :mod:`graph_passes.model_io`).
 
-For a block with E experts, FFN width I and S shards the rewrite replaces the block's expert nodes by
+For a block with E experts, FFN width I and S shards the rewrite replaces the block's expert nodes by one
+``ndp_ep::ShardedMoEExperts`` node built by :func:`graph_passes.sharded_op.make_node` (the contract, its input
+order, shard layouts and names are documented there)::
 
     hidden[..,H] ─┐
     expert_ids ───┼─► ndp_ep::ShardedMoEExperts ─► (the block's output value, same name)
     routing_w ────┤
-    {block}.experts.{e}.shard{s}.gate_up  [H, 2I/S]   gate columns s*I/S..(s+1)*I/S, then up columns
-    {block}.experts.{e}.shard{s}.down     [I/S, H]    rows of the down projection
-    ({block}.experts.{e}.shard{s}.gate_up_bias [2I/S], {block}.experts.{e}.down_bias [H] with biases)
+    {block}.experts.{e}.shard{s}.gate_up / .down (+ scales, zero points, biases)
 
-(``.up`` instead of ``.gate_up`` for non-GLU experts). Each shard's partial output
-``act(x @ gate_up_s) @ down_s`` is summed over shards, which equals the unsharded expert exactly in real
-arithmetic. New weights are :class:`LazyTensor` s: their bytes are produced one expert at a time when the
+Each shard's partial output ``act(x @ first_s) @ down_s`` is summed over shards, which equals the unsharded
+expert exactly in real arithmetic. Shards keep the model's precision: float16/bfloat16 matrices stay in their
+dtype, block-quantized matrices keep their packed 4/8-bit values, scales and zero points, cut on block
+boundaries. New weights are :class:`LazyTensor` s: their bytes are produced one expert at a time when the
 model is materialised in memory or streamed to an external-data file.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -25,28 +25,39 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
-from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert
+from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert, select_columns
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
-from graph_passes.plan import MoEBlockPlan
+from graph_passes.plan import MoEBlockPlan, StackedMatrix
+from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
+from graph_passes.sharded_op import OP_TYPE as SHARDED_OP  # noqa: F401
 from graph_passes.weights import WeightStore
-
-NDP_DOMAIN = "ndp_ep"
-NDP_OPSET = 1
-SHARDED_OP = "ShardedMoEExperts"
 
 
 @dataclass
 class LazyTensor:
-    """A float32 initializer whose values are computed on demand."""
+    """An initializer whose values are computed on demand.
+
+    ``produce()`` returns a C-contiguous array of ``data_type`` (an ``onnx.TensorProto`` data type): bfloat16
+    as ``ml_dtypes.bfloat16`` (or its raw uint16), packed 4-bit values as uint8. Writers store its bytes as-is.
+    """
 
     name: str
     dims: tuple[int, ...]
     produce: Callable[[], np.ndarray]
+    data_type: int = TensorProto.FLOAT
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(d, int) or d < 0 for d in self.dims):
+            raise ValueError(f"{self.name}: dims must be non-negative integers, got {self.dims}")
+        helper.tensor_dtype_to_np_dtype(self.data_type)  # raises for an unknown data type
+        self.dims = tuple(int(d) for d in self.dims)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.dims, dtype=np.int64)) * 4
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).itemsize
+        return int(np.prod(self.dims, dtype=np.int64)) * itemsize
 
 
 @dataclass
@@ -74,81 +85,11 @@ class _ExpertCache:
         return self.arrays
 
 
-def shard_names(plan: MoEBlockPlan, shards: int) -> dict[str, list[str]]:
-    first = "gate_up" if plan.gated else "up"
-    names: dict[str, list[str]] = {"first": [], "down": [], "first_bias": [], "down_bias": []}
-    for e in range(plan.num_experts):
-        for s in range(shards):
-            names["first"].append(f"{plan.name}.experts.{e}.shard{s}.{first}")
-            names["down"].append(f"{plan.name}.experts.{e}.shard{s}.down")
-            names["first_bias"].append(f"{plan.name}.experts.{e}.shard{s}.{first}_bias")
-        names["down_bias"].append(f"{plan.name}.experts.{e}.down_bias")
-    return names
-
-
-def _shard_producers(plan: MoEBlockPlan, store: WeightStore, shards: int) -> list[LazyTensor]:
-    width = plan.ffn // shards
-    cache = _ExpertCache(plan, store)
-    names = shard_names(plan, shards)
-    has_first_bias = plan.weights.up_bias is not None or plan.weights.gate_bias is not None
-    tensors: list[LazyTensor] = []
-    first_width = 2 * width if plan.gated else width
-
-    # each shard is copied once, straight from the source layout (a transpose when it is [out, in])
-    def first(e: int, s: int) -> np.ndarray:
-        w = cache.get(e)
-        cols = slice(s * width, (s + 1) * width)
-        if not plan.gated:
-            return copy_blocked(w.up[:, cols])
-        out = np.empty((plan.hidden, 2 * width), dtype=np.float32)
-        copy_blocked(w.gate[:, cols], out[:, :width])
-        copy_blocked(w.up[:, cols], out[:, width:])
-        return out
-
-    def down(e: int, s: int) -> np.ndarray:
-        return copy_blocked(cache.get(e).down[s * width : (s + 1) * width, :])
-
-    def first_bias(e: int, s: int) -> np.ndarray:
-        w = cache.get(e)
-        cols = slice(s * width, (s + 1) * width)
-        up = w.up_bias[cols] if w.up_bias is not None else np.zeros(width, np.float32)
-        if not plan.gated:
-            return up
-        gate = w.gate_bias[cols] if w.gate_bias is not None else np.zeros(width, np.float32)
-        return np.concatenate([gate, up])
-
-    position = 0
-    for e in range(plan.num_experts):
-        for s in range(shards):
-            tensors.append(
-                LazyTensor(names["first"][position], (plan.hidden, first_width), lambda e=e, s=s: first(e, s))
-            )
-            position += 1
-    position = 0
-    for e in range(plan.num_experts):
-        for s in range(shards):
-            tensors.append(LazyTensor(names["down"][position], (width, plan.hidden), lambda e=e, s=s: down(e, s)))
-            position += 1
-    if has_first_bias:
-        position = 0
-        for e in range(plan.num_experts):
-            for s in range(shards):
-                name = names["first_bias"][position]
-                tensors.append(LazyTensor(name, (first_width,), lambda e=e, s=s: first_bias(e, s)))
-                position += 1
-    if plan.weights.down_bias is not None:
-        for e in range(plan.num_experts):
-            tensors.append(LazyTensor(names["down_bias"][e], (plan.hidden,), lambda e=e: cache.get(e).down_bias))
-    return tensors
-
-
-def sharded_node(plan: MoEBlockPlan, shards: int, weight_inputs: list[str]) -> onnx.NodeProto:
-    node = helper.make_node(
-        SHARDED_OP,
-        [plan.hidden_value, plan.expert_ids_value, plan.routing_weights_value, *weight_inputs],
-        [plan.output_value],
-        name=f"{plan.name}/ShardedMoEExperts",
-        domain=NDP_DOMAIN,
+def sharded_spec(plan: MoEBlockPlan, shards: int) -> sharded_op.ShardedOpSpec:
+    """The contract attributes of ``plan`` rewritten into ``shards`` shards."""
+    w = plan.weights
+    matrices = [m for m in (w.up, w.down, w.gate) if m is not None]
+    return sharded_op.ShardedOpSpec(
         layer=plan.name,
         num_experts=plan.num_experts,
         top_k=plan.top_k,
@@ -158,17 +99,171 @@ def sharded_node(plan: MoEBlockPlan, shards: int, weight_inputs: list[str]) -> o
         activation=plan.activation,
         activation_alpha=float(plan.activation_alpha),
         activation_limit=float(plan.activation_limit),
-        has_first_bias=int(plan.weights.up_bias is not None or plan.weights.gate_bias is not None),
-        has_down_bias=int(plan.weights.down_bias is not None),
+        activation_beta=float(plan.activation_beta),
+        has_first_bias=w.up_bias is not None or w.gate_bias is not None,
+        has_down_bias=w.down_bias is not None,
+        weight_dtype=plan.weight_dtype,
+        quant_block_size=plan.quant_block_size if plan.quantized else 0,
+        has_zero_points=plan.quantized and any(m.zero_points for m in matrices),
     )
-    block = plan.summary(shards)
-    for key, value in (
-        ("ndp_ep.replaced_nodes", json.dumps(list(plan.replaced_nodes))),
-        ("ndp_ep.block", json.dumps(block)),
-    ):
-        entry = node.metadata_props.add()
-        entry.key, entry.value = key, value
-    return node
+
+
+def _data_type(store: WeightStore, name: str) -> int:
+    return store.tensors[name].data_type
+
+
+def _rows(matrix: StackedMatrix, total_rows: int, start: int, stop: int) -> np.ndarray:
+    """Indices of the source rows (output features) ``start:stop`` of ``matrix``'s column selection."""
+    return select_columns(np.arange(total_rows), matrix.columns)[start:stop]
+
+
+def _float_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec) -> dict[str, list]:
+    """``group -> [(dims, data_type, produce)]`` for float (float32/float16/bfloat16) experts."""
+    width = spec.shard_width
+    cache = _ExpertCache(plan, store)
+    w = plan.weights
+    matrix_type = _data_type(store, w.up.initializer or w.up.per_expert[0])
+    first_width = 2 * width if plan.gated else width
+
+    # each shard is copied once, straight from the source layout (a transpose when it is [out, in])
+    def first(e: int, s: int) -> np.ndarray:
+        arrays = cache.get(e)
+        cols = slice(s * width, (s + 1) * width)
+        if not plan.gated:
+            return copy_blocked(arrays.up[:, cols])
+        out = np.empty((plan.hidden, 2 * width), dtype=arrays.up.dtype)
+        copy_blocked(arrays.gate[:, cols], out[:, :width])
+        copy_blocked(arrays.up[:, cols], out[:, width:])
+        return out
+
+    def down(e: int, s: int) -> np.ndarray:
+        return copy_blocked(cache.get(e).down[s * width : (s + 1) * width, :])
+
+    groups: dict[str, list] = {
+        "first": [((plan.hidden, first_width), matrix_type, lambda e, s: first(e, s))],
+        "down": [((width, plan.hidden), matrix_type, lambda e, s: down(e, s))],
+    }
+    groups.update(_bias_producers(plan, store, spec, cache))
+    return groups
+
+
+def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec, cache) -> dict:
+    """Biases keep the dtype of the source bias tensor (missing halves of a gated pair are zeros)."""
+    w = plan.weights
+    width = spec.shard_width
+    first_width = 2 * width if plan.gated else width
+    groups: dict[str, list] = {}
+
+    def arrays(e: int):
+        return cache.get(e) if cache is not None else load_expert(plan, store.expert, e)
+
+    if spec.has_first_bias:
+        source = w.up_bias or w.gate_bias
+        bias_type = _data_type(store, source.initializer)
+        dtype = helper.tensor_dtype_to_np_dtype(bias_type)
+
+        def first_bias(e: int, s: int) -> np.ndarray:
+            a = arrays(e)
+            cols = slice(s * width, (s + 1) * width)
+            up = a.up_bias[cols] if a.up_bias is not None else np.zeros(width, np.float32)
+            if not plan.gated:
+                return up.astype(dtype)
+            gate = a.gate_bias[cols] if a.gate_bias is not None else np.zeros(width, np.float32)
+            return np.concatenate([gate, up]).astype(dtype)
+
+        groups["first_bias"] = [((first_width,), bias_type, first_bias)]
+    if spec.has_down_bias:
+        bias_type = _data_type(store, w.down_bias.initializer)
+        dtype = helper.tensor_dtype_to_np_dtype(bias_type)
+        groups["down_bias"] = [((plan.hidden,), bias_type, lambda e: arrays(e).down_bias.astype(dtype))]
+    return groups
+
+
+def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec) -> dict[str, list]:
+    """``group -> [(dims, data_type, produce)]`` for block-quantized experts: packed rows / blocks, unchanged."""
+    w = plan.weights
+    bits, block, width = spec.bits, spec.quant_block_size, spec.shard_width
+    first_matrices = [w.gate, w.up] if plan.gated else [w.up]
+    first_rows_total = store.tensors[w.up.initializer].dims[1]
+    hidden_blocks, width_blocks = plan.hidden // block, width // block
+    scale_type = _data_type(store, w.up.scales)
+
+    def read(name: str, e: int) -> np.ndarray:
+        return store.expert(name, e)
+
+    def default_zero_points(rows: int, blocks: int) -> np.ndarray:
+        return quant.pack(np.full((rows, blocks), 2 ** (bits - 1), np.uint8), bits)
+
+    def first_part(kind: str, e: int, s: int) -> np.ndarray:
+        parts = []
+        for m in first_matrices:
+            rows = _rows(m, first_rows_total, s * width, (s + 1) * width)
+            if kind == "zero_points" and not m.zero_points:
+                parts.append(default_zero_points(len(rows), hidden_blocks))
+                continue
+            source = {"weights": m.initializer, "scales": m.scales, "zero_points": m.zero_points}[kind]
+            parts.append(read(source, e)[rows])
+        return np.ascontiguousarray(np.concatenate(parts, axis=0))
+
+    def down_part(kind: str, e: int, s: int) -> np.ndarray:
+        m = w.down
+        if kind == "weights":
+            return quant.slice_inputs(read(m.initializer, e), bits, s * width, (s + 1) * width)
+        if kind == "scales":
+            return np.ascontiguousarray(read(m.scales, e)[:, s * width_blocks : (s + 1) * width_blocks])
+        if not m.zero_points:
+            return default_zero_points(plan.hidden, width_blocks)
+        return quant.slice_inputs(read(m.zero_points, e), bits, s * width_blocks, (s + 1) * width_blocks)
+
+    first_rows = 2 * width if plan.gated else width
+    u8 = TensorProto.UINT8
+    groups: dict[str, list] = {
+        "first": [((first_rows, quant.packed_width(plan.hidden, bits)), u8, lambda e, s: first_part("weights", e, s))],
+        "down": [((plan.hidden, quant.packed_width(width, bits)), u8, lambda e, s: down_part("weights", e, s))],
+        "first_scales": [((first_rows, hidden_blocks), scale_type, lambda e, s: first_part("scales", e, s))],
+        "down_scales": [((plan.hidden, width_blocks), scale_type, lambda e, s: down_part("scales", e, s))],
+    }
+    if spec.has_zero_points:
+        groups["first_zero_points"] = [
+            ((first_rows, quant.packed_width(hidden_blocks, bits)), u8, lambda e, s: first_part("zero_points", e, s))
+        ]
+        groups["down_zero_points"] = [
+            ((plan.hidden, quant.packed_width(width_blocks, bits)), u8, lambda e, s: down_part("zero_points", e, s))
+        ]
+    groups.update(_bias_producers(plan, store, spec, None))
+    return groups
+
+
+def _shard_producers(plan: MoEBlockPlan, store: WeightStore, shards: int) -> tuple[sharded_op.ShardedOpSpec, list]:
+    """The node's spec and one :class:`LazyTensor` per weight input, in the contract's input order."""
+    spec = sharded_spec(plan, shards)
+    groups = _quantized_producers(plan, store, spec) if plan.quantized else _float_producers(plan, store, spec)
+    names = iter(spec.weight_names())
+    tensors: list[LazyTensor] = []
+    for group, _count in spec.input_groups():
+        (dims, data_type, produce) = groups[group][0]
+        if group == "down_bias":
+            for e in range(plan.num_experts):
+                tensors.append(LazyTensor(next(names), dims, lambda e=e, f=produce: f(e), data_type))
+            continue
+        for e in range(plan.num_experts):
+            for s in range(shards):
+                tensors.append(LazyTensor(next(names), dims, lambda e=e, s=s, f=produce: f(e, s), data_type))
+    return spec, tensors
+
+
+def sharded_node(plan: MoEBlockPlan, spec: sharded_op.ShardedOpSpec, weight_inputs: list[str]) -> onnx.NodeProto:
+    """The ``ShardedMoEExperts`` node replacing ``plan``'s block."""
+    return sharded_op.make_node(
+        spec,
+        plan.hidden_value,
+        plan.expert_ids_value,
+        plan.routing_weights_value,
+        plan.output_value,
+        weight_inputs,
+        replaced_nodes=plan.replaced_nodes,
+        summary=plan.summary(spec.shards),
+    )
 
 
 def _remove_dead_nodes(graph: onnx.GraphProto) -> list[str]:
@@ -200,6 +295,8 @@ def apply_plans(
     for plan in plans:
         if plan.ffn % shards_of[plan.name]:
             raise GraphPassError(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards_of[plan.name]} shards")
+        if plan.quantized and (plan.ffn // shards_of[plan.name]) % plan.quant_block_size:
+            raise GraphPassError(f"{plan.name}: shard width is not a multiple of block size {plan.quant_block_size}")
         replaced_by_plan[plan.name] = set(plan.replaced_nodes)
     all_replaced = set().union(*replaced_by_plan.values()) if plans else set()
     position_of_output = {}
@@ -208,13 +305,13 @@ def apply_plans(
             position_of_output[o] = position
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
     for plan in plans:
-        tensors = _shard_producers(plan, store, shards_of[plan.name])
+        spec, tensors = _shard_producers(plan, store, shards_of[plan.name])
         for tensor in tensors:
             lazy[tensor.name] = tensor
             header = graph.initializer.add()
-            header.name, header.data_type = tensor.name, TensorProto.FLOAT
+            header.name, header.data_type = tensor.name, tensor.data_type
             header.dims.extend(tensor.dims)
-        node = sharded_node(plan, shards_of[plan.name], [t.name for t in tensors])
+        node = sharded_node(plan, spec, [t.name for t in tensors])
         new_nodes.setdefault(position_of_output[plan.output_value], []).extend([*plan.router_nodes, node])
     rebuilt: list[onnx.NodeProto] = []
     for position, node in enumerate(graph.node):
@@ -223,18 +320,17 @@ def apply_plans(
         rebuilt.extend(new_nodes.get(position, []))
     del graph.node[:]
     graph.node.extend(rebuilt)
-    if plans and not any(o.domain == NDP_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(NDP_DOMAIN, NDP_OPSET))
+    if plans and not any(o.domain == sharded_op.DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(sharded_op.DOMAIN, sharded_op.OPSET))
+    if plans:
+        helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, **sharded_op.model_metadata()})
     dead = set(_remove_dead_nodes(graph)) - all_replaced
     side_nodes = _side_nodes_by_block(model.graph, replaced_by_plan, dead)
     for node in graph.node:
-        if node.domain == NDP_DOMAIN and node.op_type == SHARDED_OP and node.name.endswith("/" + SHARDED_OP):
-            block = node.name[: -len("/" + SHARDED_OP)]
-            if block not in side_nodes:
-                continue
-            props = {p.key: p for p in node.metadata_props}
-            replaced = json.loads(props["ndp_ep.replaced_nodes"].value)
-            props["ndp_ep.replaced_nodes"].value = json.dumps(replaced + side_nodes[block])
+        block = sharded_op.block_of_node_name(node.name) if sharded_op.is_sharded_node(node) else None
+        if block in side_nodes:
+            replaced = sharded_op.get_metadata(node, sharded_op.META_REPLACED_NODES, [])
+            sharded_op.set_metadata(node, sharded_op.META_REPLACED_NODES, replaced + side_nodes[block])
     originals = {t.name: t for t in model.graph.initializer if t.name in stubbed}
     for tensor in graph.initializer:  # an expert weight still read elsewhere keeps its bytes
         if tensor.name in stubbed:
@@ -245,7 +341,7 @@ def apply_plans(
 
 def _expert_initializers(plan: MoEBlockPlan) -> set[str]:
     w = plan.weights
-    names = {m.initializer for m in (w.up, w.down, w.gate) if m is not None and m.initializer}
+    names = {n for m in (w.up, w.down, w.gate) if m is not None for n in (m.initializer, m.scales, m.zero_points) if n}
     names |= {n for m in (w.up, w.down, w.gate) if m is not None for n in m.per_expert}
     names |= {b.initializer for b in (w.up_bias, w.gate_bias, w.down_bias) if b is not None}
     return names
@@ -294,7 +390,7 @@ def materialize(rewritten: RewrittenModel) -> onnx.ModelProto:
     for tensor in model.graph.initializer:
         lazy = rewritten.lazy.get(tensor.name)
         if lazy is not None:
-            tensor.raw_data = np.ascontiguousarray(lazy.produce(), dtype=np.float32).tobytes()
+            tensor.raw_data = np.ascontiguousarray(lazy.produce()).tobytes()
     return model
 
 

@@ -25,9 +25,9 @@ Inputs, in order:
                                quantized: [H, (I/S)*bits/8] uint8, rows = output features
        first_scales      E*S   quantized only: [F/S, H/block]        T (or float32)
        down_scales       E*S   quantized only: [H, (I/S)/block]      T (or float32)
-       first_zero_points E*S   quantized with zero points only: uint8 [F/S, ceil(H/block)*bits/8] (packed like weights)
-       down_zero_points  E*S   quantized with zero points only: uint8 [H, ceil((I/S)/block)*bits/8]
-       first_bias        E*S   has_first_bias only: [F/S] (gate part then up part)
+       first_zero_points E*S   quantized with zero points: uint8 [F/S, ceil((H/block)*bits/8)] (packed like weights)
+       down_zero_points  E*S   quantized with zero points: uint8 [H, ceil(((I/S)/block)*bits/8)]
+       first_bias        E*S   has_first_bias only: [F/S] (gate part then up part), dtype of the source bias
        down_bias         E     has_down_bias only: [H] (added once per expert, not per shard)
 
 Output 0: ``[..., H]`` of the hidden state's dtype (and shape).
@@ -38,7 +38,7 @@ does. ``quant_block_size`` is the number of consecutive input elements sharing o
 quantized source is written with ``quant_block_size`` equal to the shard's input width.
 
 Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_experts``, ``top_k``, ``hidden``,
-``ffn`` (I), ``shards`` (S), ``activation`` (a name of :mod:`graph_passes.plan`'s ``ACTIVATIONS``),
+``ffn`` (I), ``shards`` (S), ``activation`` (a name in :mod:`graph_passes.activations`' catalog),
 ``activation_alpha``, ``activation_limit``, ``activation_beta`` (``swiglu_clamp`` only:
 ``g = min(gate, limit); u = clip(up, -limit, limit); act = (u + beta) * g * sigmoid(alpha * g)``, beta absent
 means 1), ``has_first_bias``, ``has_down_bias``,
@@ -57,8 +57,11 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from graph_passes.activations import ACTIVATIONS, GATED_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
 
 DOMAIN = "ndp_ep"
 OPSET = 1
@@ -70,11 +73,16 @@ META_BLOCK = "ndp_ep.block"
 META_PLACEMENT = "ndp_ep.placement"
 # Model-level metadata naming what a model needs to run, for tools that open it without the provider.
 MODEL_META_REQUIRES = "ndp_ep.requires"
+REQUIRES_TEXT = (
+    "ndp-ep: register the NdpExecutionProvider plugin (pip install ndp-ep; ndp_ep.register()) to run this model"
+)
 
 FLOAT_WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
 WEIGHT_DTYPES = FLOAT_WEIGHT_DTYPES + QUANTIZED_WEIGHT_DTYPES
 QUANT_BITS = {"int8": 8, "int4": 4}
+# onnx.TensorProto data types of float weights (FLOAT, FLOAT16, BFLOAT16) and their weight_dtype names
+FLOAT_WEIGHT_DTYPE_OF_ONNX = {1: "float32", 10: "float16", 16: "bfloat16"}
 
 ATTRIBUTES: dict[str, type] = {
     "layer": str,
@@ -110,9 +118,9 @@ class ShardedOpSpec:
     ffn: int
     shards: int
     activation: str
-    activation_alpha: float = 1.702
-    activation_limit: float = 7.0
-    activation_beta: float = 1.0
+    activation_alpha: float = SWIGLU_ALPHA
+    activation_limit: float = SWIGLU_LIMIT
+    activation_beta: float = SWIGLU_BETA
     has_first_bias: bool = False
     has_down_bias: bool = False
     weight_dtype: str = "float32"
@@ -120,8 +128,12 @@ class ShardedOpSpec:
     has_zero_points: bool = False
 
     def __post_init__(self) -> None:
-        from graph_passes.plan import ACTIVATIONS
-
+        for field_name in ("activation_alpha", "activation_limit", "activation_beta"):
+            # ONNX float attributes are float32: hold what the node will hold, so build and parse agree
+            value = getattr(self, field_name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ShardedOpError(f"{self.layer}: attribute {field_name} must be a number, got {value!r}")
+            object.__setattr__(self, field_name, struct.unpack("f", struct.pack("f", float(value)))[0])
         for field_name in ("num_experts", "top_k", "hidden", "ffn", "shards"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
@@ -146,8 +158,6 @@ class ShardedOpSpec:
 
     @property
     def gated(self) -> bool:
-        from graph_passes.plan import GATED_ACTIVATIONS
-
         return self.activation in GATED_ACTIVATIONS
 
     @property
@@ -223,7 +233,7 @@ class ShardedOpSpec:
             "has_down_bias": int(self.has_down_bias),
             "weight_dtype": self.weight_dtype,
         }
-        if self.activation_beta != 1.0:
+        if self.activation_beta != SWIGLU_BETA:
             attrs["activation_beta"] = float(self.activation_beta)
         if self.quantized:
             attrs["quant_block_size"] = self.quant_block_size
@@ -336,6 +346,11 @@ def make_node(
     if summary is not None:
         set_metadata(node, META_BLOCK, summary)
     return node
+
+
+def model_metadata() -> dict[str, str]:
+    """The model-level ``metadata_props`` every converted model carries."""
+    return {MODEL_META_REQUIRES: REQUIRES_TEXT}
 
 
 def set_metadata(node, key: str, value) -> None:

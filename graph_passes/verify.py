@@ -1,23 +1,31 @@
 """Numeric check of MoE block readings: the chosen reading must reproduce the block's real output.
 
-One ONNX Runtime run of the *original* model on random feeds captures, for every candidate block, the
-values the block reads (hidden state, expert ids, routing weights) and the value it produces. Each reading
-then recomputes the block with :mod:`graph_passes.expert_math` from the captured inputs; the first reading
-whose output matches within tolerance is kept. A block with no matching reading is skipped, never
-rewritten. Blocks whose weights exceed ``max_weight_bytes`` cannot be checked this way and keep their best
-structural reading (the caller reports that).
+Each candidate block is proven **in isolation**: its own region — the nodes the rewrite replaces, plus the
+router nodes a fused op's plan inserts, plus any upstream nodes computable from the region's inputs (shape
+arithmetic, constants) — becomes a small ONNX model whose inputs are the block's hidden state, expert ids and
+routing weights (or, for a fused op, its router logits). ONNX Runtime runs it on random inputs of the right
+shapes and dtypes (distinct expert ids per token, positive routing weights); each reading then recomputes the
+block with :mod:`graph_passes.expert_math` (float32, dequantized weights) and the first reading whose output
+matches within the tolerance of the weights' precision is kept. Nothing depends on guessing feeds for the
+rest of the model (KV caches, masks, conv states, control flow elsewhere).
+
+A region that is not self-contained (it reads some other computed value whose range is unknown) falls back
+to one run of the whole model on the feeds :func:`graph_passes.feeds.random_feeds` builds; if that run fails
+the block is skipped with the error. A block with no matching reading is skipped, never rewritten. Blocks
+whose weights exceed ``max_weight_bytes`` keep their best structural reading (the caller reports that).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from graph_passes.expert_math import expert_ffn, group_slots_by_expert, load_expert
-from graph_passes.feeds import random_feeds
-from graph_passes.graph_index import live_nodes
+from graph_passes.feeds import DecoderConfig, random_feeds
+from graph_passes.graph_index import GraphIndex, live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.weights import WeightStore
 
@@ -25,6 +33,9 @@ DEFAULT_MAX_WEIGHT_BYTES = 512 * 2**20
 PROBE_SEQ_LEN = 16
 RTOL = 1e-4
 ATOL = 1e-5
+# relative tolerance (of the largest output magnitude) by weight precision: ONNX Runtime computes float16
+# experts in float16 and may quantize activations for 8-bit experts; a wrong reading is off by O(1)
+RELATIVE_TOLERANCE = {"float32": RTOL, "float16": 2e-2, "bfloat16": 5e-2, "int8": 2e-2, "int4": 2e-2}
 
 
 @dataclass(frozen=True)
@@ -33,10 +44,12 @@ class Verdict:
     skip: Skip | None
     checked_numerically: bool
     max_abs_error: float | None = None
+    isolated: bool = False  # checked on the block's own region (not a whole-model run)
+    note: str = ""
 
 
 def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.ndarray:
-    """The block's output per ``plan``, computed expert by expert from the stored weights."""
+    """The block's output per ``plan``, computed expert by expert (float32) from the stored weights."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).astype(np.float32)
     ids2 = ids.reshape(-1, plan.top_k)
@@ -50,18 +63,63 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.nd
 
 def _with_router_nodes(nodes: list[onnx.NodeProto], plan: MoEBlockPlan) -> list[onnx.NodeProto]:
     """``nodes`` plus ``plan``'s router nodes right after the node producing the last value they read."""
-    if not plan.router_nodes:
+    return _insert_router(nodes, list(plan.router_nodes))
+
+
+def _insert_router(nodes: list[onnx.NodeProto], router: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    if not router:
         return nodes
     produced = {o: position for position, node in enumerate(nodes) for o in node.output}
-    reads = [i for n in plan.router_nodes for i in n.input if i in produced]
+    reads = [i for n in router for i in n.input if i in produced]
     position = max((produced[i] for i in reads), default=-1) + 1
-    return [*nodes[:position], *plan.router_nodes, *nodes[position:]]
+    return [*nodes[:position], *router, *nodes[position:]]
+
+
+def _empty_like(model: onnx.ModelProto, graph_name: str) -> onnx.ModelProto:
+    """A model with ``model``'s header (IR version, opsets, functions) and an empty graph."""
+    probe = onnx.ModelProto()
+    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(probe, field_name, getattr(model, field_name))
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    probe.graph.name = graph_name
+    return probe
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
     w = plan.weights
-    names = {m.initializer for m in (w.up, w.down, w.gate) if m is not None}
+    names = {n for m in (w.up, w.down, w.gate) if m is not None for n in (m.initializer, *m.per_expert) if n}
     return sum(store.nbytes(n) for n in names)
+
+
+def _tolerance(plan: MoEBlockPlan, expected: np.ndarray) -> float:
+    scale = float(np.max(np.abs(expected.astype(np.float32)), initial=0.0))
+    return ATOL + RELATIVE_TOLERANCE[plan.weight_dtype] * scale
+
+
+def _judge(candidate: MoECandidate, store: WeightStore, captured: dict[str, np.ndarray], isolated: bool) -> Verdict:
+    first = candidate.readings[0]
+    x = captured[first.hidden_value]
+    ids = captured[first.expert_ids_value]
+    rw = captured[first.routing_weights_value]
+    expected = captured[first.output_value].astype(np.float32)
+    best_error = np.inf
+    for reading in candidate.readings:
+        try:
+            got = reference_block(reading, store, x, ids, rw)
+        except ValueError:
+            continue
+        if got.shape != expected.shape:
+            continue
+        error = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+        best_error = min(best_error, error)
+        if error <= _tolerance(reading, expected):
+            return Verdict(reading, None, True, error, isolated)
+    reason = (
+        f"no reading of the expert computation reproduces its output "
+        f"(best max abs error {best_error:.3g} over {len(candidate.readings)} readings)"
+    )
+    return Verdict(None, Skip(first.name, reason, first.replaced_nodes), True, best_error, isolated)
 
 
 def choose_readings(
@@ -70,50 +128,232 @@ def choose_readings(
     store: WeightStore,
     max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     seed: int = 0,
+    index: GraphIndex | None = None,
+    decoder: DecoderConfig | None = None,
 ) -> list[Verdict]:
-    """Pick, for every candidate, the reading that reproduces its output on a real run of ``model``."""
-    checkable, probe = _probe_model(model, candidates, store, max_weight_bytes)
-    captured = _capture(probe, store, random_feeds(model, seed=seed, seq_len=PROBE_SEQ_LEN)) if checkable else {}
-    verdicts: list[Verdict] = []
+    """Pick, for every candidate, the reading that reproduces its output (in isolation where possible)."""
+    index = index if index is not None else GraphIndex(model)
+    verdicts: dict[int, Verdict] = {}
+    whole_model: list[MoECandidate] = []
+    for position, candidate in enumerate(candidates):
+        if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
+            verdicts[position] = Verdict(candidate.readings[candidate.structural_choice], None, False)
+            continue
+        region = isolated_region(model, index, candidate.readings[0])
+        if region is None:
+            whole_model.append(candidate)
+            continue
+        captured, note = None, ""
+        for probe in (region, _bfloat16_as_float32(region, store)):
+            if probe is None:
+                continue
+            try:
+                captured = _capture(probe, store, _random_region_feeds(probe, candidate.readings[0], seed))
+                break
+            except Exception:  # ORT refusing the region (no kernel, an op it cannot run alone)
+                note = "checked on float32 copies of its bfloat16 weights (ONNX Runtime CPU has no bfloat16 kernel)"
+                continue
+        if captured is None:
+            whole_model.append(candidate)
+            continue
+        verdict = _judge(candidate, store, captured, isolated=True)
+        verdicts[position] = dataclasses.replace(verdict, note=note) if verdict.plan is not None else verdict
+    if whole_model:
+        fallback = _whole_model_verdicts(model, whole_model, store, seed, decoder)
+        for candidate, verdict in zip(whole_model, fallback, strict=True):
+            verdicts[candidates.index(candidate)] = verdict
+    return [verdicts[position] for position in range(len(candidates))]
+
+
+def _whole_model_verdicts(
+    model: onnx.ModelProto,
+    candidates: list[MoECandidate],
+    store: WeightStore,
+    seed: int,
+    decoder: DecoderConfig | None = None,
+) -> list[Verdict]:
+    """The fallback: one run of ``model`` (pruned to what the blocks need) on random feeds."""
+    checkable, probe = _probe_model(model, candidates, store, DEFAULT_MAX_WEIGHT_BYTES)
+    captured: dict[str, np.ndarray] = {}
+    failure = ""
+    if checkable:
+        try:
+            feeds = random_feeds(model, seed=seed, seq_len=PROBE_SEQ_LEN, config=decoder)
+            captured = _capture(probe, store, feeds)
+        except Exception as exc:  # onnxruntime raises its own exception types; all mean "cannot check"
+            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    verdicts = []
     for candidate in candidates:
-        if candidate not in checkable:
+        first = candidate.readings[0]
+        if candidate not in checkable:  # too large to run: the best structural reading, reported by the caller
             verdicts.append(Verdict(candidate.readings[candidate.structural_choice], None, False))
             continue
-        first = candidate.readings[0]
-        x = captured[first.hidden_value]
-        ids = captured[first.expert_ids_value]
-        rw = captured[first.routing_weights_value]
-        expected = captured[first.output_value]
-        best_error = np.inf
-        chosen = None
-        for reading in candidate.readings:
-            try:
-                got = reference_block(reading, store, x, ids, rw)
-            except ValueError:
-                continue
-            if got.shape != expected.shape:
-                continue
-            error = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-            best_error = min(best_error, error)
-            if error <= ATOL + RTOL * float(np.max(np.abs(expected), initial=0.0)):
-                chosen = reading
-                break
-        if chosen is None:
-            verdicts.append(
-                Verdict(
-                    None,
-                    Skip(
-                        first.name,
-                        f"no reading of the expert computation reproduces its output "
-                        f"(best max abs error {best_error:.3g} over {len(candidate.readings)} readings)",
-                    ),
-                    True,
-                    best_error,
-                )
-            )
-        else:
-            verdicts.append(Verdict(chosen, None, True, best_error))
+        if failure:
+            reason = f"its region cannot run alone and the whole model failed on random feeds ({failure[:200]})"
+            verdicts.append(Verdict(None, Skip(first.name, reason, first.replaced_nodes), False))
+            continue
+        verdicts.append(_judge(candidate, store, captured, isolated=False))
     return verdicts
+
+
+# ---------------------------------------------------------------------------------------------- isolation
+
+
+def isolated_region(model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPlan) -> onnx.ModelProto | None:
+    """A model computing ``plan``'s block from its own inputs, or None when the region is not self-contained."""
+    replaced = set(plan.replaced_nodes)
+    nodes = [n for n in model.graph.node if n.name in replaced]
+    if len(nodes) != len(replaced):
+        return None
+    nodes = _with_router_nodes(nodes, plan)
+    inputs = {plan.hidden_value, plan.expert_ids_value, plan.routing_weights_value}
+    router_reads = {i for n in plan.router_nodes for i in n.input if i}
+    router_made = {o for n in plan.router_nodes for o in n.output}
+    inputs = (inputs - router_made) | (router_reads - router_made - set(index.initializers))
+    nodes = _pull_upstream(nodes, index, inputs)
+    if nodes is None:
+        return None
+    made = {o for n in nodes for o in n.output if o}
+    if plan.output_value not in made:
+        return None
+    reads, _ = _reads(nodes)
+    probe = _empty_like(model, f"{plan.name}/isolated")
+    for value in sorted(inputs & reads):
+        shape = _concrete_shape(index, value, plan)
+        elem_type = _elem_type(index, value, plan)
+        if shape is None or elem_type is None:
+            return None
+        probe.graph.input.append(onnx.helper.make_tensor_value_info(value, elem_type, shape))
+    probe.graph.node.extend(nodes)
+    probe.graph.initializer.extend(index.initializers[n] for n in sorted(reads) if n in index.initializers)
+    for value in (plan.output_value, plan.expert_ids_value, plan.routing_weights_value, plan.hidden_value):
+        if value in made:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
+    return probe
+
+
+def _bfloat16_as_float32(probe: onnx.ModelProto, store: WeightStore) -> onnx.ModelProto | None:
+    """``probe`` computing in float32 from float32 copies of its bfloat16 weights and inputs, or None.
+
+    ONNX Runtime's CPU provider has no bfloat16 MoE kernel; the semantics a reading must reproduce (layouts,
+    activation, routing) do not depend on the float type, and bfloat16 widens to float32 exactly.
+    """
+    bf16 = onnx.TensorProto.BFLOAT16
+    if not any(t.data_type == bf16 for t in probe.graph.initializer):
+        return None
+    for node in probe.graph.node:
+        if any(a.name == "to" and a.i == bf16 for a in node.attribute):
+            return None
+    out = onnx.ModelProto()
+    out.CopyFrom(probe)
+    for position, tensor in enumerate(out.graph.initializer):
+        if tensor.data_type == bf16:
+            array = store.full(tensor.name).astype(np.float32)
+            out.graph.initializer[position].CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))
+    for value in out.graph.input:
+        if value.type.tensor_type.elem_type == bf16:
+            value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return out
+
+
+def _reads(nodes: list[onnx.NodeProto]) -> tuple[set[str], set[str]]:
+    _, reads = live_nodes(nodes, {o for n in nodes for o in n.output if o})
+    made = {o for n in nodes for o in n.output if o}
+    return reads, made
+
+
+def _pull_upstream(nodes: list[onnx.NodeProto], index: GraphIndex, inputs: set[str]) -> list[onnx.NodeProto] | None:
+    """Add the upstream nodes the region needs that read only ``inputs``, initializers and one another."""
+    chosen = {n.name for n in nodes}
+    while True:
+        reads, made = _reads(nodes)
+        missing = reads - made - inputs - set(index.initializers)
+        if not missing:
+            order = {n.name: position for position, n in enumerate(index.graph.node)}
+            router = [n for n in nodes if n.name not in order]
+            ordered = sorted((n for n in nodes if n.name in order), key=lambda n: order[n.name])
+            return _insert_router(ordered, router)
+        added = False
+        for value in sorted(missing):
+            producer = index.producer.get(value)
+            if producer is None or producer.name in chosen:
+                return None  # a graph input or a value the region cannot compute from its own inputs
+            upstream = index.upstream(value, stop=inputs)
+            needed = [index.node_by_name[n] for n in upstream if n not in chosen]
+            sources = {i for n in needed for i in n.input if i} - {o for n in needed for o in n.output}
+            if sources - inputs - set(index.initializers) - {o for n in nodes for o in n.output}:
+                return None
+            if any(n.op_type in ("If", "Loop", "Scan") for n in needed) or len(needed) > 64:
+                return None
+            nodes = [*needed, *nodes]
+            chosen.update(n.name for n in needed)
+            added = True
+        if not added:
+            return None
+
+
+def _elem_type(index: GraphIndex, value: str, plan: MoEBlockPlan) -> int | None:
+    known = index.elem_type(value)
+    if known:
+        return known
+    if value == plan.expert_ids_value:
+        return onnx.TensorProto.INT64
+    w = plan.weights.up
+    source = w.scales or w.initializer or (w.per_expert[0] if w.per_expert else "")
+    tensor = index.initializers.get(source)
+    return tensor.data_type if tensor is not None else None
+
+
+def _concrete_shape(index: GraphIndex, value: str, plan: MoEBlockPlan) -> list[int] | None:
+    """``value``'s shape with unknown leading dims set so that tokens = :data:`PROBE_SEQ_LEN`."""
+    shape = index.shape(value)
+    last = {plan.hidden_value: plan.hidden, plan.expert_ids_value: plan.top_k, plan.routing_weights_value: plan.top_k}
+    if shape is None:
+        if value in last:
+            return [PROBE_SEQ_LEN, last[value]]
+        if plan.router_nodes:  # a fused op's router logits
+            return [PROBE_SEQ_LEN, plan.num_experts]
+        return None
+    dims: list[int] = []
+    token_dim_given = False
+    for position, d in enumerate(shape):
+        if isinstance(d, int) and d > 0:
+            dims.append(d)
+        elif position == len(shape) - 1:
+            if value not in last:
+                return None
+            dims.append(last[value])
+        elif not token_dim_given:
+            dims.append(PROBE_SEQ_LEN)
+            token_dim_given = True
+        else:
+            dims.append(1)
+    return dims
+
+
+def _random_region_feeds(probe: onnx.ModelProto, plan: MoEBlockPlan, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs for an isolated region: normal hidden states and logits, distinct ids, positive weights."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for value in probe.graph.input:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        if value.name == plan.expert_ids_value:
+            tokens = int(np.prod(dims[:-1], dtype=np.int64))
+            ids = np.stack([rng.permutation(plan.num_experts)[: plan.top_k] for _ in range(tokens)])
+            feeds[value.name] = ids.reshape(dims).astype(dtype)
+        elif value.name == plan.routing_weights_value:
+            weights = rng.uniform(0.1, 1.0, dims)
+            feeds[value.name] = (weights / weights.sum(axis=-1, keepdims=True)).astype(dtype)
+        elif np.issubdtype(dtype, np.floating) or dtype == np.dtype("bfloat16"):
+            scale = 2.0 if value.name != plan.hidden_value else 1.0
+            feeds[value.name] = (rng.standard_normal(dims) * scale).astype(dtype)
+        else:
+            raise ValueError(f"no random values for integer input {value.name}")
+    return feeds
+
+
+# ------------------------------------------------------------------------------------------- running ORT
 
 
 def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -133,7 +373,15 @@ def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.nda
         options.add_external_initializers(external, values)
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+    return {**feeds, **dict(zip(names, session.run(names, feeds), strict=True))}
+
+
+def _check_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
+    """What checking ``plan``'s region may hold: its weights, plus the per-slot weight copies a gathered block
+    materialises (a fused op computes expert by expert)."""
+    extra = 0 if plan.router_nodes else _activation_bytes(plan, store)
+    return _weight_bytes(plan, store) + extra
 
 
 def _activation_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
@@ -172,16 +420,11 @@ def _probe_model(
             continue
         chosen.append(candidate)
         nodes = trial
-    probe = onnx.ModelProto()
+    probe = _empty_like(model, model.graph.name)
     if not chosen:
         return chosen, probe
     wanted = list(dict.fromkeys(v for c in chosen for v in _wanted_values(c.readings[0])))
     nodes, reads = live_nodes(nodes, wanted)
-    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
-        setattr(probe, field_name, getattr(model, field_name))
-    probe.opset_import.extend(model.opset_import)
-    probe.functions.extend(model.functions)
-    probe.graph.name = model.graph.name
     probe.graph.input.extend(model.graph.input)
     probe.graph.node.extend(nodes)
     probe.graph.initializer.extend(initializers[n] for n in initializers if n in reads)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-COMMANDS = ("convert", "run", "demo", "bench", "validate", "diff", "sweep", "generate")
+COMMANDS = ("convert", "inspect", "run", "demo", "generate", "bench", "sweep", "validate", "diff")
 EXIT_BAD_INPUT = 2
 DISTRIBUTION = "ndp-ep"
 

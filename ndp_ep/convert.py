@@ -1,7 +1,14 @@
-"""``ndp_ep.convert_model``: rewrite a model's MoE blocks into sharded expert ops and save it atomically."""
+"""``ndp_ep.convert_model``: rewrite a model's MoE blocks into sharded expert ops and save it atomically.
+
+A model inside an ONNX Runtime GenAI folder (``genai_config.json`` beside it) stays a GenAI folder: the
+config, tokenizer and other side files are copied beside the output, with ``decoder.filename`` pointing at
+the converted model, so ``onnxruntime_genai.Model(output_dir)`` loads the converted model.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +19,7 @@ from graph_passes.model_io import output_files, save_rewritten
 from hw_model.hardware import SystemSpec, load_system
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
-from ndp_io import FileSafetyError, check_no_clobber, check_output_path
+from ndp_io import FileSafetyError, atomic_write, check_no_clobber, check_output_path, write_text
 
 DEFAULT_POLICY = "tp+lb+prefetch"
 
@@ -60,6 +67,7 @@ def convert_model(
         check_no_clobber(output_files(output_path), inputs)
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
+    genai = None if isinstance(source, onnx.ModelProto) else genai_folder_config(Path(source), output_path)
     requested = shards if shards is not None else max(system.num_ndp_units, 1)
     with graph_pass_errors():
         rewritten, report = convert(source, shards=requested, strict=strict)
@@ -72,4 +80,46 @@ def convert_model(
         files = save_rewritten(rewritten, output_path, external=external_data)
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
+    if genai is not None:
+        files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
     return ConversionResult(report, tuple(files), system, requested)
+
+
+GENAI_CONFIG = "genai_config.json"
+NOT_COPIED_SUFFIXES = (".onnx", ".onnx.data", ".data", ".npz")
+
+
+def genai_folder_config(source: Path, output: Path) -> dict | None:
+    """The GenAI config to write beside ``output`` (``decoder.filename`` pointing at it), or None.
+
+    None without a ``genai_config.json`` beside ``source`` or when the output is in the same folder (the
+    original config must keep pointing at the original model). Read before anything is written, so that an
+    unreadable config fails the conversion cleanly.
+    """
+    config_path = source.parent / GENAI_CONFIG
+    if not config_path.is_file() or source.parent.resolve() == output.parent.resolve():
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+        config["model"]["decoder"]["filename"] = output.name
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise ConversionError(f"{config_path} is not a readable GenAI config ({type(exc).__name__})") from None
+    return config
+
+
+def copy_genai_folder(source: Path, output: Path, config: dict, written: list[Path]) -> list[Path]:
+    """Copy the GenAI side files of ``source``'s folder beside ``output`` and write ``config``; returns the files
+    written. Model and data files are not copied (``written`` already holds the converted ones)."""
+    copied: list[Path] = []
+    taken = {p.resolve() for p in written}
+    for path in sorted(source.parent.iterdir()):
+        target = output.parent / path.name
+        if not path.is_file() or path.name == GENAI_CONFIG or path.name.endswith(NOT_COPIED_SUFFIXES):
+            continue
+        if target.resolve() in taken:
+            continue
+        with open(path, "rb") as source_file, atomic_write(target) as target_file:
+            shutil.copyfileobj(source_file, target_file)
+        copied.append(target)
+    target = write_text(output.parent / GENAI_CONFIG, json.dumps(config, indent=4))
+    return [*copied, target]

@@ -91,14 +91,12 @@ CASES = (
     ),
     FusedCase("gelu_k1_norm_3layers", "gelu", top_k=1, normalize=True, biases=True, layers=3, seed=7),
     FusedCase(
-        "skip_swiglu_beta",  # (l + 0.5): no plan activation expresses this offset
+        "skip_swiglu_beta",  # (l + 0.5): once skipped, now expressed by the op's activation_beta attribute
         "swiglu",
         top_k=2,
         normalize=True,
         biases=True,
         activation_beta=0.5,
-        expect_converted=False,
-        expect_reason="activation_beta",
         seed=8,
     ),
 )

@@ -31,17 +31,26 @@ import re
 import numpy as np
 import onnx
 
+from graph_passes.activations import PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_LIMIT
 from graph_passes.graph_index import GraphIndex
-from graph_passes.plan import ExpertWeights, MoEBlockPlan, MoECandidate, Skip, StackedBias, StackedMatrix
+from graph_passes.plan import (
+    BlockRegion,
+    ExpertWeights,
+    MoEBlockPlan,
+    MoECandidate,
+    Skip,
+    StackedBias,
+    StackedMatrix,
+)
 
 LAYOUT_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Flatten", "Cast", "Identity"}
 MATMUL_OPS = {"MatMul", "Gemm", "Einsum"}
 # ops whose inputs after the first are shape parameters (sizes, axes, repeats), not data
 DATA_IN_FIRST_INPUT_OPS = LAYOUT_OPS | {"Slice", "Pad", "Split", "ConstantOfShape", "Resize"}
 MAX_REGION_NODES = 400
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 SMALL_INITIALIZER_ELEMENTS = 64  # scalars and shape vectors an expert region may read besides its weights
 GATED_COLUMN_SPLITS = (("first_half", "second_half"), ("even", "odd"), ("second_half", "first_half"), ("odd", "even"))
-DEFAULT_SWIGLU = (1.702, 7.0)
 
 
 def _is_std(node: onnx.NodeProto) -> bool:
@@ -180,11 +189,33 @@ class GatheredExpertsRule:
         return None
 
     def _find_block(self, index, ids_value, anchors, order, used_names) -> MoEBlockPlan | MoECandidate | Skip | None:
+        """anchor (done by the caller) → trace → check → roles → plan, each stage returning a value or a Skip."""
         selector = index.producer.get(ids_value)
         where = f"{selector.op_type} {selector.name}" if selector is not None else ids_value
         router = self._router(index, ids_value)
         if selector is None or router is None:
             return Skip(where, "expert weights are selected by ids that no router computes")
+        routing = self._routing(index, where, selector, router, ids_value, anchors)
+        if isinstance(routing, Skip):
+            return routing
+        num_experts, top_k = routing
+        region = self._trace_and_check(index, where, router, ids_value, anchors, order, num_experts, top_k)
+        if isinstance(region, Skip):
+            return region
+        roles = self._roles(index, region, anchors)
+        if isinstance(roles, Skip):
+            return roles
+        first_layer, down_anchor, biases = roles
+        nodes = [index.node_by_name[n] for n in region.nodes]
+        name = _block_name(index, [a.input[0] for a in anchors], nodes, used_names)
+        readings = self._readings(index, name, region, first_layer, down_anchor, biases)
+        if isinstance(readings, Skip):
+            return Skip(name, readings.reason)
+        return MoECandidate(readings=tuple(readings))
+
+    @staticmethod
+    def _routing(index, where, selector, router, ids_value, anchors) -> tuple[int, int] | Skip:
+        """``(num_experts, top_k)`` agreed on by the gathered weights, the router and the ids."""
         num_experts_set = {index.initializers[a.input[0]].dims[0] for a in anchors}
         if len(num_experts_set) != 1:
             return Skip(where, f"gathered expert weights disagree on the expert count: {sorted(num_experts_set)}")
@@ -201,30 +232,17 @@ class GatheredExpertsRule:
             return Skip(where, "number of experts per token is unknown")
         if ids_shape is not None and (len(ids_shape) != 2 or ids_shape[-1] != top_k):
             return Skip(where, f"expert ids have shape {list(ids_shape)}, expected [tokens, {top_k}]")
+        if not 0 < top_k <= num_experts:
+            return Skip(where, f"top-{top_k} routing over {num_experts} experts")
+        return num_experts, top_k
 
-        # 2. trace: the region downstream of the anchors up to a single exit value
+    def _trace_and_check(
+        self, index, where, router, ids_value, anchors, order, num_experts: int, top_k: int
+    ) -> BlockRegion | Skip:
+        """The region downstream of the anchors up to a single exit value whose inputs are x, rw and ids."""
         anchor_names = {a.name for a in anchors}
-        descendants: set[str] = set()
-        pending = [o for a in anchors for o in a.output]
-        while pending:
-            value = pending.pop()
-            for user in index.consumers.get(value, []):
-                if user.name not in descendants:
-                    descendants.add(user.name)
-                    pending.extend(user.output)
-        # nodes carrying routing data (not shapes or ids derived from it) that are not expert computation
-        routing_nodes: set[str] = set()
-        pending = list(router.output)
-        while pending:
-            value = pending.pop()
-            if index.elem_type(value) in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
-                continue
-            for user in index.consumers.get(value, []):
-                if user.op_type in DATA_IN_FIRST_INPUT_OPS and user.input[0] != value:
-                    continue
-                if user.name not in routing_nodes and user.name not in descendants and user.name not in anchor_names:
-                    routing_nodes.add(user.name)
-                    pending.extend(user.output)
+        descendants = index.downstream(o for a in anchors for o in a.output)
+        routing_nodes = _routing_nodes(index, router, descendants | anchor_names)
         walk = sorted(anchor_names | descendants, key=order.__getitem__)
         exits = self._single_exit_points(index, walk, anchor_names, routing_nodes)
         if not exits:
@@ -232,80 +250,43 @@ class GatheredExpertsRule:
         first_skip: Skip | None = None
         for region, exit_value in exits:
             checked = self._check_inputs(index, router, where, region, anchors, ids_value, exit_value)
-            if isinstance(checked, Skip):
-                first_skip = first_skip or checked
-                continue
-            hidden_value, routing_value, hidden = checked
-            break
-        else:
-            return first_skip
-        region_names = {n.name for n in region}
+            if not isinstance(checked, Skip):
+                hidden_value, routing_value, hidden = checked
+                return BlockRegion(
+                    where=where,
+                    nodes=tuple(n.name for n in region),
+                    hidden_value=hidden_value,
+                    expert_ids_value=ids_value,
+                    routing_weights_value=routing_value,
+                    output_value=exit_value,
+                    num_experts=num_experts,
+                    top_k=top_k,
+                    hidden=hidden,
+                )
+            first_skip = first_skip or checked
+        return first_skip
 
-        # roles of the gathered matrices: the down projection consumes what another matrix produced
+    @staticmethod
+    def _roles(index, region: BlockRegion, anchors) -> tuple[list, onnx.NodeProto, list] | Skip:
+        """First-projection matrices, the down projection (it consumes what another matrix produced), biases."""
+        region_names = set(region.nodes)
         matrices = [a for a in anchors if len(index.initializers[a.input[0]].dims) == 3]
+        matrix_names = {m.name for m in matrices}
         biases = [a for a in anchors if len(index.initializers[a.input[0]].dims) == 2]
-        region_by_output = {o: n for n in region for o in n.output}
-
-        def upstream_anchors(node_name: str) -> set[str]:
-            seen, stack, found = set(), [node_name], set()
-            while stack:
-                current = stack.pop()
-                if current in seen:
-                    continue
-                seen.add(current)
-                node = index.node_by_name[current]
-                if current in anchor_names and current != node_name:
-                    found.add(current)
-                    continue
-                stack.extend(region_by_output[i].name for i in node.input if i in region_by_output)
-            return found
-
-        def first_matmul(anchor: onnx.NodeProto) -> onnx.NodeProto | None:
-            frontier = list(anchor.output)
-            seen: set[str] = set()
-            while frontier:
-                value = frontier.pop(0)
-                for user in index.consumers.get(value, []):
-                    if user.name not in region_names or user.name in seen:
-                        continue
-                    seen.add(user.name)
-                    if user.op_type in MATMUL_OPS:
-                        return user
-                    frontier.extend(user.output)
-            return None
-
         first_layer, down_layer = [], []
         for anchor in matrices:
-            matmul = first_matmul(anchor)
+            matmul = _first_matmul(index, anchor, region_names)
             if matmul is None:
-                return Skip(where, f"gathered weight {anchor.input[0]} does not reach a matrix product")
-            deps = upstream_anchors(matmul.name) - {anchor.name}
-            (down_layer if any(d in {m.name for m in matrices} for d in deps) else first_layer).append(anchor)
+                return Skip(region.where, f"gathered weight {anchor.input[0]} does not reach a matrix product")
+            deps = _upstream_anchors(index, matmul.name, {a.name for a in anchors}, region_names) - {anchor.name}
+            (down_layer if deps & matrix_names else first_layer).append(anchor)
         if len(down_layer) != 1 or len(first_layer) not in (1, 2):
             return Skip(
-                where,
+                region.where,
                 f"expected 1-2 first-projection and 1 down-projection weights, found "
                 f"{len(first_layer)} and {len(down_layer)}",
             )
-        name = _block_name(index, [a.input[0] for a in anchors], region, used_names)
-        readings = self._readings(
-            index,
-            name,
-            region,
-            first_layer,
-            down_layer[0],
-            biases,
-            hidden,
-            num_experts,
-            top_k,
-            hidden_value,
-            ids_value,
-            routing_value,
-            exit_value,
-        )
-        if isinstance(readings, Skip):
-            return Skip(name, readings.reason)
-        return MoECandidate(readings=tuple(readings))
+        return first_layer, down_layer[0], biases
 
     @staticmethod
     def _single_exit_points(index, walk, anchor_names, routing_nodes, limit: int = 3):
@@ -399,26 +380,17 @@ class GatheredExpertsRule:
         if exit_size is not None and hidden_size is not None and exit_size != hidden_size:
             return Skip(where, f"block output has {exit_size} elements where the hidden state has {hidden_size}")
         for value in (hidden_value, routing_value, exit_value):
-            if index.elem_type(value) not in (None, onnx.TensorProto.FLOAT):
-                return Skip(where, f"{value} is not float32 (only float32 experts are supported)")
+            if index.elem_type(value) not in (None, *FLOAT_TYPES):
+                return Skip(where, f"{value} is not a float tensor (float32, float16 or bfloat16)")
         return hidden_value, routing_value, hidden
 
     def _readings(
-        self,
-        index,
-        name,
-        region,
-        first_layer,
-        down_anchor,
-        biases,
-        hidden,
-        num_experts,
-        top_k,
-        hidden_value,
-        ids_value,
-        routing_value,
-        exit_value,
+        self, index, name: str, region: BlockRegion, first_layer, down_anchor, biases
     ) -> list[MoEBlockPlan] | Skip:
+        """Every reading of the expert weights compatible with the shapes, best structural guess first."""
+        hidden = region.hidden
+        nodes = [index.node_by_name[n] for n in region.nodes]
+
         def layouts(dims: tuple[int, int], in_dim_is_hidden: bool) -> list[tuple[str, int]]:
             a, b = dims
             options = []
@@ -437,16 +409,17 @@ class GatheredExpertsRule:
         down_name = down_anchor.input[0]
         down_dims = tuple(index.initializers[down_name].dims[1:])
         down_options = layouts(down_dims, in_dim_is_hidden=False)
-        op_types = {n.op_type for n in region}
-        clamps = _scalar_constants(index, region, {"Clip", "Min", "Max"})
-        limits = sorted({abs(v) for v in clamps if v != 0}) or [DEFAULT_SWIGLU[1]]
-        alphas = sorted(_scalar_constants(index, region, {"Mul"}) - {1.0}) or [DEFAULT_SWIGLU[0]]
+        op_types = {n.op_type for n in nodes}
+        clamps = _scalar_constants(index, nodes, {"Clip", "Min", "Max"})
+        limits = sorted({abs(v) for v in clamps if v != 0}) or [SWIGLU_LIMIT]
+        alphas = sorted(_scalar_constants(index, nodes, {"Mul"}) - {1.0}) or [SWIGLU_ALPHA]
         if "Clip" in op_types or "Min" in op_types:
-            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits] + [("silu_glu", *DEFAULT_SWIGLU)]
+            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
+            gated_acts.append(("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT))
         else:
-            gated_acts = [("silu_glu", *DEFAULT_SWIGLU), ("gelu_glu", *DEFAULT_SWIGLU)]
+            gated_acts = [("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT), ("gelu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT)]
             gated_acts += [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
-        plain_order = ["relu", "gelu", "gelu_tanh", "silu"]
+        plain_order = list(PLAIN_ACTIVATIONS)
         hinted = {"Relu": "relu", "Erf": "gelu", "Tanh": "gelu_tanh", "Sigmoid": "silu"}
         plain_acts = sorted(plain_order, key=lambda a: 0 if a in {hinted.get(t) for t in op_types} else 1)
 
@@ -455,20 +428,9 @@ class GatheredExpertsRule:
             bias_by_width.setdefault(int(index.initializers[bias.input[0]].dims[1]), []).append(bias.input[0])
 
         readings: list[MoEBlockPlan] = []
-        common = dict(
-            name=name,
-            rule=self.name,
-            hidden_value=hidden_value,
-            expert_ids_value=ids_value,
-            routing_weights_value=routing_value,
-            output_value=exit_value,
-            num_experts=num_experts,
-            top_k=top_k,
-            hidden=hidden,
-            replaced_nodes=tuple(n.name for n in region),
-        )
+        common = dict(name=name, rule=self.name, **region.plan_fields())
 
-        def reading(ffn, activation, weights, alpha=DEFAULT_SWIGLU[0], limit=DEFAULT_SWIGLU[1]) -> MoEBlockPlan:
+        def reading(ffn, activation, weights, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT) -> MoEBlockPlan:
             return MoEBlockPlan(
                 **common,
                 ffn=ffn,
@@ -531,3 +493,55 @@ class GatheredExpertsRule:
         if not readings:
             return Skip(name, f"expert weight shapes do not fit one FFN of hidden size {hidden}")
         return readings
+
+
+# ---------------------------------------------------------------------------------------------- graph walks
+
+
+def _routing_nodes(index: GraphIndex, router: onnx.NodeProto, excluded: set[str]) -> set[str]:
+    """Nodes carrying routing data (not shapes or ids derived from it) that are not expert computation."""
+    found: set[str] = set()
+    pending = list(router.output)
+    while pending:
+        value = pending.pop()
+        if index.elem_type(value) in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            continue
+        for user in index.consumers.get(value, []):
+            if user.op_type in DATA_IN_FIRST_INPUT_OPS and user.input[0] != value:
+                continue
+            if user.name not in found and user.name not in excluded:
+                found.add(user.name)
+                pending.extend(user.output)
+    return found
+
+
+def _upstream_anchors(index: GraphIndex, node_name: str, anchor_names: set[str], region: set[str]) -> set[str]:
+    """The anchors a region node depends on (stopping at each anchor)."""
+    region_by_output = {o: n for n in region for o in index.node_by_name[n].output}
+    seen, stack, found = set(), [node_name], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in anchor_names and current != node_name:
+            found.add(current)
+            continue
+        stack.extend(region_by_output[i] for i in index.node_by_name[current].input if i in region_by_output)
+    return found
+
+
+def _first_matmul(index: GraphIndex, anchor: onnx.NodeProto, region: set[str]) -> onnx.NodeProto | None:
+    """The nearest matrix product downstream of ``anchor`` inside the region."""
+    frontier = list(anchor.output)
+    seen: set[str] = set()
+    while frontier:
+        value = frontier.pop(0)
+        for user in index.consumers.get(value, []):
+            if user.name not in region or user.name in seen:
+                continue
+            seen.add(user.name)
+            if user.op_type in MATMUL_OPS:
+                return user
+            frontier.extend(user.output)
+    return None

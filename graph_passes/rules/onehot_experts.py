@@ -37,140 +37,11 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
-from graph_passes.graph_index import GraphIndex
+from graph_passes.activations import CATALOG, PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT, erf
+from graph_passes.graph_index import GraphIndex, is_standard_op, scope_of, through
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
-
-EAGER_REASON = "eager export unrolled only the experts hit while tracing"
-MAX_EVAL_DEPTH = 40
-
-
-def _std(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx")
-
-
-class ShapeEvaluator:
-    """Evaluates the small integer computations exporters build from ``Shape`` (slice bounds, repeats).
-
-    Unknown (symbolic) dims are ``None`` inside a ``Shape`` result; any arithmetic touching them gives None.
-    """
-
-    def __init__(self, index: GraphIndex) -> None:
-        self.index = index
-        self._memo: dict[str, np.ndarray | None] = {}
-
-    def value(self, name: str, depth: int = 0) -> np.ndarray | None:
-        if name in self._memo:
-            return self._memo[name]
-        result = None if depth > MAX_EVAL_DEPTH else self._compute(name, depth)
-        self._memo[name] = result
-        return result
-
-    def ints(self, name: str) -> list[int] | None:
-        """The value as a list of Python ints, or None if unknown or not integral."""
-        array = self.value(name)
-        if array is None:
-            return None
-        flat = np.asarray(array).reshape(-1).tolist()
-        if any(v is None for v in flat):
-            return None
-        try:
-            return [int(v) for v in flat]
-        except (TypeError, ValueError):
-            return None
-
-    def _compute(self, name: str, depth: int) -> np.ndarray | None:
-        constant = self.index.constant(name)
-        if constant is not None:
-            return constant
-        node = self.index.producer.get(name)
-        if node is None or not _std(node):
-            return None
-        try:
-            return self._apply(node, name, depth)
-        except (TypeError, ValueError, IndexError):
-            return None
-
-    def _apply(self, node: onnx.NodeProto, name: str, depth: int) -> np.ndarray | None:
-        op = node.op_type
-        index = self.index
-        if op == "Shape":
-            shape = index.shape(node.input[0])
-            if shape is None:
-                return None
-            dims = [d if isinstance(d, int) else None for d in shape]
-            start = index.attr(node, "start", 0)
-            end = index.attr(node, "end", len(dims))
-            return np.array(dims[start:end], dtype=object)
-        args = [self.value(i, depth + 1) if i else None for i in node.input]
-        if op in ("Identity", "Cast"):
-            if args[0] is None:
-                return None
-            return args[0] if op == "Identity" or args[0].dtype == object else args[0].astype(_np_type(node))
-        if op == "Gather":
-            data, idx = args
-            if data is None or idx is None:
-                return None
-            return np.take(data, np.asarray(idx, dtype=np.int64), axis=index.attr(node, "axis", 0))
-        if op == "Slice":
-            data, starts, ends = args[0], args[1], args[2]
-            axes = args[3] if len(args) > 3 and args[3] is not None else np.arange(len(starts))
-            steps = args[4] if len(args) > 4 and args[4] is not None else np.ones(len(starts), dtype=np.int64)
-            if data is None or starts is None or ends is None:
-                return None
-            slices = [slice(None)] * data.ndim
-            for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
-                slices[int(axis)] = slice(int(start), int(end), int(step))
-            return data[tuple(slices)]
-        if op == "Concat":
-            if any(a is None for a in args):
-                return None
-            return np.concatenate([np.atleast_1d(a) for a in args], axis=index.attr(node, "axis", 0))
-        if op in ("Unsqueeze", "Squeeze", "Reshape"):
-            data = args[0]
-            if data is None:
-                return None
-            if op == "Reshape":
-                target = self.ints(node.input[1])
-                return (
-                    None
-                    if target is None
-                    else np.reshape(data, [d if d != 0 else data.shape[i] for i, d in enumerate(target)])
-                )
-            axes = self.ints(node.input[1]) if len(node.input) > 1 else index.attr(node, "axes")
-            if op == "Squeeze":
-                return np.squeeze(data, axis=tuple(axes)) if axes else np.squeeze(data)
-            result = data
-            for axis in sorted(a % (data.ndim + len(axes)) for a in axes):
-                result = np.expand_dims(result, axis)
-            return result
-        if op in ("Add", "Sub", "Mul", "Div"):
-            left, right = args
-            if left is None or right is None:
-                return None
-            if op == "Add":
-                return left + right
-            if op == "Sub":
-                return left - right
-            if op == "Mul":
-                return left * right
-            integral = all(np.asarray(a).dtype.kind in "iuO" for a in (left, right))
-            return left // right if integral else left / right
-        if op == "OneHot":
-            indices, depth_value, values = args
-            if indices is None or depth_value is None or values is None:
-                return None
-            count = int(np.asarray(depth_value).reshape(-1)[0])
-            out = np.full(np.asarray(indices).shape + (count,), values[0], dtype=object)
-            for pos, i in np.ndenumerate(np.asarray(indices)):
-                out[pos + (int(i) % count,)] = values[1]
-            axis = index.attr(node, "axis", -1)
-            return np.moveaxis(out, -1, axis) if axis != -1 else out
-        return None
-
-
-def _np_type(node: onnx.NodeProto) -> type:
-    to = onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "to"))
-    return onnx.helper.tensor_dtype_to_np_dtype(to)
+from graph_passes.rules.eager_unrolled import EAGER_REASON, find_eager_unrolled  # noqa: F401 (re-exported)
+from graph_passes.shape_eval import ShapeEvaluator
 
 
 class _NoMatch(Exception):
@@ -198,11 +69,11 @@ class OneHotExpertsRule:
         for flat_ids, selections in groups.items():
             if not any(len(index.initializer_shape(s.input[0])) == 3 for s in selections):
                 continue
-            where = _scope(selections[0].name) or selections[0].name
+            where = scope_of(selections[0].name) or selections[0].name
             try:
                 results.append(_match_block(index, evaluator, flat_ids, selections, self.name))
             except _NoMatch as reason:
-                results.append(Skip(where, str(reason)))
+                results.append(Skip(where, str(reason), tuple(s.name for s in selections)))
         return results
 
 
@@ -210,7 +81,7 @@ def _selections(index: GraphIndex, ev: ShapeEvaluator, with_gather: bool, with_g
     """Gather(axis 0) / GatherND(batch_dims 0) of a stacked ``[E, ...]`` initializer by a dynamic id vector."""
     found = []
     for node in index.graph.node:
-        if not _std(node) or len(node.input) < 2 or index.constant(node.input[1]) is not None:
+        if not is_standard_op(node) or len(node.input) < 2 or index.constant(node.input[1]) is not None:
             continue
         weight_shape = index.initializer_shape(node.input[0])
         if weight_shape is None or len(weight_shape) not in (2, 3):
@@ -236,19 +107,10 @@ def _flat_ids_of(index: GraphIndex, selection: onnx.NodeProto) -> str:
     return selection.input[1]
 
 
-def _scope(node_name: str) -> str:
-    """``/model/layers.0/mlp/experts/Gather_1`` -> ``model.layers.0.mlp``."""
-    parts = [p for p in node_name.split("/") if p]
-    if "experts" in parts:
-        parts = parts[: parts.index("experts")]
-    elif parts:
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
 def _single(index: GraphIndex, value: str, op_types: Iterable[str], what: str) -> onnx.NodeProto:
     users = index.consumers.get(value, [])
-    if value in index.graph_outputs or len(users) != 1 or users[0].op_type not in op_types or not _std(users[0]):
+    single = len(users) == 1 and users[0].op_type in op_types and is_standard_op(users[0])
+    if value in index.graph_outputs or not single:
         ops = ", ".join(u.op_type for u in users) or "nothing"
         raise _NoMatch(f"{what} ({value}) feeds {ops}, expected one {'/'.join(op_types)}")
     return users[0]
@@ -261,15 +123,6 @@ def _other_input(node: onnx.NodeProto, value: str) -> str:
     return others[0]
 
 
-def _through(index: GraphIndex, value: str, op_types: tuple[str, ...]) -> str:
-    """Follow ``value`` upstream through single-input layout ops of the given types."""
-    while True:
-        node = index.producer.get(value)
-        if node is None or node.op_type not in op_types or not _std(node):
-            return value
-        value = node.input[0]
-
-
 def _match_block(
     index: GraphIndex, ev: ShapeEvaluator, flat_ids: str, selections: list[onnx.NodeProto], rule: str
 ) -> MoEBlockPlan:
@@ -277,7 +130,7 @@ def _match_block(
     reshape = index.producer.get(flat_ids)
     if reshape is None or reshape.op_type != "Reshape" or ev.ints(reshape.input[1]) != [-1]:
         raise _NoMatch(f"expert weights are gathered by {flat_ids}, which is not a flattened [T, K] id tensor")
-    ids_value = _through(index, reshape.input[0], ("Cast",))
+    ids_value = through(index, reshape.input[0], ("Cast",))
     ids_shape = index.shape(ids_value)
     if ids_shape is None or len(ids_shape) != 2:
         raise _NoMatch(f"expert ids {ids_value} are not a [tokens, top_k] tensor")
@@ -362,8 +215,8 @@ def _match_block(
     selection = next(iter(weights.values()))
     name = (
         _torch_scope_block(index, selection)
-        or _weight_scope(first["weight"])
-        or (_scope(selection.name) if "/" in selection.name else "")
+        or _weightscope_of(first["weight"])
+        or (scope_of(selection.name) if "/" in selection.name else "")
         or f"moe.{first['weight']}"
     )
     return MoEBlockPlan(
@@ -386,7 +239,7 @@ def _match_block(
     )
 
 
-def _weight_scope(weight: str) -> str:
+def _weightscope_of(weight: str) -> str:
     match = re.match(r"(.+?)\.experts\.", weight)
     return match.group(1) if match else ""
 
@@ -555,7 +408,7 @@ def _split_halves(index: GraphIndex, ev: ShapeEvaluator, value: str, width: int)
 
 def _producer(index: GraphIndex, value: str, op_type: str) -> onnx.NodeProto | None:
     node = index.producer.get(value)
-    return node if node is not None and node.op_type == op_type and _std(node) else None
+    return node if node is not None and node.op_type == op_type and is_standard_op(node) else None
 
 
 def _scalar(index: GraphIndex, value: str) -> float | None:
@@ -582,21 +435,21 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     plain = {"gate": None, "up": None}
     relu = _producer(index, act, "Relu")
     if relu is not None and relu.input[0] == h:
-        return "relu", plain, 1.702, 7.0
+        return "relu", plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     if _silu_of(index, act) == h:
-        return "silu", plain, 1.702, 7.0
+        return "silu", plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     gelu = _producer(index, act, "Gelu")
     if gelu is not None and gelu.input[0] == h:
         approximate = index.attr(gelu, "approximate", "none")
         approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
-        return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, 1.702, 7.0
+        return ("gelu_tanh" if approximate == "tanh" else "gelu"), plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     # decomposed activations (erf / tanh GELU...): an elementwise subgraph of h alone, identified numerically
     function = _elementwise_function(index, [h], act)
     if function is not None:
         name = _identify_plain(function)
         if name is None:
             raise _NoMatch("unrecognised elementwise expert activation (not relu, silu, gelu or gelu_tanh)")
-        return name, plain, 1.702, 7.0
+        return name, plain, SWIGLU_ALPHA, SWIGLU_LIMIT
     halves = _split_halves(index, ev, h, first["out_dim"])
     if len(halves) != 2:
         raise _NoMatch("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
@@ -606,7 +459,7 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     for a, b in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
         gate = _silu_of(index, a)
         if gate in halves and b in halves and gate != b:  # silu(g) * u
-            return "silu_glu", {"gate": halves[gate], "up": halves[b]}, 1.702, 7.0
+            return "silu_glu", {"gate": halves[gate], "up": halves[b]}, SWIGLU_ALPHA, SWIGLU_LIMIT
         swiglu = _clamped_swiglu(index, a, b, halves)
         if swiglu is not None:
             return "swiglu_clamp", swiglu[0], swiglu[1], swiglu[2]
@@ -614,7 +467,7 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     for gate, up in ((first_half, second_half), (second_half, first_half)):
         function = _elementwise_function(index, [gate, up], act)
         if function is not None and _identify_gated(function) is not None:
-            return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, 1.702, 7.0
+            return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, SWIGLU_ALPHA, SWIGLU_LIMIT
     raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u, gelu(g)*u or clamped SwiGLU)")
 
 
@@ -625,7 +478,7 @@ _UNARY = {
     "Sqrt": np.sqrt,
     "Exp": np.exp,
     "Tanh": np.tanh,
-    "Erf": lambda x: scipy_erf(x),
+    "Erf": erf,
     "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "Relu": lambda x: np.maximum(x, 0.0),
     "Reciprocal": np.reciprocal,
@@ -635,12 +488,6 @@ _UNARY = {
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
 ACTIVATION_SAMPLES = 2001
 ACTIVATION_RTOL = 1e-5
-
-
-def scipy_erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
-
-    return erf(x)
 
 
 def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
@@ -653,7 +500,7 @@ def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
     order = [n for n in index.graph.node if n.name in nodes and n.op_type != "Constant"]
     in_order = {n.name for n in order}
     for node in order:
-        if not _std(node) or (
+        if not is_standard_op(node) or (
             node.op_type not in _UNARY
             and node.op_type not in _BINARY
             and node.op_type not in ("Gelu", "Clip", "Min", "Max", "Cast")
@@ -707,12 +554,7 @@ def _elementwise_function(index: GraphIndex, inputs: list[str], output: str):
     return function
 
 
-_REFERENCE = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-    "gelu": lambda x: 0.5 * x * (1.0 + scipy_erf(x / np.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
-}
+_REFERENCE = {name: CATALOG[name].reference for name in PLAIN_ACTIVATIONS}
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
@@ -735,8 +577,9 @@ def _identify_gated(function) -> str | None:
         y = np.asarray(function(gate, up), dtype=np.float64)
     except (TypeError, ValueError, FloatingPointError):
         return None
-    for name, reference in (("silu_glu", _REFERENCE["silu"]), ("gelu_glu", _REFERENCE["gelu"])):
-        if y.shape == gate.shape and _close(y, reference(gate) * up):
+    for name in ("silu_glu", "gelu_glu"):
+        reference = CATALOG[name].reference(gate, up, SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA)
+        if y.shape == gate.shape and _close(y, reference):
             return name
     return None
 
@@ -790,7 +633,7 @@ def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int,
             "combine is not the routing-weighted sum: the expert outputs are not multiplied by the "
             "flattened [T, K] routing weights"
         )
-    routing_value = _through(index, flat.input[0], ("Cast",))
+    routing_value = through(index, flat.input[0], ("Cast",))
     rw_shape = index.shape(routing_value)
     if rw_shape is None or len(rw_shape) != 2 or rw_shape[-1] not in (top_k, None) and isinstance(rw_shape[-1], int):
         raise _NoMatch(f"routing weights {routing_value} are not a [T, {top_k}] tensor")
@@ -830,76 +673,3 @@ def _dead_after_rewrite(index: GraphIndex, region: set[str], output_value: str) 
                     changed = True
                     break
     return alive
-
-
-# ---------------------------------------------------------------- eager-unrolled detection
-
-
-def find_eager_unrolled(index: GraphIndex) -> list[Skip]:
-    """One :class:`Skip` per expert mask (``OneHot`` of router ids) whose expert loop was unrolled."""
-    routers = {n.output[1] for n in index.nodes_of_type("TopK") if len(n.output) > 1}
-    routers |= {n.output[0] for n in index.nodes_of_type("ArgMax")}
-    scatters_by_mask: dict[str, list[str]] = {}
-    for scatter in list(index.nodes_of_type("ScatterElements")) + list(index.nodes_of_type("ScatterND")):
-        if len(scatter.input) < 2:
-            continue
-        # the nearest one-hot of router ids upstream of the scatter indices is this block's expert mask
-        seen_nonzero = False
-        for node in _upstream_nearest_first(index, scatter.input[1], stop=routers):
-            seen_nonzero = seen_nonzero or node.op_type == "NonZero"
-            if node.op_type == "OneHot" and _router_derived(index, routers, node.name):
-                if seen_nonzero:
-                    scatters_by_mask.setdefault(node.name, []).append(scatter.name)
-                break
-    skips = []
-    for mask_name, scatters in scatters_by_mask.items():
-        branches = len(scatters)
-        mask = index.node_by_name[mask_name]
-        depth = ShapeEvaluator(index).ints(mask.input[1]) if len(mask.input) > 1 else None
-        classes = f" of a {depth[0]}-class expert mask" if depth else ""
-        where = _scope(scatters[0]) or mask_name
-        skips.append(
-            Skip(
-                where,
-                f"{EAGER_REASON}: {branches} unrolled expert branch(es){classes} (a loop over NonZero of the "
-                "one-hot expert mask, accumulated with ScatterElements); other inputs drop experts or fail. "
-                "Re-export with experts_implementation='batched_mm'.",
-            )
-        )
-    return skips
-
-
-def _upstream_nearest_first(index: GraphIndex, value: str, stop: set[str]) -> Iterable[onnx.NodeProto]:
-    """Producers upstream of ``value`` in breadth-first order (nearest first), not crossing ``stop`` values."""
-    seen: set[str] = set()
-    frontier = [value]
-    while frontier:
-        next_frontier: list[str] = []
-        for current in frontier:
-            node = index.producer.get(current)
-            if current in stop or node is None or node.name in seen:
-                continue
-            seen.add(node.name)
-            yield node
-            next_frontier.extend(i for i in node.input if i)
-        frontier = next_frontier
-
-
-def _router_derived(index: GraphIndex, routers: set[str], mask_name: str) -> set[str]:
-    """Values equal to router ids up to casts/reshapes, seen from the OneHot's input."""
-    mask = index.node_by_name[mask_name]
-    value = _through(index, mask.input[0], ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity"))
-    return {mask.input[0]} if value in routers else set()
-
-
-class StackedExpertsRule(OneHotExpertsRule):
-    """The same structural matcher for the dynamo exporter's ``GatherND`` selections only (no eager report).
-
-    For registering next to :class:`OneHotExpertsRule` as a fallback (or replacement) of the general
-    gathered-experts rule on dynamo exports.
-    """
-
-    name = "stacked_experts"
-
-    def __init__(self) -> None:
-        super().__init__(claim_gathernd=True, claim_gather=False, report_eager=False)

@@ -54,7 +54,9 @@ def shard_mismatch(converted_model, ndp_units: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graph_passes.feeds import random_feeds
+    import sys
+
+    from graph_passes.feeds import is_kv_cache_decoder, random_feeds, read_genai_config
     from graph_passes.model_io import model_files
     from ndp_ep.cli import warn
     from ndp_ep.feeds_io import load_feeds, save_arrays
@@ -68,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if mismatch:
         warn("run", mismatch)
     if feeds is None:
-        feeds = random_feeds(session.converted_model, seed=args.seed, seq_len=args.seq_len)
+        config = read_genai_config(args.model)
+        model = session.converted_model
+        feeds = random_feeds(model, seed=args.seed, seq_len=args.seq_len, config=config)
+        kind = "first-step decoder feeds (empty KV cache)" if is_kv_cache_decoder(model) else "feeds"
+        source = " and genai_config.json" if config is not None else ""
+        print(f"ndp-ep run: no --inputs: random {kind} from the model's inputs{source}", file=sys.stderr)
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(names, feeds), strict=True))
     if args.outputs:

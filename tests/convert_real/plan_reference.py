@@ -95,7 +95,7 @@ def expert_forward(inits: dict[str, np.ndarray], plan: MoEBlockPlan, expert: int
             limit = plan.activation_limit
             g = np.minimum(gate, limit)
             u = np.clip(up, -limit, limit)
-            act = (u + 1.0) * g / (1.0 + np.exp(-plan.activation_alpha * g))
+            act = (u + plan.activation_beta) * g / (1.0 + np.exp(-plan.activation_alpha * g))
     else:
         act = {"relu": lambda v: np.maximum(v, 0.0), "silu": _silu, "gelu": _gelu, "gelu_tanh": _gelu_tanh}[
             plan.activation

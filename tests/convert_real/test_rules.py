@@ -10,7 +10,8 @@ import pytest
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoEBlockPlan, Skip
 from graph_passes.rules.fused_moe import FusedMoERule
-from graph_passes.rules.onehot_experts import OneHotExpertsRule, ShapeEvaluator
+from graph_passes.rules.onehot_experts import OneHotExpertsRule
+from graph_passes.shape_eval import ShapeEvaluator
 from tests.convert_real.cases import (
     EAGER_REASON,
     HF_DIR,
@@ -143,7 +144,7 @@ def test_shape_evaluator_resolves_the_torchscript_chunk_bounds():
 
 
 def test_stacked_experts_rule_claims_only_the_dynamo_form():
-    from graph_passes.rules.onehot_experts import StackedExpertsRule
+    from tests.convert_real.stacked_experts_rule import StackedExpertsRule
 
     dynamo = StackedExpertsRule().find(GraphIndex(onnx.load(HF_DIR / "qwen2_moe_model_dynamo.onnx")))
     assert [type(f).__name__ for f in dynamo] == ["MoEBlockPlan", "MoEBlockPlan"]
@@ -189,10 +190,15 @@ def test_an_activation_the_plan_cannot_express_is_skipped():
     assert "unrecognised elementwise expert activation" in skip.reason
 
 
-def test_quantized_fused_moe_is_reported_not_ignored():
+def test_a_float_moe_relabelled_qmoe_is_reported_not_ignored():
     model = onnx.load(next(c.path for c in fused_cases() if c.stem == "fused_moe_relu_k1"))
     node = next(n for n in model.graph.node if n.op_type == "MoE")
     node.op_type = "QMoE"
     node.attribute.append(onnx.helper.make_attribute("expert_weight_bits", 4))
     (skip,) = FusedMoERule().find(GraphIndex(model))
-    assert "QMoE: 4-bit quantized experts are not supported" in skip.reason
+    # without a block_size attribute the scales would be per row, which the sharded op does not express
+    assert skip.reason.startswith("com.microsoft.QMoE: per-row (block_size=0) quantization is not supported")
+    node.attribute.append(onnx.helper.make_attribute("block_size", 16))
+    (skip,) = FusedMoERule().find(GraphIndex(model))
+    # QMoE's sixth input is fc2: the float MoE's fc2 bias sits there, so no [E, out, in] stack
+    assert skip.reason.startswith("com.microsoft.QMoE: ") and "are not [E, out, in] stacks" in skip.reason

@@ -20,6 +20,11 @@ HF = Path(__file__).resolve().parents[2] / "sample_models" / "hf"
 FIXTURES = sorted(p for p in [*HF.glob("*.onnx"), *HF.glob("extra/*.onnx")] if "eager" not in p.name)
 
 
+def test_the_fixture_globs_find_the_exported_models():
+    assert len(FIXTURES) >= 12  # 4 families x block/model x 2 exporters, minus what does not export
+    assert len(sorted(HF.glob("*eager*.onnx"))) >= 3
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 def test_general_rule_alone_converts_the_fixture_and_reproduces_pytorch(path):
     from ndp_ep.session import InferenceSession
@@ -39,6 +44,8 @@ def test_general_rule_alone_converts_the_fixture_and_reproduces_pytorch(path):
 
 
 def test_general_rule_leaves_eager_unrolled_exports_alone():
-    for path in sorted(HF.glob("*eager*.onnx")):
+    eager = sorted(HF.glob("*eager*.onnx"))
+    assert eager
+    for path in eager:
         _, report = convert(path, shards=2, rules=[GatheredExpertsRule()])
         assert report.blocks == ()

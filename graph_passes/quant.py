@@ -1,0 +1,86 @@
+"""Block-wise 4/8-bit weight quantization as ONNX Runtime's ``com.microsoft.QMoE`` stores it.
+
+A quantized matrix is ``[rows, cols]`` with rows = output features and cols = input features. Its values are
+unsigned ``bits``-bit integers packed along the last axis (two 4-bit values per byte, low nibble first), with
+one scale per ``block`` consecutive inputs of a row (``[rows, ceil(cols / block)]``) and optional zero points
+packed like the values (``[rows, ceil(ceil(cols / block) * bits / 8)]``). A value dequantizes as
+``(q - zero_point) * scale``; without zero points the zero point is ``2**(bits-1)``. This is the layout
+:mod:`graph_passes.sharded_op` keeps on disk for quantized shards; slicing helpers here cut shards on block
+boundaries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SUPPORTED_BITS = (4, 8)
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"only 4- and 8-bit quantization is supported, got {bits}")
+
+
+def packed_width(count: int, bits: int) -> int:
+    """Bytes holding ``count`` values of ``bits`` bits."""
+    _check_bits(bits)
+    return (count * bits + 7) // 8
+
+
+def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``[..., packed_width(count)]`` uint8 → ``[..., count]`` uint8 values."""
+    _check_bits(bits)
+    packed = np.asarray(packed, dtype=np.uint8)
+    if bits == 8:
+        return packed[..., :count]
+    values = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
+    values[..., 0::2] = packed & 0x0F
+    values[..., 1::2] = packed >> 4
+    return values[..., :count]
+
+
+def pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """``[..., count]`` uint8 values (< 2**bits) → ``[..., packed_width(count)]`` uint8, low nibble first."""
+    _check_bits(bits)
+    values = np.asarray(values, dtype=np.uint8)
+    if bits == 8:
+        return values.copy()
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.zeros(values.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (values[..., 0::2] & 0x0F) | (values[..., 1::2] << 4)
+
+
+def dequantize(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    bits: int,
+    block: int,
+    cols: int,
+) -> np.ndarray:
+    """The float32 ``[rows, cols]`` matrix of a packed ``[rows, packed_width(cols)]`` quantized one.
+
+    ``block`` 0 means one scale per row (per-channel).
+    """
+    q = unpack(packed, bits, cols).astype(np.float32)
+    rows = q.shape[0]
+    block = block or cols
+    blocks = -(-cols // block)
+    scales = np.asarray(scales).reshape(rows, -1).astype(np.float32)
+    if scales.shape[1] != blocks:
+        raise ValueError(f"expected {blocks} scales per row for {cols} inputs in blocks of {block}, got {scales.shape}")
+    if zero_points is None:
+        zp = np.full((rows, blocks), float(2 ** (bits - 1)), np.float32)
+    else:
+        zp = unpack(np.asarray(zero_points).reshape(rows, -1), bits, blocks).astype(np.float32)
+    per_input = np.repeat(np.arange(blocks), block)[:cols]
+    return (q - zp[:, per_input]) * scales[:, per_input]
+
+
+def slice_inputs(packed: np.ndarray, bits: int, start: int, stop: int) -> np.ndarray:
+    """Columns ``start:stop`` (input features) of a packed ``[rows, ...]`` matrix, repacked when not byte-aligned."""
+    _check_bits(bits)
+    per_byte = 8 // bits
+    if start % per_byte == 0 and (stop % per_byte == 0):
+        return np.ascontiguousarray(packed[..., start // per_byte : stop // per_byte])
+    return pack(unpack(packed, bits, stop)[..., start:stop], bits)

@@ -1,0 +1,47 @@
+"""``ndp-ep inspect MODEL``: a dry run of ``convert`` listing the MoE blocks it would rewrite or skip.
+
+Runs detection, planning and the numeric check exactly as ``convert`` does (:func:`graph_passes.convert.
+plan_conversion`) and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "list the MoE blocks convert would rewrite or skip (experts, top-k, shapes, weight dtype), writing nothing"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX model")
+    parser.add_argument("--shards", type=int, default=None, help="shards per expert to plan for (default: 4)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from graph_passes.convert import DEFAULT_SHARDS, plan_conversion
+
+    shards = args.shards if args.shards is not None else DEFAULT_SHARDS
+    report = plan_conversion(args.model, shards=shards).report
+    if args.json:
+        print(json.dumps({"model": args.model, "shards": shards, **report.to_json()}))
+        return 0
+    print(f"{args.model}: {len(report.blocks)} MoE block(s) would be rewritten, {len(report.skipped)} skipped")
+    for block in report.blocks:
+        quant = f" (blocks of {block.quant_block_size})" if block.quant_block_size else ""
+        if block.checked_in_isolation:
+            proof = "proven on its own region"
+        elif block.checked_numerically:
+            proof = "proven on a whole-model run"
+        else:
+            proof = "accepted on structure (too large to run)"
+        print(
+            f"  rewrite {block.name}: {block.num_experts} experts, top-{block.top_k}, hidden {block.hidden}, "
+            f"ffn {block.ffn}, {block.weight_dtype}{quant} weights, {block.activation}, {block.shards} shards, "
+            f"rule {block.rule}, {block.replaced_nodes} nodes, {proof}"
+        )
+    for skip in report.skipped:
+        print(f"  skip {skip.where}: {skip.reason}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
