@@ -7,8 +7,11 @@
     gpu           [e0][e1]   [e2]        [combine]               compute once its weights have arrived
 
 GPU jobs are ordered by Johnson's rule (the optimal order of a two-stage copy-then-compute flow shop), so
-weight copies overlap GPU compute. NDP partial outputs are reduced where it is cheaper: over the DIMM-link to
-one unit and then one PCIe copy, or each unit copying its partial output to the GPU, which adds them.
+weight copies overlap GPU compute. A weight copy reads its source DIMMs' DRAM, which the NDP cores streaming
+the same ranks then lack: a unit ends no earlier than its DRAM time (its kernels' bytes plus the bytes copies
+read from it, at its streaming bandwidth), shown as "DRAM reads for weight copies". NDP partial outputs are
+reduced where it is cheaper: over the DIMM-link to one unit and then one PCIe copy, or each unit copying its
+partial output to the GPU, which adds them.
 The layer ends when the GPU has combined every expert's output.
 """
 
@@ -68,10 +71,12 @@ def build_layer_timeline(
     unit_tokens: list[int],
     gpu_jobs: list[GpuJob],
     tensor_parallel: bool,
+    unit_dram_s: list[float] | None = None,
 ) -> LayerTimeline:
     """Lay out one invocation. ``unit_jobs[u]`` are (label, seconds) run in order on NDP unit ``u``;
     ``unit_tokens[u]`` is how many token rows unit ``u``'s partial output has; ``tensor_parallel`` says whether
-    the units' partial outputs are sums over the same rows (reducible over the DIMM-link)."""
+    the units' partial outputs are sums over the same rows (reducible over the DIMM-link); ``unit_dram_s[u]`` is
+    unit ``u``'s DRAM busy time (its kernels' bytes and the weight copies reading it) when known."""
     events: list[TimelineEvent] = []
     row_bytes = layer.expert.hidden * layer.expert.dtype_bytes
     link = system.host_link
@@ -103,6 +108,10 @@ def build_layer_timeline(
         for label, seconds in unit_jobs[unit]:
             events.append(TimelineEvent(f"ndp{unit}", clock, clock + seconds, label))
             clock += seconds
+        if unit_dram_s is not None and ndp_start + unit_dram_s[unit] > clock:
+            dram_end = ndp_start + unit_dram_s[unit]
+            events.append(TimelineEvent(f"ndp{unit}", clock, dram_end, "DRAM reads for weight copies"))
+            clock = dram_end
         unit_end[unit] = clock
 
     outputs_ready = 0.0

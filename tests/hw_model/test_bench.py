@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from hw_model.bench import BenchConfig, format_table, quick_config, run_bench
+from hw_model.bench import BenchConfig, quick_config, run_bench
+from hw_model.bench_tables import format_table
 from hw_model.policies import POLICIES
 
 REQUIRED = {"model", "ndp_units", "policy", "latency_s", "speedup_vs_monde"}
