@@ -166,7 +166,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     for argv in (
         ["validate", "--data", str(bad)],
         ["validate", "--data", str(tmp_path / "absent.csv")],
-        ["validate"],
         ["validate", "--hw", "no-such-card", "--data", str(bad)],
     ):
         assert main(argv) == 2
