@@ -350,22 +350,23 @@ class _Layout:
 def load_aware_order(ndp: np.ndarray, tokens: np.ndarray, resident: np.ndarray) -> np.ndarray:
     """MoNDE's order of moving experts to the GPU: resident ones first (no copy), hottest first; then,
     repeatedly, the hottest remaining expert of the currently busiest unit (ties: lower index)."""
-    n = tokens.size
-    first = np.flatnonzero(resident)
-    first = first[np.argsort(-tokens[first], kind="stable")]
-    left = np.ones(n, dtype=bool)
-    left[first] = False
-    load = ndp.sum(axis=0) - ndp[first].sum(axis=0) if n else np.zeros(ndp.shape[1])
-    order = first.tolist()
-    while left.any():
-        candidates = np.flatnonzero(left)
-        busiest = int(np.argmax(load)) if load.size else 0
-        on_busiest = candidates[ndp[candidates, busiest] > 0] if load.size else candidates
-        pool = on_busiest if on_busiest.size else candidates
-        pick = int(pool[np.argmax(tokens[pool])])
+    n = int(tokens.size)
+    loads = ndp.tolist()
+    heat = tokens.tolist()
+    res = resident.tolist()
+    first = sorted((i for i in range(n) if res[i]), key=lambda i: -heat[i])
+    units = ndp.shape[1]
+    load = [sum(loads[i][u] for i in range(n) if not res[i]) for u in range(units)]
+    order = list(first)
+    left = [i for i in range(n) if not res[i]]
+    while left:
+        busiest = max(range(units), key=load.__getitem__) if units else 0
+        pool = [i for i in left if units and loads[i][busiest] > 0] or left
+        pick = max(pool, key=lambda i: (heat[i], -i))
         order.append(pick)
-        left[pick] = False
-        load = load - ndp[pick]
+        left.remove(pick)
+        for u in range(units):
+            load[u] -= loads[pick][u]
     return np.asarray(order, dtype=np.int64)
 
 
