@@ -39,6 +39,7 @@ from hw_model.traces import (
     RoutingTrace,
     TraceKnobs,
     load_trace,
+    predicted_counts,
     skew_for,
     synthetic_trace,
 )
@@ -74,6 +75,7 @@ class BenchConfig:
     sweeps: bool = True
     gantt: bool = True
     default_units: int = 4
+    lookahead_accuracy: float = 0.8
 
     def __post_init__(self) -> None:
         if not self.ndp_units or any(n < 0 for n in self.ndp_units):
@@ -86,6 +88,8 @@ class BenchConfig:
         for level in self.skew_levels:
             if level not in DEFAULT_SKEW_LEVELS:
                 raise WorkloadError(f"unknown skew level {level!r} (known: {', '.join(DEFAULT_SKEW_LEVELS)})")
+        if not 0.0 <= self.lookahead_accuracy <= 1.0:
+            raise WorkloadError(f"lookahead_accuracy must be in [0, 1], got {self.lookahead_accuracy}")
         if self.prompt_tokens < 1 or self.generated_tokens < 1:
             raise WorkloadError("prompt and generated token counts must be positive")
 
@@ -171,6 +175,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
 
     decode_s = 0.0
     step_times: list[float] = []
+    lookahead = get_policy(job.policy).lookahead
+    predictor = np.random.default_rng(config.seed + 1)
     gantt_step = prompt + trace.generated_tokens // 2
     for token in range(prompt, trace.num_tokens):
         context = token + 1
@@ -181,6 +187,10 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         sim.advance_time_s(dense)
         for layer in range(layers):
             sim.advance_time_s(per_layer_other)
+            if lookahead and layer + 1 < layers:  # pre-gating: layer l's hidden state predicts layer l+1
+                sim.predict_next(
+                    layer + 1, predicted_counts(trace, layer + 1, token, config.lookahead_accuracy, predictor)
+                )
             result = sim.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode")
             step_s += per_layer_other + result.latency_s
             if job.want_gantt and layer == 0 and token == gantt_step:
@@ -292,7 +302,7 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         for hidden in SWEEP_HIDDEN:
             model = sweep_model(experts, hidden, layers=SWEEP_LAYERS)
             for policy in config.policies:
-                if get_policy(policy).role in ("baseline", "ours"):
+                if get_policy(policy).role in ("baseline", "ours", "extension"):
                     jobs.append(
                         Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
                     )

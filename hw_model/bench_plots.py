@@ -32,7 +32,7 @@ def make_plots(
     rows = main_table(records)
     models = [m for m in MODELS if any(r["model"] == m for r in rows)]
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
-    colours = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))
+    colours = dict(zip(POLICIES, plt.get_cmap("tab20").colors, strict=False))
 
     def save(fig: Any, name: str) -> None:
         path = out_dir / name

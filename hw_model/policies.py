@@ -57,7 +57,7 @@ from hw_model.timeline import GpuJob, LayerTimeline, TimelineEvent, build_layer_
 from hw_model.workload import ExpertShape, MoELayerShape
 
 DEFAULT_POLICY = "tp+lb+prefetch"
-ROLES = ("baseline", "ours", "ablation", "bound")
+ROLES = ("baseline", "ours", "extension", "ablation", "bound")
 LAYOUTS = ("sliced", "whole", "host")
 
 
@@ -163,6 +163,7 @@ class PolicyState:
     decode_recomputations: int = 0
     decision_times_s: list[float] = field(default_factory=list)
     on_demand_bytes: float = 0.0
+    staged_ahead: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class Policy(ABC):
     tensor_parallel: ClassVar[bool] = False
     layout: ClassVar[str] = "whole"
     keeps_residents: ClassVar[bool] = False
+    lookahead: ClassVar[bool] = False
 
     def new_state(self, ctx: RunContext) -> PolicyState:
         """Fresh per-run state (called once per simulator)."""
@@ -594,6 +596,24 @@ class Ours(TensorParallelLoadBalanced):
     def _resident(self, state, layer_index, num_experts):
         assert state.prefetcher is not None
         return state.prefetcher.resident_mask(layer_index, num_experts)
+
+
+@register
+class OursLookahead(Ours):
+    name = "tp+lb+prefetch+lookahead"
+    role = "extension"
+    description = (
+        "ours + look-ahead prefetch: while layer l runs, the experts predicted for layer l+1 are copied into "
+        "the staging area in idle PCIe time and run there at no copy cost if the prediction was right"
+    )
+    source = "pre-gating systems (Pre-gated MoE, ISCA 2024; AdapMoE); predictor accuracy is a stated knob"
+    lookahead = True
+
+    def _resident(self, state, layer_index, num_experts):
+        resident = super()._resident(state, layer_index, num_experts)
+        for e in state.staged_ahead.pop(layer_index, ()):
+            resident[e] = True
+        return resident
 
 
 @register

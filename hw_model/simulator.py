@@ -161,6 +161,9 @@ class MoESimulator:
         self._busy_s: dict[str, float] = {}
         self._host_to_gpu_bytes = 0.0
         self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
+        self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
+        self._last_latency_s: dict[int, float] = {}  # per layer, its latest decode invocation
+        self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
 
     def _check_capacity(self) -> CapacityCheck:
         """Expert bytes per DIMM (whole experts: the fullest home unit) against the DIMM capacity."""
@@ -212,8 +215,10 @@ class MoESimulator:
             prefetcher.observe(layer_index, counts, phase, resident_before)
             extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
             extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
-            extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
+        extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
         latency = timeline.latency_s
+        if phase == "decode":
+            self._last_latency_s[layer_index] = latency
         self._invocations[phase] += 1
         self._latency_s[phase] += latency
         for event in events:
@@ -232,11 +237,64 @@ class MoESimulator:
             reduction=timeline.reduction,
         )
 
-    def _drain_in_gaps(self, events: list[TimelineEvent], latency_s: float) -> float:
-        """Run queued prefetch copies in this layer's idle PCIe (host to GPU) time once the NDP units are done
-        (a copy reads the DIMMs, so it never overlaps NDP work on them); returns bytes copied."""
+    def predict_next(self, layer_index: int, predicted_counts: Sequence[int]) -> None:
+        """Look-ahead hint (policies with ``lookahead``): the experts the next router is predicted to pick for
+        ``layer_index``. Their non-resident weights are copied into the staging area in idle PCIe time before
+        that layer runs (hottest first, within the staging cap); a copy that completes in time costs that
+        layer nothing. Other policies ignore it."""
+        if not self.policy_impl.lookahead:
+            return
+        if not 0 <= layer_index < len(self.layers):
+            raise WorkloadError(f"layer_index {layer_index} out of range (model has {len(self.layers)})")
+        layer = self.layers[layer_index]
+        counts = np.asarray(predicted_counts, dtype=np.int64)
+        if counts.shape != (layer.num_experts,) or (counts < 0).any():
+            raise WorkloadError(f"{layer.name}: expected {layer.num_experts} non-negative predicted counts")
         prefetcher = self._state.prefetcher
-        if prefetcher is None or not prefetcher.queued_bytes:
+        resident = (
+            prefetcher.resident_mask(layer_index, layer.num_experts)
+            if prefetcher is not None
+            else np.zeros(layer.num_experts, dtype=bool)
+        )
+        size = layer.expert.weight_bytes()
+        budget = self.staging_cap_bytes
+        self._ahead_queue = []
+        self._state.staged_ahead.pop(layer_index, None)
+        # only as many copies as can finish in the expected window: the current layer's latest latency plus the
+        # non-expert time before the next one
+        window_s = self._last_latency_s.get(layer_index - 1, 0.0) + self._last_gap_s
+        budget = min(budget, window_s * self._copy_bandwidth)
+        for e in np.argsort(-counts, kind="stable").tolist():
+            if counts[e] <= 0 or budget < size:
+                break
+            if not resident[e]:
+                self._ahead_queue.append((layer_index, e, size))
+                budget -= size
+
+    def _drain_ahead(self, seconds: float) -> float:
+        """Copy predicted next-layer experts for ``seconds`` of idle PCIe time; returns bytes copied."""
+        budget = seconds * self._copy_bandwidth
+        copied = 0.0
+        while budget > 0 and self._ahead_queue:
+            layer, expert, left = self._ahead_queue[0]
+            step = min(left, budget)
+            budget -= step
+            copied += step
+            if step >= left:
+                self._ahead_queue.pop(0)
+                prefetcher = self._state.prefetcher
+                if prefetcher is None or not prefetcher.adopt_staged(layer, expert):  # kept if the plan wants it
+                    self._state.staged_ahead.setdefault(layer, set()).add(expert)
+            else:
+                self._ahead_queue[0] = (layer, expert, left - step)
+        return copied
+
+    def _drain_in_gaps(self, events: list[TimelineEvent], latency_s: float) -> float:
+        """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
+        the NDP units are done (a copy reads the DIMMs, so it never overlaps NDP work on them); returns bytes
+        copied."""
+        prefetcher = self._state.prefetcher
+        if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
             return 0.0
         ndp_done = max((e.end_s for e in events if e.resource.startswith("ndp")), default=0.0)
         busy = sorted((e.start_s, e.end_s) for e in events if e.resource == "pcie")
@@ -249,12 +307,18 @@ class MoESimulator:
             gaps.append((clock, latency_s))
         bandwidth = self._copy_bandwidth
         copied_total = 0.0
-        for start, end in gaps:
-            copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
-            if copied:
-                events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
-                copied_total += copied
-            if not prefetcher.queued_bytes:
+        for start, end in gaps:  # the prefetcher's queue first (a resident expert helps every later token)
+            if prefetcher is not None and prefetcher.queued_bytes:
+                copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
+                if copied:
+                    events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
+                    copied_total += copied
+                    start += copied / bandwidth
+            ahead = self._drain_ahead(end - start)
+            if ahead:
+                events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
+                copied_total += ahead
+            if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
                 break
         return copied_total
 
@@ -263,9 +327,13 @@ class MoESimulator:
         copies use it. Returns the bytes copied. Optional: without it prefetches only use the MoE layers' idle
         PCIe time."""
         prefetcher = self._state.prefetcher
-        if prefetcher is None or seconds <= 0:
+        if seconds <= 0:
             return 0.0
-        return sum(step for _, _, step in prefetcher.drain(seconds, self._copy_bandwidth))
+        self._last_gap_s = seconds
+        copied = 0.0
+        if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
+            copied = sum(step for _, _, step in prefetcher.drain(seconds, self._copy_bandwidth))
+        return copied + self._drain_ahead(seconds - copied / self._copy_bandwidth)
 
     def summary(self) -> dict[str, Any]:
         """Run counters: invocations, expert latency per phase, placement recomputations and reuses,

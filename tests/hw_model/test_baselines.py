@@ -38,7 +38,7 @@ def test_every_registered_policy_declares_its_protocol_fields():
     assert names and len(set(names)) == len(names)
     for name in names:
         policy = get_policy(name)
-        assert policy.name == name and policy.role in ("baseline", "ours", "ablation", "bound")
+        assert policy.name == name and policy.role in ("baseline", "ours", "extension", "ablation", "bound")
         assert policy.description and policy.source
     assert len(policy_names("ours")) == 1
     assert set(policy_names("baseline")) >= {"gpu-offload", "ndp-expert-per-unit", "monde", "monde+cache", "duplex"}
@@ -181,3 +181,32 @@ def test_quantized_weights_make_memory_bound_ndp_kernels_faster():
     bf16 = _sim("ndp-expert-per-unit").simulate_layer(0, counts, "decode")
     int4 = _sim("ndp-expert-per-unit", weight_format="int4").simulate_layer(0, counts, "decode")
     assert int4.busy_s("ndp1") < 0.4 * bf16.busy_s("ndp1")
+
+
+def test_lookahead_copies_the_predicted_experts_and_runs_them_without_a_copy():
+    sim = _sim("tp+lb+prefetch+lookahead", residency_fraction=0.0)
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[[3, 70]] = 1
+    sim.advance_time_s(1.0)
+    sim.simulate_layer(0, counts, "decode")
+    sim.predict_next(1, counts)
+    sim.advance_time_s(1.0)  # a long idle window: both predicted copies complete
+    result = sim.simulate_layer(1, counts, "decode")
+    assert result.placement[3] == "gpu" and result.placement[70] == "gpu"
+    assert not any(e.resource == "pcie" and e.label.endswith("weights") for e in result.events)
+    # without the hint the same invocation copies nothing and keeps the experts on the NDP units
+    plain = _sim("tp+lb+prefetch", residency_fraction=0.0)
+    plain.simulate_layer(0, counts, "decode")
+    assert set(plain.simulate_layer(1, counts, "decode").placement.values()) == {"ndp"}
+
+
+def test_the_lookahead_predictor_is_exact_at_accuracy_one_and_always_wrong_at_zero():
+    from hw_model.traces import TraceKnobs, predicted_counts, synthetic_trace
+
+    trace = synthetic_trace(2, 16, 4, 4, 4, TraceKnobs(skew=0.5))
+    rng = np.random.default_rng(0)
+    for token in range(8):
+        true = trace.counts(1, token, token + 1)
+        assert predicted_counts(trace, 1, token, 1.0, rng).tolist() == true.tolist()
+        wrong = predicted_counts(trace, 1, token, 0.0, rng)
+        assert wrong.sum() == 4 and not (wrong & true).any()
