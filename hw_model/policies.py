@@ -569,11 +569,15 @@ class TensorParallelLoadBalanced(Policy):
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, layer.num_experts)
         on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
+        weight_bytes = layer.expert.weight_bytes()
         for e in active.tolist():
             if e in on_gpu:
                 out.to_gpu(state, e, bool(resident[e]))
+                adopted = False
                 if not resident[e] and state.prefetcher is not None:
-                    state.prefetcher.adopt_staged(layer_index, e)
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:  # keep the staged copy until its space is needed
+                    state.lru.use((layer_index, e), weight_bytes)
             else:
                 out.sliced(e)
         out.extra["resident_selected"] = float(resident[active].sum())
@@ -591,11 +595,16 @@ class Ours(TensorParallelLoadBalanced):
     keeps_residents = True
 
     def new_state(self, ctx: RunContext) -> PolicyState:
-        return PolicyState(prefetcher=_prefetcher(ctx))
+        # the staging area keeps its copies, least recently used out first, as gpu-offload's does
+        return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
     def _resident(self, state, layer_index, num_experts):
-        assert state.prefetcher is not None
-        return state.prefetcher.resident_mask(layer_index, num_experts)
+        assert state.prefetcher is not None and state.lru is not None
+        resident = state.prefetcher.resident_mask(layer_index, num_experts)
+        cached = state.lru.experts_of(layer_index)
+        if cached:
+            resident[list(cached)] = True
+        return resident
 
 
 @register
