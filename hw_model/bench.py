@@ -239,6 +239,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         * summary["decode_placement_recomputations"]
         / max(1, layers * trace.generated_tokens),
         "gpu_pool_bytes": summary["gpu_pool_bytes"],
+        "decision_time_median_us": 1e6 * summary["decision_time_median_s"],
         "host_to_gpu_bytes": summary["host_to_gpu_bytes"],
         "on_demand_weight_bytes": summary["on_demand_weight_bytes"],
         "residency_cap_bytes": summary["residency_cap_bytes"],

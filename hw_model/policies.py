@@ -454,8 +454,10 @@ class _Balanced(Policy):
         mask = state.pack_memo.get(key)
         if mask is None:
             items = out.item_arrays(active, resident)
+            started = time.perf_counter()
             order = load_aware_order(items["ndp"], counts[active], resident)
             k = best_prefix(items, order, out.activation_s(), ctx.staging_cap_bytes)
+            state.decision_times_s.append(time.perf_counter() - started)
             mask = np.zeros(active.size, dtype=bool)
             mask[order[:k]] = True
             if len(state.pack_memo) > 200_000:
