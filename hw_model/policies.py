@@ -58,7 +58,7 @@ from hw_model.workload import ExpertShape, MoELayerShape
 
 DEFAULT_POLICY = "tp+lb+prefetch"
 ROLES = ("baseline", "ours", "extension", "ablation", "bound")
-LAYOUTS = ("sliced", "whole", "host")
+LAYOUTS = ("sliced", "whole", "host", "dual")
 
 
 class ExpertCosts:
@@ -322,8 +322,11 @@ class _Layout:
         return PolicyOutcome(timeline, self.placement, self.extra)
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------
-    def item_arrays(self, active: np.ndarray, resident: np.ndarray) -> dict[str, np.ndarray]:
-        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes."""
+    def item_arrays(
+        self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes.
+        ``whole[i]`` (dual layout) runs expert ``i`` whole on its home unit instead of sliced."""
         units, expert = self.units, self.expert
         n = active.size
         ndp = np.zeros((n, units))
@@ -331,7 +334,7 @@ class _Layout:
         tokens = self.counts[active]
         read_s = self.costs.copy_read_s(expert, self.sources)
         for i, (e, c) in enumerate(zip(active.tolist(), tokens.tolist(), strict=True)):
-            if self.tensor_parallel:
+            if self.tensor_parallel and not (whole is not None and whole[i]):
                 ndp[i, :] = max(self.costs.ndp_s(expert, c, units), self.costs.ndp_dram_s(expert, c, units))
             else:
                 ndp[i, self.home(e)] = max(self.costs.ndp_s(expert, c, 1), self.costs.ndp_dram_s(expert, c, 1))
@@ -625,6 +628,84 @@ class OursLookahead(Ours):
         for e in state.staged_ahead.pop(layer_index, ()):
             resident[e] = True
         return resident
+
+
+@register
+class OursVariableDegree(Ours):
+    name = "tp+lb+prefetch+vtp"
+    role = "extension"
+    description = (
+        "ours with a tensor-parallel degree per expert and per-unit bins: every expert is stored both sliced over "
+        "all units and whole on its home unit (twice the DIMM capacity); each invocation runs an expert whole on "
+        "its home unit where that lowers the busiest unit's load (fewer, larger kernels), sliced otherwise"
+    )
+    source = "issue 13 (beyond arXiv 2601.03992): variable TP degree per expert, each NDP unit its own bin"
+    layout = "dual"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, layer.num_experts)
+        res = resident[active]
+        started = time.perf_counter()
+        whole = choose_whole(out, active)
+        items = out.item_arrays(active, res, whole)
+        problem = PlacementProblem(
+            ndp_time_s=items["ndp"],
+            gpu_compute_s=items["gpu"],
+            transfer_s=items["transfer"],
+            transfer_bytes=items["staged"],
+            staging_cap_bytes=ctx.staging_cap_bytes,
+            unit_base_s=np.full(out.units, out.activation_s()),
+            copy_unit_s=items["copy"],
+        )
+        on_gpu = pack(problem)
+        state.decision_times_s.append(time.perf_counter() - started)
+        state.recomputations += 1
+        if phase == "decode":
+            state.decode_recomputations += 1
+        weight_bytes = layer.expert.weight_bytes()
+        for i, e in enumerate(active.tolist()):
+            if on_gpu[i]:
+                out.to_gpu(state, e, bool(res[i]))
+                adopted = False
+                if not res[i] and state.prefetcher is not None:
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:
+                    state.lru.use((layer_index, e), weight_bytes)
+            elif whole[i]:
+                out.whole_on_unit(e)
+            else:
+                out.sliced(e)
+        out.extra["resident_selected"] = float(res.sum())
+        out.extra["whole_on_unit"] = float(whole.sum())
+        return out.finish()
+
+
+def choose_whole(out: _Layout, active: np.ndarray) -> np.ndarray:
+    """Per active expert, whether to run it whole on its home unit (per-unit bins): every unit takes the same
+    number ``m`` of its own coldest experts whole (``m`` = the fewest active experts any unit is home to), which
+    keeps the units balanced while each whole expert saves the fixed costs of N - 1 shards; kept only if the
+    busiest unit's load drops. Everything else stays sliced."""
+    costs, expert, units = out.costs, out.expert, out.units
+    tokens = out.counts[active].tolist()
+    homes = [out.home(int(e)) for e in active.tolist()]
+    by_unit: list[list[int]] = [[] for _ in range(units)]
+    for i in sorted(range(active.size), key=lambda i: tokens[i]):
+        by_unit[homes[i]].append(i)
+    m = min(len(members) for members in by_unit) if units > 1 else 0
+    whole = np.zeros(active.size, dtype=bool)
+    if m == 0:
+        return whole
+    for members in by_unit:
+        whole[members[:m]] = True
+    sliced_s = [max(costs.ndp_s(expert, c, units), costs.ndp_dram_s(expert, c, units)) for c in tokens]
+    whole_s = [max(costs.ndp_s(expert, c, 1), costs.ndp_dram_s(expert, c, 1)) for c in tokens]
+    before = sum(sliced_s)
+    after = [sum(s for i, s in enumerate(sliced_s) if not whole[i])] * units
+    for i in np.flatnonzero(whole).tolist():
+        after[homes[i]] += whole_s[i]
+    return whole if max(after) < before * (1 - 1e-12) else np.zeros(active.size, dtype=bool)
 
 
 @register

@@ -179,6 +179,12 @@ class MoESimulator:
             needed = float(per_unit.max())
         else:
             needed = sum(layer.num_experts * layer.expert.weight_bytes() for layer in self.layers) / units
+            if self.policy_impl.layout == "dual":  # a whole copy on the home unit as well
+                per_unit = np.zeros(units)
+                for layer in self.layers:
+                    homes = np.bincount(np.arange(layer.num_experts) % units, minlength=units)
+                    per_unit += homes * layer.expert.weight_bytes()
+                needed += float(per_unit.max())
         reasons = []
         if needed > capacity:
             reasons.append(

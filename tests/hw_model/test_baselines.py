@@ -210,3 +210,18 @@ def test_the_lookahead_predictor_is_exact_at_accuracy_one_and_always_wrong_at_ze
         assert predicted_counts(trace, 1, token, 1.0, rng).tolist() == true.tolist()
         wrong = predicted_counts(trace, 1, token, 0.0, rng)
         assert wrong.sum() == 4 and not (wrong & true).any()
+
+
+def test_variable_degree_runs_each_units_coldest_experts_whole_and_stores_experts_twice():
+    # 2 units: experts 0, 2, 4 live on unit 0 and 1, 3 on unit 1; the fewest any unit is home to is 2, so each
+    # unit runs its two coldest experts whole on itself and the rest stay sliced
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[[0, 1, 2, 3, 4]] = [5, 1, 2, 3, 1]
+    result = _sim("tp+lb+prefetch+vtp", units=2, residency_fraction=0.0).simulate_layer(0, counts, "decode")
+    whole_or_sliced = {0: "ndp", 1: "ndp1", 2: "ndp0", 3: "ndp1", 4: "ndp0"}
+    on_ndp = {e: where for e, where in result.placement.items() if where != "gpu"}
+    assert len(on_ndp) >= 3 and all(whole_or_sliced[e] == where for e, where in on_ndp.items())
+    assert result.extra["whole_on_unit"] == 4
+    # sliced copies plus whole copies on the home units: Mixtral's 90.2 GB no longer fit 4 x 32 GB
+    assert not _sim("tp+lb+prefetch+vtp", units=4, model=MIXTRAL, layers=32).capacity.feasible
+    assert _sim("tp+lb+prefetch", units=4, model=MIXTRAL, layers=32).capacity.feasible
