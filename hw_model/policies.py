@@ -763,7 +763,6 @@ def _scheduled_gpu_set(
             # respect residency: resident active experts run on the GPU (no copy); others as planned
             return {e for e in active.tolist() if resident[e] or e in planned_gpu}
     res = resident[active]
-    items = out.item_arrays(active, res)
     # Items differ only by token count and residency, so equal signatures get the same decision; the packer
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
     tokens_per = counts[active]
@@ -771,6 +770,7 @@ def _scheduled_gpu_set(
     signature = (id(out.expert), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
     memo = state.pack_memo.get(signature)
     if memo is None:
+        items = out.item_arrays(active, res)
         problem = PlacementProblem(
             ndp_time_s=items["ndp"][canonical],
             gpu_compute_s=items["gpu"][canonical],

@@ -28,7 +28,7 @@ from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy
-from hw_model.timeline import TimelineEvent
+from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
 
 PHASES = ("prefill", "decode")
@@ -72,18 +72,26 @@ class LayerResult:
     tokens: int
     latency_s: float
     placement: Mapping[int, str]
-    events: tuple[TimelineEvent, ...]
+    timeline: LayerTimeline
     bytes_over_host_link: float = 0.0
     extra: Mapping[str, float] = field(default_factory=dict)
     policy: str = DEFAULT_POLICY
     reduction: str = "none"
+    added_events: tuple[TimelineEvent, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
+    @property
+    def events(self) -> tuple[TimelineEvent, ...]:
+        """Every busy interval of the invocation (built on first access): the timeline's, then the prefetch
+        and look-ahead copies run in its idle PCIe time."""
+        return self.timeline.events + self.added_events
+
     def busy_s(self, resource: str) -> float:
-        return sum(e.end_s - e.start_s for e in self.events if e.resource == resource)
+        busy = self.timeline.busy_by_resource().get(resource, 0.0)
+        return busy + sum(e.end_s - e.start_s for e in self.added_events if e.resource == resource)
 
 
 class MoESimulator:
@@ -214,21 +222,24 @@ class MoESimulator:
         recomputed_before = state.recomputations
         outcome = self.policy_impl.place(self.context, state, layer_index, layer, counts, phase)
         timeline = outcome.timeline
-        events = list(timeline.events)
+        added: list[TimelineEvent] = []
         extra = dict(outcome.extra)
         extra["recomputed"] = float(state.recomputations - recomputed_before)
         if prefetcher is not None:
             prefetcher.observe(layer_index, counts, phase, resident_before)
             extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
             extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
-        extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
+        extra["prefetch_bytes"] = self._drain_in_gaps(timeline, added)
         latency = timeline.latency_s
         if phase == "decode":
             self._last_latency_s[layer_index] = latency
         self._invocations[phase] += 1
         self._latency_s[phase] += latency
-        for event in events:
-            self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        busy = self._busy_s
+        for resource, seconds in timeline.busy_by_resource().items():
+            busy[resource] = busy.get(resource, 0.0) + seconds
+        for event in added:
+            busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
         self._host_to_gpu_bytes += timeline.host_to_gpu_bytes
         return LayerResult(
             layer_index=layer_index,
@@ -236,7 +247,8 @@ class MoESimulator:
             tokens=int(-(-int(counts.sum()) // layer.top_k)),
             latency_s=latency,
             placement=outcome.placement,
-            events=tuple(events),
+            timeline=timeline,
+            added_events=tuple(added),
             bytes_over_host_link=timeline.host_to_gpu_bytes + timeline.gpu_to_host_bytes,
             extra=extra,
             policy=self.policy,
@@ -295,15 +307,19 @@ class MoESimulator:
                 self._ahead_queue[0] = (layer, expert, left - step)
         return copied
 
-    def _drain_in_gaps(self, events: list[TimelineEvent], latency_s: float) -> float:
+    def _drain_in_gaps(self, timeline: LayerTimeline, events: list[TimelineEvent]) -> float:
         """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
         the NDP units are done (a copy reads the DIMMs, so it never overlaps NDP work on them); returns bytes
         copied."""
         prefetcher = self._state.prefetcher
         if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
             return 0.0
-        ndp_done = max((e.end_s for e in events if e.resource.startswith("ndp")), default=0.0)
-        busy = sorted((e.start_s, e.end_s) for e in events if e.resource == "pcie")
+        latency_s = timeline.latency_s
+        ndp_done = max(
+            timeline.ndp_done_s,
+            max((e.end_s for e in timeline.base_events if e.resource.startswith("ndp")), default=0.0),
+        )
+        busy = sorted((e.start_s, e.end_s) for e in timeline.base_events if e.resource == "pcie")
         gaps, clock = [], ndp_done
         for start, end in busy:
             if start > clock:
