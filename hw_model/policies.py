@@ -263,6 +263,10 @@ class _Layout:
         self.gpu_jobs: list[GpuJob] = []
         self.placement: dict[int, str] = {}
         self.extra: dict[str, float] = {}
+        # sliced experts put the same shard on every unit: kept once, spread over the units in finish()
+        self.shared_jobs: list[tuple[str, float]] = []
+        self.shared_dram_s = 0.0
+        self.shared_tokens = 0
 
     def home(self, e: int) -> int:
         return e % self.units
@@ -294,12 +298,9 @@ class _Layout:
 
     def sliced(self, e: int) -> None:
         tokens = int(self.counts[e])
-        shard_s = self.costs.ndp_s(self.expert, tokens, self.units)
-        dram_s = self.costs.ndp_dram_s(self.expert, tokens, self.units)
-        for unit in range(self.units):
-            self.unit_jobs[unit].append((f"e{e}/s{unit}", shard_s))
-            self.unit_dram_s[unit] += dram_s
-            self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + tokens)
+        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(self.expert, tokens, self.units)))
+        self.shared_dram_s += self.costs.ndp_dram_s(self.expert, tokens, self.units)
+        self.shared_tokens += tokens
         self.placement[e] = "ndp"
 
     def on_ndp(self, e: int) -> None:
@@ -309,6 +310,11 @@ class _Layout:
             self.whole_on_unit(e)
 
     def finish(self) -> PolicyOutcome:
+        if self.shared_jobs:
+            for unit in range(self.units):
+                self.unit_jobs[unit] = self.shared_jobs + self.unit_jobs[unit]
+                self.unit_dram_s[unit] += self.shared_dram_s
+                self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + self.shared_tokens)
         timeline = build_layer_timeline(
             self.ctx.system,
             self.layer,
