@@ -33,7 +33,11 @@ def _str_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or a TOML file")
+    from hw_model.hardware import list_presets
+    from hw_model.models import MODELS
+    from hw_model.policies import policy_names
+
+    parser.add_argument("--hw", default="paper", help=f"hardware preset ({', '.join(list_presets())}) or a TOML file")
     parser.add_argument(
         "--ndp-units", type=_int_list, default=None, help="NDP-unit counts, e.g. 2,4,6 (default: the preset's list)"
     )
@@ -41,9 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models",
         type=_str_list,
         default=None,
-        help="comma-separated models (mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b); default all",
+        help=f"comma-separated models ({', '.join(MODELS)}); default all",
     )
-    parser.add_argument("--policies", type=_str_list, default=None, help="comma-separated policies; default all")
+    parser.add_argument(
+        "--policies",
+        type=_str_list,
+        default=None,
+        help=f"comma-separated policies ({', '.join(policy_names())}); default all",
+    )
     parser.add_argument(
         "--skew",
         default="typical,low,high",
