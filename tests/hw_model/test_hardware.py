@@ -39,13 +39,13 @@ def _numbers_without_source(table: dict, where: str) -> list[str]:
     return missing
 
 
-@pytest.mark.parametrize("name", ["paper", "edge", "h200"])
+@pytest.mark.parametrize("name", list_presets())
 def test_every_preset_number_has_a_source(name):
     data = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text(encoding="utf-8"))
     assert _numbers_without_source(data, "") == []
 
 
-@pytest.mark.parametrize("name", ["paper", "edge", "h200"])
+@pytest.mark.parametrize("name", list_presets())
 def test_every_preset_sets_the_shared_cost_form_for_gpu_and_ndp_unit(name):
     data = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text(encoding="utf-8"))
     for section in ("gpu", "ndp_unit"):
