@@ -852,6 +852,7 @@ def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, acti
         gpu_load, ndp_load = float(gpu_s.sum()), 0.0
         extra = max(0.0, active.size - gpu_expert_slots(ctx, layer))
         memory_bound = extra * expert.weight_bytes() / system.host_link.bandwidth_bytes_per_s
+    gpu_load, ndp_load, memory_bound = float(gpu_load), float(ndp_load), float(memory_bound)
     latency = max(gpu_load, ndp_load, memory_bound)
     events = [TimelineEvent("gpu", 0.0, gpu_load, "expert work (fractional)")] if gpu_load > 0 else []
     events += [
