@@ -303,6 +303,22 @@ class _Layout:
         self.shared_tokens += tokens
         self.placement[e] = "ndp"
 
+    def split(self, state: PolicyState, e: int, k: int) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+        expert, units, tokens = self.expert, self.units, int(self.counts[e])
+        part_bytes = expert.weight_bytes() / k
+        transfer = self.ctx.system.host_link.latency_s + part_bytes / self.costs.copy_bandwidth(self.sources)
+        gpu_s = expert_shard_time_s(self.ctx.system.gpu, expert, tokens, k)
+        self.gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
+        state.on_demand_bytes += part_bytes
+        rest = units * k / (k - 1)
+        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(expert, tokens, rest)))
+        self.shared_dram_s += (
+            self.costs.ndp_dram_s(expert, tokens, rest) + self.costs.copy_read_s(expert, self.sources) / k
+        )
+        self.shared_tokens += tokens
+        self.placement[e] = "split"
+
     def on_ndp(self, e: int) -> None:
         if self.tensor_parallel:
             self.sliced(e)
@@ -634,6 +650,79 @@ class OursLookahead(Ours):
         for e in state.staged_ahead.pop(layer_index, ()):
             resident[e] = True
         return resident
+
+
+@register
+class OursSplit(Ours):
+    name = "tp+lb+prefetch+split"
+    role = "extension"
+    description = (
+        "ours + splitting one expert between GPU and NDP: after the packer, the NDP expert with the most tokens "
+        "runs 1/k of its FFN columns on the GPU (that part of its weights copied) and the rest sliced over the "
+        "units, with k in 2..8 chosen to end the layer soonest (only when it does)"
+    )
+    source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, layer.num_experts)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
+        on_ndp = [e for e in active.tolist() if e not in on_gpu]
+        split = _best_split(out, active, resident, on_gpu, on_ndp) if on_ndp else None
+        weight_bytes = layer.expert.weight_bytes()
+        for e in active.tolist():
+            if e in on_gpu:
+                out.to_gpu(state, e, bool(resident[e]))
+                adopted = False
+                if not resident[e] and state.prefetcher is not None:
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:
+                    state.lru.use((layer_index, e), weight_bytes)
+            elif split is not None and e == split[0]:
+                out.split(state, e, split[1])
+            else:
+                out.sliced(e)
+        out.extra["resident_selected"] = float(resident[active].sum())
+        out.extra["split_parts"] = float(split[1]) if split is not None else 0.0
+        return out.finish()
+
+
+def _best_split(
+    out: _Layout, active: np.ndarray, resident: np.ndarray, on_gpu: set[int], on_ndp: list[int]
+) -> tuple[int, int] | None:
+    """(expert, k) when running 1/k of the hottest NDP expert on the GPU shortens the layer, else None."""
+    costs, expert, units = out.costs, out.expert, out.units
+    sources = out.sources
+    unit = out.activation_s()
+    pcie = gpu = 0.0
+    for e in on_gpu:
+        tokens = int(out.counts[e])
+        gpu += costs.gpu_s(expert, tokens)
+        if not resident[e]:
+            pcie += costs.transfer_s(expert, sources)
+            unit += costs.copy_read_s(expert, sources)
+    for e in on_ndp:
+        tokens = int(out.counts[e])
+        unit += max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
+    current = max(unit, pcie, gpu)
+    hot = max(on_ndp, key=lambda e: (int(out.counts[e]), -e))
+    tokens = int(out.counts[hot])
+    whole_ndp = max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
+    best: tuple[float, int] | None = None
+    for k in range(2, 9):
+        rest = units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
+        ndp_part = max(costs.ndp_s(expert, tokens, rest), costs.ndp_dram_s(expert, tokens, rest))
+        copy_part = costs.copy_read_s(expert, sources) / k
+        transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
+        span = max(
+            unit - whole_ndp + ndp_part + copy_part,
+            pcie + transfer_part,
+            gpu + expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k),
+        )
+        if span < current * (1 - 1e-9) and (best is None or span < best[0]):
+            best = (span, k)
+    return None if best is None else (hot, best[1])
 
 
 @register

@@ -225,3 +225,19 @@ def test_variable_degree_runs_each_units_coldest_experts_whole_and_stores_expert
     # sliced copies plus whole copies on the home units: Mixtral's 90.2 GB no longer fit 4 x 32 GB
     assert not _sim("tp+lb+prefetch+vtp", units=4, model=MIXTRAL, layers=32).capacity.feasible
     assert _sim("tp+lb+prefetch", units=4, model=MIXTRAL, layers=32).capacity.feasible
+
+
+def test_split_runs_part_of_the_hottest_ndp_expert_on_the_gpu():
+    # one Mixtral expert with 32 prefill tokens: sliced over 4 DIMMs it takes ~5.5 ms, its whole copy 6.4 ms
+    # (352 MB at 55 GB/s), so the packer keeps it on the NDP units; copying 1/k of it balances the two sides
+    counts = np.zeros(MIXTRAL.num_experts, dtype=int)
+    counts[3] = 32
+    split = _sim("tp+lb+prefetch+split", model=MIXTRAL, layers=1, residency_fraction=0.0)
+    plain = _sim("tp+lb+prefetch", model=MIXTRAL, layers=1, residency_fraction=0.0)
+    result = split.simulate_layer(0, counts, "prefill")
+    assert dict(plain.simulate_layer(0, counts, "prefill").placement) == {3: "ndp"}
+    assert dict(result.placement) == {3: "split"}
+    k = int(result.extra["split_parts"])
+    assert 2 <= k <= 8
+    assert any(e.resource == "gpu" and e.label == f"e3 1/{k}" for e in result.events)
+    assert any(e.resource == "pcie" and e.label == f"e3 1/{k} weights" for e in result.events)
