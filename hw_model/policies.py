@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -74,36 +73,34 @@ class ExpertCosts:
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
 
-    def _get(self, key: tuple, expert: ExpertShape, compute: Callable[[], float]) -> float:
-        value = self._memo.get(key)
-        if value is None:
-            self._shapes[id(expert)] = expert
-            value = self._memo[key] = compute()
+    def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
+        self._shapes[id(expert)] = expert
+        self._memo[key] = value
         return value
 
-    def ndp_s(self, expert: ExpertShape, tokens: int, shards: int) -> float:
-        return self._get(
-            (id(expert), 0, tokens, shards),
-            expert,
-            lambda: expert_shard_time_s(self.system.ndp_unit, expert, tokens, shards),
-        )
+    # each accessor looks the memo up first and computes only on a miss (the hot path of every invocation)
+    def ndp_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
+        key = (id(expert), 0, tokens, shards)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._store(key, expert, expert_shard_time_s(self.system.ndp_unit, expert, tokens, shards))
+        return value
 
-    def ndp_dram_s(self, expert: ExpertShape, tokens: int, shards: int) -> float:
+    def ndp_dram_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
         """DRAM streaming time of one NDP shard: its weight and activation bytes at the unit's bandwidth."""
-        unit = self.system.ndp_unit
-        return self._get(
-            (id(expert), 3, tokens, shards),
-            expert,
-            lambda: (
-                (expert.weight_bytes(shards) + expert.activation_bytes(tokens, shards))
-                / unit.achievable_bandwidth_bytes_per_s
-            ),
-        )
+        key = (id(expert), 3, tokens, shards)
+        value = self._memo.get(key)
+        if value is None:
+            streamed = expert.weight_bytes(shards) + expert.activation_bytes(tokens, shards)
+            value = self._store(key, expert, streamed / self.system.ndp_unit.achievable_bandwidth_bytes_per_s)
+        return value
 
     def gpu_s(self, expert: ExpertShape, tokens: int) -> float:
-        return self._get(
-            (id(expert), 1, tokens, 1), expert, lambda: expert_shard_time_s(self.system.gpu, expert, tokens)
-        )
+        key = (id(expert), 1, tokens, 1)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._store(key, expert, expert_shard_time_s(self.system.gpu, expert, tokens))
+        return value
 
     def copy_bandwidth(self, sources: int) -> float:
         """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
@@ -113,10 +110,12 @@ class ExpertCosts:
         return min(pcie, sources * self.system.ndp_unit.host_read_bandwidth_bytes_per_s)
 
     def transfer_s(self, expert: ExpertShape, sources: int = 1) -> float:
-        def compute() -> float:
-            return self.system.host_link.latency_s + expert.weight_bytes() / self.copy_bandwidth(sources)
-
-        return self._get((id(expert), 2, sources, 0), expert, compute)
+        key = (id(expert), 2, sources, 0)
+        value = self._memo.get(key)
+        if value is None:
+            seconds = self.system.host_link.latency_s + expert.weight_bytes() / self.copy_bandwidth(sources)
+            value = self._store(key, expert, seconds)
+        return value
 
     def copy_read_s(self, expert: ExpertShape, sources: int) -> float:
         """DRAM time one source DIMM gives up to a copy of ``expert`` read from ``sources`` DIMMs."""
