@@ -2,7 +2,8 @@
 
 Problems are built the way the ``tp+lb+prefetch`` policy builds them for a Qwen3-30B-A3B prefill layer
 (128 experts, top-8, 512 prompt tokens routed by a calibrated synthetic trace, every expert sliced over
-6 NDP-DIMMs of the ``paper`` preset, a random quarter of experts resident on the GPU). A second set uses
+6 NDP-DIMMs of the ``paper`` preset, a random quarter of experts resident on the GPU; a copy of a non-resident
+expert reads its source DIMMs, channel-capped, and takes that DRAM time from their NDP cores). A second set uses
 the whole-expert layout (each expert on one home unit), which is harder for the packer.
 
 Prints the median decision time in microseconds and its ratio to the 200 us target, measured in this run.
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw_model.cost import expert_shard_time_s  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
 from hw_model.models import get_model  # noqa: E402
+from hw_model.policies import ExpertCosts  # noqa: E402
 from hw_model.scheduler import PlacementProblem, pack  # noqa: E402
 from hw_model.traces import TraceKnobs, skew_for, synthetic_trace  # noqa: E402
 
@@ -39,18 +41,24 @@ def build_problems(instances: int, sliced: bool, seed: int = 0) -> list[Placemen
     trace = synthetic_trace(
         instances, model.num_experts, model.top_k, 512, 0, TraceKnobs(skew=skew_for(model.name, "typical"), seed=seed)
     )
-    transfer_s = system.host_link.transfer_time_s(expert.weight_bytes())
+    costs = ExpertCosts(system)
+    sources = UNITS if sliced else 1
+    transfer_s = costs.transfer_s(expert, sources)
+    read_s = costs.copy_read_s(expert, sources)  # DRAM time a copy takes from each DIMM it reads
     problems = []
     for layer in range(instances):
         counts = trace.prefill_counts(layer)
         active = np.flatnonzero(counts)
         resident = rng.random(active.size) < 0.25
         ndp = np.zeros((active.size, UNITS))
+        copy = np.zeros((active.size, UNITS))
         for i, e in enumerate(active):
             if sliced:
                 ndp[i, :] = expert_shard_time_s(system.ndp_unit, expert, int(counts[e]), UNITS)
+                copy[i, :] = 0.0 if resident[i] else read_s
             else:
                 ndp[i, e % UNITS] = expert_shard_time_s(system.ndp_unit, expert, int(counts[e]), 1)
+                copy[i, e % UNITS] = 0.0 if resident[i] else read_s
         gpu = np.array([expert_shard_time_s(system.gpu, expert, int(counts[e])) for e in active])
         problems.append(
             PlacementProblem(
@@ -59,6 +67,7 @@ def build_problems(instances: int, sliced: bool, seed: int = 0) -> list[Placemen
                 transfer_s=np.where(resident, 0.0, transfer_s),
                 transfer_bytes=np.where(resident, 0.0, expert.weight_bytes()),
                 staging_cap_bytes=4e9,
+                copy_unit_s=copy,
             )
         )
     return problems

@@ -15,8 +15,9 @@ from hw_model.hardware import (
     list_presets,
     load_system,
 )
+from hw_model.policies import Policy, get_policy, policy_names, register
 from hw_model.simulator import DEFAULT_POLICY, POLICIES, LayerResult, MoESimulator
-from hw_model.workload import ExpertShape, MoELayerShape
+from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -25,6 +26,11 @@ __all__ = [
     "LayerResult",
     "MoELayerShape",
     "MoESimulator",
+    "Policy",
+    "WeightFormat",
+    "get_policy",
+    "policy_names",
+    "register",
     "GpuSpec",
     "HardwareConfigError",
     "HostLinkSpec",

@@ -9,8 +9,9 @@ a trace file drives one :class:`hw_model.simulator.MoESimulator` per (NDP count,
 
 Non-expert ops run on the GPU for every policy (:mod:`hw_model.models`); their time is handed to the
 simulator (``advance_time_s``) so the prefetcher can use the idle PCIe link. Results: a latency table
-(speedup over ``monde``), sweeps across trace skew, prefetch budget and expert shapes, and PNG plots
-(latency bars, per-layer Gantt timelines, utilisation) when matplotlib (the ``plot`` extra) is installed.
+(speedup over the strongest baseline of each row and over ``monde``), sweeps across trace skew, prefetch
+budget, drift reuse and small-MoE shapes. This module runs; :mod:`hw_model.bench_tables` formats the tables
+(markdown) and :mod:`hw_model.bench_plots` draws the PNG plots (matplotlib, the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -31,28 +32,30 @@ import numpy as np
 from hw_model.errors import WorkloadError
 from hw_model.hardware import load_system
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
-from hw_model.policies import POLICIES
-from hw_model.simulator import MoESimulator
+from hw_model.policies import DEFAULT_POLICY, POLICIES, get_policy, policy_names
+from hw_model.simulator import DEFAULT_RESIDENCY_FRACTION, MoESimulator
 from hw_model.traces import (
     DEFAULT_SKEW_LEVELS,
     RoutingTrace,
     TraceKnobs,
     load_trace,
+    predicted_counts,
     skew_for,
     synthetic_trace,
 )
 
 BASELINE_POLICY = "monde"
-BASELINE_POLICIES = ("gpu-offload", "ndp-expert-per-unit", "monde")
-OURS_POLICY = "tp+lb+prefetch"
-GANTT_POLICIES = ("monde", "tp", "tp+lb+prefetch")
-PREFETCH_FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+BASELINE_POLICIES = policy_names("baseline")
+OURS_POLICY = DEFAULT_POLICY
+GANTT_POLICIES = ("monde+cache", "tp", OURS_POLICY)
+PREFETCH_FRACTIONS = (0.25, 0.5, DEFAULT_RESIDENCY_FRACTION, 0.9, 1.0)
 SWEEP_EXPERTS = (2, 4, 8)
 SWEEP_HIDDEN = (1024, 2048, 4096)
-SWEEP_POLICIES = ("monde", "tp", "tp+lb+prefetch")
 SWEEP_LAYERS = 32  # Mixtral-like depth, so the experts do not all fit in GPU memory
-SKEW_SWEEP_POLICIES = ("gpu-offload", "monde", "tp+lb", "tp+lb+prefetch", "lower-bound")
-UNIT_INDEPENDENT_POLICIES = ("gpu-offload",)  # uses no NDP unit
+# the skew sweep reruns ours and the baselines that are strongest somewhere in the main table (the others trail
+# them in every row of docs/bench.md), to keep the default run short
+SKEW_SWEEP_POLICIES = ("monde+cache", "duplex", OURS_POLICY)
+ALWAYS_RECOMPUTE = 0.0  # drift threshold of the "recompute at every invocation" comparison
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class BenchConfig:
     sweeps: bool = True
     gantt: bool = True
     default_units: int = 4
+    lookahead_accuracy: float = 0.8
 
     def __post_init__(self) -> None:
         if not self.ndp_units or any(n < 0 for n in self.ndp_units):
@@ -86,6 +90,8 @@ class BenchConfig:
         for level in self.skew_levels:
             if level not in DEFAULT_SKEW_LEVELS:
                 raise WorkloadError(f"unknown skew level {level!r} (known: {', '.join(DEFAULT_SKEW_LEVELS)})")
+        if not 0.0 <= self.lookahead_accuracy <= 1.0:
+            raise WorkloadError(f"lookahead_accuracy must be in [0, 1], got {self.lookahead_accuracy}")
         if self.prompt_tokens < 1 or self.generated_tokens < 1:
             raise WorkloadError("prompt and generated token counts must be positive")
 
@@ -97,9 +103,10 @@ class Job:
     policy: str
     skew_level: str
     skew: float
-    residency_fraction: float = 1.0
+    residency_fraction: float = DEFAULT_RESIDENCY_FRACTION
     section: str = "main"
     want_gantt: bool = False
+    drift_threshold: float = 0.25
 
 
 @dataclass
@@ -150,6 +157,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         job.policy,
         gpu_reserved_bytes=reserved,
         residency_fraction=job.residency_fraction,
+        drift_threshold=job.drift_threshold,
     )
     layers = model.moe_layers
     gantt: dict[str, list[tuple[str, float, float, str]]] = {}
@@ -168,6 +176,9 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
             gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in result.events]
 
     decode_s = 0.0
+    step_times: list[float] = []
+    lookahead = get_policy(job.policy).lookahead
+    predictor = np.random.default_rng(config.seed + 1)
     gantt_step = prompt + trace.generated_tokens // 2
     for token in range(prompt, trace.num_tokens):
         context = token + 1
@@ -178,11 +189,16 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         sim.advance_time_s(dense)
         for layer in range(layers):
             sim.advance_time_s(per_layer_other)
+            if lookahead and layer + 1 < layers:  # pre-gating: layer l's hidden state predicts layer l+1
+                sim.predict_next(
+                    layer + 1, predicted_counts(trace, layer + 1, token, config.lookahead_accuracy, predictor)
+                )
             result = sim.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode")
             step_s += per_layer_other + result.latency_s
             if job.want_gantt and layer == 0 and token == gantt_step:
                 gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in result.events]
         decode_s += step_s
+        step_times.append(step_s)
 
     summary = sim.summary()
     total = prefill_s + decode_s
@@ -195,14 +211,22 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         "ndp_units": job.ndp_units,
         "policy": job.policy,
         "latency_s": total,
+        "feasible": summary["feasible"],
+        "infeasible_reason": summary["infeasible_reason"],
         "speedup_vs_monde": None,
+        "speedup_vs_best_baseline": None,
+        "best_baseline": None,
         "prefill_s": prefill_s,
         "decode_s": decode_s,
         "decode_ms_per_token": 1e3 * decode_s / max(1, trace.generated_tokens),
+        "decode_p50_ms": 1e3 * float(np.percentile(step_times, 50)),
+        "decode_p90_ms": 1e3 * float(np.percentile(step_times, 90)),
+        "decode_p99_ms": 1e3 * float(np.percentile(step_times, 99)),
         "hw": config.hw,
         "skew_level": job.skew_level,
         "skew": job.skew,
         "residency_fraction": job.residency_fraction,
+        "drift_threshold": job.drift_threshold,
         "section": job.section,
         "utilisation": {
             "gpu": gpu_busy / total,
@@ -211,6 +235,11 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         },
         "placement_recomputations": summary["placement_recomputations"],
         "placement_reuses": summary["placement_reuses"],
+        "recomputations_per_100_tokens": 100.0
+        * summary["decode_placement_recomputations"]
+        / max(1, layers * trace.generated_tokens),
+        "gpu_pool_bytes": summary["gpu_pool_bytes"],
+        "decision_time_median_us": 1e6 * summary["decision_time_median_s"],
         "host_to_gpu_bytes": summary["host_to_gpu_bytes"],
         "on_demand_weight_bytes": summary["on_demand_weight_bytes"],
         "residency_cap_bytes": summary["residency_cap_bytes"],
@@ -244,8 +273,6 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         model = get_model(name)
         for units in config.ndp_units:
             for policy in config.policies:
-                if policy in UNIT_INDEPENDENT_POLICIES and units != config.ndp_units[0]:
-                    continue  # same result for every NDP count: run once, copied in run_bench
                 want_gantt = config.gantt and units == config.default_units and policy in GANTT_POLICIES
                 jobs.append(Job(model, units, policy, main_level, skew(model, main_level), want_gantt=want_gantt))
     if not config.sweeps:
@@ -258,15 +285,30 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
                 if policy in SKEW_SWEEP_POLICIES:
                     jobs.append(Job(model, units, policy, level, skew(model, level), section="skew"))
         if OURS_POLICY in config.policies and units in config.ndp_units:
-            for fraction in PREFETCH_FRACTIONS[:-1]:  # the full budget (1.0) is the main table's run
-                jobs.append(Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch"))
+            for fraction in PREFETCH_FRACTIONS:
+                if fraction != DEFAULT_RESIDENCY_FRACTION:  # the default is the main table's run
+                    jobs.append(
+                        Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch")
+                    )
+            jobs.append(
+                Job(
+                    model,
+                    units,
+                    OURS_POLICY,
+                    main_level,
+                    skew(model, main_level),
+                    section="drift",
+                    drift_threshold=ALWAYS_RECOMPUTE,
+                )
+            )
     for experts in SWEEP_EXPERTS:
         for hidden in SWEEP_HIDDEN:
             model = sweep_model(experts, hidden, layers=SWEEP_LAYERS)
-            for policy in SWEEP_POLICIES:
-                jobs.append(
-                    Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
-                )
+            for policy in config.policies:
+                if get_policy(policy).role in ("baseline", "ours", "extension"):
+                    jobs.append(
+                        Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
+                    )
     return jobs
 
 
@@ -291,27 +333,13 @@ def run_bench(
             if progress:
                 progress(done, len(jobs))
     records = [r.record for r in results]
-    for r in list(records):
-        if r["section"] == "main" and r["policy"] in UNIT_INDEPENDENT_POLICIES:
-            for units in config.ndp_units[1:]:
-                records.append(dict(r, ndp_units=units))
     if OURS_POLICY in config.policies and config.sweeps:
         records += [
             dict(r, section="prefetch")
             for r in records
             if r["section"] == "main" and r["policy"] == OURS_POLICY and r["ndp_units"] == config.default_units
         ]
-    baseline = {
-        (r["section"], r["model"], r["ndp_units"], r["skew_level"], r["residency_fraction"]): r["latency_s"]
-        for r in records
-        if r["policy"] == BASELINE_POLICY
-    }
-    for r in records:
-        key = (r["section"], r["model"], r["ndp_units"], r["skew_level"], 1.0)
-        if r["section"] == "prefetch":
-            key = ("main", r["model"], r["ndp_units"], r["skew_level"], 1.0)
-        base = baseline.get(key)
-        r["speedup_vs_monde"] = base / r["latency_s"] if base else None
+    fill_speedups(records)
     gantt = {}
     for job, result in zip(jobs, results, strict=False):
         if result.gantt:
@@ -319,237 +347,54 @@ def run_bench(
     return records, gantt
 
 
-# -- output -------------------------------------------------------------------------------------------------
+def fill_speedups(records: list[dict[str, Any]]) -> None:
+    """Fill ``speedup_vs_monde``, ``speedup_vs_best_baseline`` and ``best_baseline`` of every record: against
+    the same (model, NDP count, skew) row of the main table (sweep rows: of their own section), baselines
+    that do not fit the DIMMs left out."""
+
+    def row(r: dict[str, Any]) -> tuple:
+        section = "main" if r["section"] in ("main", "prefetch", "drift") else r["section"]
+        return (section, r["model"], r["ndp_units"], r["skew_level"])
+
+    base_rows = [
+        r
+        for r in records
+        if r["policy"] in BASELINE_POLICIES
+        and r["section"] in ("main", "skew", "shape")
+        and r["residency_fraction"] == DEFAULT_RESIDENCY_FRACTION
+    ]
+    monde = {row(r): r["latency_s"] for r in base_rows if r["policy"] == BASELINE_POLICY}
+    best: dict[tuple, tuple[float, str]] = {}
+    for r in base_rows:
+        if r["feasible"] and (row(r) not in best or r["latency_s"] < best[row(r)][0]):
+            best[row(r)] = (r["latency_s"], r["policy"])
+    for r in records:
+        base = monde.get(row(r))
+        r["speedup_vs_monde"] = base / r["latency_s"] if base else None
+        strongest = best.get(row(r))
+        r["best_baseline"] = strongest[1] if strongest else None
+        r["speedup_vs_best_baseline"] = strongest[0] / r["latency_s"] if strongest else None
 
 
-def main_table(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of the main table: model x NDP count x policy at the main skew level."""
-    return [r for r in records if r["section"] == "main"]
+# -- output (tables: hw_model.bench_tables, plots: hw_model.bench_plots) -------------------------------------
 
 
-def format_table(records: Sequence[dict[str, Any]]) -> str:
-    """Plain-text latency table, one row per (model, NDP count), one column per policy."""
-    rows = main_table(records)
-    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
-    lines = []
-    header = f"{'model':18s} {'NDP':>3s} " + " ".join(f"{p:>19s}" for p in policies)
-    lines.append("end-to-end latency, s (speedup over monde)")
-    lines.append(header)
-    keys = sorted(
-        {(r["model"], r["ndp_units"]) for r in rows},
-        key=lambda k: (list(MODELS).index(k[0]) if k[0] in MODELS else 99, k[1]),
-    )
-    for model, units in keys:
-        cells = []
-        for policy in policies:
-            match = [r for r in rows if r["model"] == model and r["ndp_units"] == units and r["policy"] == policy]
-            if not match:
-                cells.append(f"{'-':>19s}")
-                continue
-            r = match[0]
-            speed = f"({r['speedup_vs_monde']:.2f}x)" if r["speedup_vs_monde"] else ""
-            cells.append(f"{r['latency_s']:>11.2f} {speed:>7s}")
-        lines.append(f"{model:18s} {units:>3d} " + " ".join(cells))
-    ours = [r["speedup_vs_monde"] for r in rows if r["policy"] == OURS_POLICY and r["speedup_vs_monde"]]
-    if ours:
-        lines.append(
-            f"{OURS_POLICY} over monde: geometric mean {float(np.exp(np.mean(np.log(ours)))):.2f}x, "
-            f"mean {float(np.mean(ours)):.2f}x, max {max(ours):.2f}x, min {min(ours):.2f}x"
-        )
-    over_best = []
-    for model, units in keys:
-        same = {r["policy"]: r["latency_s"] for r in rows if r["model"] == model and r["ndp_units"] == units}
-        baselines = [same[p] for p in BASELINE_POLICIES if p in same]
-        if OURS_POLICY in same and baselines:
-            over_best.append(min(baselines) / same[OURS_POLICY])
-    if over_best:
-        lines.append(
-            f"{OURS_POLICY} over the best baseline of each row ({', '.join(BASELINE_POLICIES)}): geometric mean "
-            f"{float(np.exp(np.mean(np.log(over_best)))):.2f}x, max {max(over_best):.2f}x, min {min(over_best):.2f}x"
-        )
-    return "\n".join(lines)
-
-
-def format_sweeps(records: Sequence[dict[str, Any]]) -> str:
-    lines = []
-    skew = [r for r in records if r["section"] in ("main", "skew") and r["policy"] == OURS_POLICY]
-    units = {r["ndp_units"] for r in records if r["section"] == "skew"}
-    if units:
-        lines.append("\nskew sweep: speedup of tp+lb+prefetch over monde (prefetch hit rate)")
-        for model in sorted({r["model"] for r in skew}):
-            cells = []
-            for level in DEFAULT_SKEW_LEVELS:
-                match = [
-                    r for r in skew if r["model"] == model and r["skew_level"] == level and r["ndp_units"] in units
-                ]
-                if match:
-                    r = match[0]
-                    cells.append(
-                        f"{level} (skew {r['skew']:.2f}): {r['speedup_vs_monde']:.2f}x "
-                        f"({r.get('prefetch_hit_rate', 0):.0%})"
-                    )
-            lines.append(f"  {model:18s} " + "  ".join(cells))
-    pre = [r for r in records if r["section"] == "prefetch"]
-    if pre:
-        lines.append("\nprefetch budget sweep (tp+lb+prefetch, fraction of free GPU memory for resident experts)")
-        for model in sorted({r["model"] for r in pre}):
-            cells = [
-                f"{r['residency_fraction']:.2f}: {r['latency_s']:.2f}s ({r.get('prefetch_hit_rate', 0):.0%} hits)"
-                for r in sorted((r for r in pre if r["model"] == model), key=lambda r: r["residency_fraction"])
-            ]
-            lines.append(f"  {model:18s} " + "  ".join(cells))
-    shape = [r for r in records if r["section"] == "shape"]
-    if shape:
-        lines.append(
-            f"\nshape sweep ({SWEEP_LAYERS} layers, top-2 of E experts, FFN 3.5 x hidden, "
-            f"{shape[0]['ndp_units']} NDP units): speedup over monde, tp / tp+lb+prefetch"
-        )
-        for model in sorted({r["model"] for r in shape}, key=lambda m: (int(m.split("-e")[1].split("-")[0]), m)):
-            by = {r["policy"]: r for r in shape if r["model"] == model}
-            if "tp" in by and OURS_POLICY in by:
-                lines.append(
-                    f"  {model:22s} tp {by['tp']['speedup_vs_monde']:.2f}x   "
-                    f"ours {by[OURS_POLICY]['speedup_vs_monde']:.2f}x"
-                )
-    return "\n".join(lines)
-
-
-def write_json_atomic(path: str | Path, payload: Any) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory (never half-written)."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1)
-            handle.write("\n")
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def make_plots(
-    records: Sequence[dict[str, Any]], gantt: dict[str, dict], out_dir: Path, default_units: int
-) -> list[Path]:
-    """Write the PNG plots; raises ImportError when matplotlib (the ``plot`` extra) is missing."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    rows = main_table(records)
-    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
-    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
-    colours = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))
-
-    def save(fig: Any, name: str) -> None:
-        path = out_dir / name
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".png")
-        os.close(fd)
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, path)
-        written.append(path)
-
-    # 1. latency bars
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 4), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=False):
-        units_list = sorted({r["ndp_units"] for r in rows if r["model"] == model})
-        width = 0.8 / max(1, len(policies))
-        for i, policy in enumerate(policies):
-            values = [
-                next(
-                    (
-                        r["latency_s"]
-                        for r in rows
-                        if r["model"] == model and r["ndp_units"] == u and r["policy"] == policy
-                    ),
-                    np.nan,
-                )
-                for u in units_list
-            ]
-            ax.bar(np.arange(len(units_list)) + i * width, values, width, label=policy, color=colours[policy])
-        ax.set_xticks(np.arange(len(units_list)) + 0.4 - width / 2)
-        ax.set_xticklabels([f"{u} NDP" for u in units_list])
-        ax.set_yscale("log")
-        ax.set_title(model)
-        ax.set_ylabel("end-to-end latency, s (log)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.suptitle("512 prompt + 512 generated tokens, batch 1", y=1.03)
-    save(fig, "latency_bars.png")
-
-    # 2. Gantt timelines of one MoE layer (prefill and a mid-stream decode step)
-    for model, per_policy in gantt.items():
-        phases = [p for p in ("prefill", "decode") if any(p in g for g in per_policy.values())]
-        pols = [p for p in GANTT_POLICIES if p in per_policy]
-        fig, axes = plt.subplots(len(pols), len(phases), figsize=(7 * len(phases), 2.2 * len(pols)), squeeze=False)
-        for row, policy in enumerate(pols):
-            for col, phase in enumerate(phases):
-                ax = axes[row][col]
-                events = per_policy[policy].get(phase, [])
-                resources = sorted({e[0] for e in events}, key=_resource_rank)
-                for y, resource in enumerate(resources):
-                    spans = [(s * 1e3, (e - s) * 1e3) for res, s, e, _ in events if res == resource]
-                    ax.broken_barh(spans, (y - 0.4, 0.8), color=_resource_colour(resource))
-                ax.set_yticks(range(len(resources)))
-                ax.set_yticklabels(resources, fontsize=7)
-                ax.invert_yaxis()
-                ax.set_xlabel("ms")
-                ax.set_title(f"{policy}: layer 0, {phase}", fontsize=9)
-        fig.suptitle(f"{model}, {default_units} NDP units: one MoE layer's timeline")
-        fig.tight_layout()
-        save(fig, f"gantt_{model}.png")
-
-    # 3. utilisation at the default NDP count
-    util = [r for r in rows if r["ndp_units"] == default_units]
-    if util:
-        fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.6), squeeze=False)
-        for ax, model in zip(axes[0], models, strict=False):
-            mine = sorted((r for r in util if r["model"] == model), key=lambda r: POLICIES.index(r["policy"]))
-            x = np.arange(len(mine))
-            for k, (key, colour) in enumerate((("gpu", "tab:green"), ("pcie", "tab:orange"), ("ndp_mean", "tab:blue"))):
-                ax.bar(x + k * 0.27, [r["utilisation"][key] for r in mine], 0.27, label=key, color=colour)
-            ax.set_xticks(x + 0.27)
-            ax.set_xticklabels([r["policy"] for r in mine], rotation=60, ha="right", fontsize=7)
-            ax.set_ylim(0, 1)
-            ax.set_title(model)
-        axes[0][0].set_ylabel(f"busy fraction ({default_units} NDP units)")
-        axes[0][-1].legend(fontsize=7)
-        save(fig, "utilisation.png")
-
-    # 4. skew sweep
-    skew = [r for r in records if r["section"] in ("main", "skew") and r["policy"] == OURS_POLICY]
-    skew = [r for r in skew if r["ndp_units"] == default_units and r["speedup_vs_monde"]]
-    if len({r["skew_level"] for r in skew}) > 1:
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for model in models:
-            mine = sorted((r for r in skew if r["model"] == model), key=lambda r: r["skew"])
-            ax.plot([r["skew"] for r in mine], [r["speedup_vs_monde"] for r in mine], marker="o", label=model)
-        ax.set_xlabel("Zipf skew of expert popularity")
-        ax.set_ylabel("speedup of tp+lb+prefetch over monde")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.legend(fontsize=7)
-        save(fig, "skew_sweep.png")
-    return written
-
-
-def _resource_rank(resource: str) -> tuple[int, int]:
-    order = {"gpu": 0, "pcie": 1, "pcie_d2h": 2, "ndp_link": 99}
-    if resource.startswith("ndp") and resource[3:].isdigit():
-        return (3, int(resource[3:]))
-    return (order.get(resource, 50), 0)
-
-
-def _resource_colour(resource: str) -> str:
-    if resource == "gpu":
-        return "tab:green"
-    if resource.startswith("pcie"):
-        return "tab:orange"
-    if resource == "ndp_link":
-        return "tab:purple"
-    return "tab:blue"
+def write_json_atomic(path: str | Path, payload: Any) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=1) + "\n")
 
 
 class ProgressBar:
@@ -584,6 +429,11 @@ def quick_config(config: BenchConfig) -> BenchConfig:
     return replace(config, prompt_tokens=32, generated_tokens=8, sweeps=False, skew_levels=config.skew_levels[:1])
 
 
+def main_table(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the main table: model x NDP count x policy at the main skew level."""
+    return [r for r in records if r["section"] == "main"]
+
+
 def records_for_json(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The main table as JSON records, ordered by model, NDP count and policy."""
     models = list(MODELS)
@@ -602,13 +452,13 @@ def records_for_json(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 __all__ = [
     "BenchConfig",
     "ProgressBar",
-    "format_sweeps",
-    "format_table",
-    "make_plots",
+    "fill_speedups",
+    "main_table",
     "plan_jobs",
     "quick_config",
     "records_for_json",
     "run_bench",
     "run_job",
     "write_json_atomic",
+    "write_text_atomic",
 ]

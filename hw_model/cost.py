@@ -62,14 +62,20 @@ def gemm_efficiency(device: ComputeSpec, k: int) -> float:
     return k / (k + device.gemm_fixed_k_elements)
 
 
-def gemm_time_s(device: ComputeSpec, m: int, n: int, k: int, dtype: str, dtype_bytes: int) -> float:
-    """Time of one ``[m, k] @ [k, n]`` product reading both operands and writing the result once."""
+def gemm_time_s(
+    device: ComputeSpec, m: int, n: int, k: int, dtype: str, dtype_bytes: float, weight_bytes: float | None = None
+) -> float:
+    """Time of one ``[m, k] @ [k, n]`` product reading both operands and writing the result once.
+
+    ``weight_bytes`` is the stored size of one element of the ``[k, n]`` operand (default ``dtype_bytes``;
+    less for quantized weights, which are dequantised on the fly)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     tile = device.gemm_tile_m
     padded_m = m if m == 1 else math.ceil(m / tile) * tile
     compute_s = 2.0 * padded_m * n * k / (device.achievable_flops_per_s(dtype) * gemm_efficiency(device, k))
-    memory_s = (k * n + m * k + m * n) * dtype_bytes / device.achievable_bandwidth_bytes_per_s
+    per_weight = dtype_bytes if weight_bytes is None else weight_bytes
+    memory_s = (k * n * per_weight + (m * k + m * n) * dtype_bytes) / device.achievable_bandwidth_bytes_per_s
     fixed_s = device.kernel_overhead_s + device.reduction_latency_s * math.log2(k)
     return fixed_s + max(compute_s, memory_s)
 
@@ -95,7 +101,7 @@ def expert_shard_kernels(
     hidden, b, dtype = expert.hidden, expert.dtype_bytes, expert.dtype
 
     def product(name: str, n: int, k: int) -> KernelCost:
-        return KernelCost(name, gemm_time_s(device, tokens, n, k, dtype, b))
+        return KernelCost(name, gemm_time_s(device, tokens, n, k, dtype, b, expert.weight_bytes_per_element))
 
     kernels: list[KernelCost] = []
     if expert.gated:

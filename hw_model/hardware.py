@@ -127,15 +127,41 @@ class GpuSpec(ComputeSpec):
 
 @dataclass(frozen=True)
 class NdpUnitSpec(ComputeSpec):
-    """One NDP unit (an NDP-DIMM): near-data bandwidth, its compute core and its on-chip buffer."""
+    """One NDP unit (an NDP-DIMM): near-data bandwidth, its compute core and its on-chip buffer.
+
+    With ``dram`` (a standard of :data:`hw_model.dram.DDR_STANDARDS`), the loader derives the DRAM side from
+    JEDEC timings: ``memory_bandwidth_bytes_per_s = ranks x rank peak``, ``achievable_bandwidth_fraction`` =
+    the interleaved streaming efficiency, ``kernel_overhead_s = control_overhead_s`` (host<->NDP command and
+    completion, a separate assumed constant) + the DRAM's first-access time. ``host_read_bandwidth_bytes_per_s``
+    is then what a host copy reading this DIMM reaches (its channel at the streaming efficiency).
+    """
 
     buffer_bytes: float = 256 * 1024
+    dram: str = ""
+    ranks: int = 1
+    control_overhead_s: float = 0.0
 
     _section = "ndp_unit"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require_positive("ndp_unit.buffer_bytes", self.buffer_bytes)
+        _require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
+        if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
+            raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {self.ranks!r}")
+        if self.dram:
+            from hw_model.dram import get_standard
+
+            get_standard(self.dram)
+
+    @property
+    def host_read_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth of a host copy reading this DIMM (channel-capped); unbounded without a ``dram`` standard."""
+        if not self.dram:
+            return math.inf
+        from hw_model.dram import get_standard
+
+        return get_standard(self.dram).host_read_bandwidth_bytes_per_s()
 
 
 @dataclass(frozen=True)
@@ -247,7 +273,11 @@ _COMPUTE_OPTIONAL = (
 # section -> (class, required fields, optional fields)
 _SECTIONS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
     "gpu": (GpuSpec, _COMPUTE_REQUIRED, _COMPUTE_OPTIONAL),
-    "ndp_unit": (NdpUnitSpec, _COMPUTE_REQUIRED, (*_COMPUTE_OPTIONAL, "buffer_bytes")),
+    "ndp_unit": (
+        NdpUnitSpec,
+        _COMPUTE_REQUIRED,
+        (*_COMPUTE_OPTIONAL, "buffer_bytes", "dram", "ranks", "control_overhead_s"),
+    ),
     "host_link": (HostLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ("pageable_bandwidth_bytes_per_s",)),
     "ndp_link": (NdpLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ()),
 }
@@ -266,6 +296,8 @@ def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
             known = ", ".join((*required, *optional))
             raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {known})")
         values[name] = value
+    if key == "ndp_unit" and "dram" in values:
+        _derive_dram_side(values, sources)
     missing = [name for name in required if name not in values]
     if missing:
         raise HardwareConfigError(f"{key}.{missing[0]}: missing field")
@@ -281,6 +313,32 @@ def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
         return cls(**values)
     except TypeError as exc:  # wrong value types that slipped past the checks above
         raise HardwareConfigError(f"[{key}]: {exc}") from None
+
+
+DRAM_DERIVED_FIELDS = ("memory_bandwidth_bytes_per_s", "achievable_bandwidth_fraction", "kernel_overhead_s")
+
+
+def _derive_dram_side(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Fill the NDP unit's bandwidth, streaming efficiency and fixed cost from its DDR standard."""
+    from hw_model.dram import get_standard
+
+    standard = get_standard(str(values["dram"]))
+    given = [name for name in DRAM_DERIVED_FIELDS if name in values]
+    if given:
+        raise HardwareConfigError(f"ndp_unit.{given[0]}: derived from ndp_unit.dram = {standard.name!r}; remove it")
+    ranks = values.get("ranks", 1)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {ranks!r}")
+    control = values.get("control_overhead_s", 0.0)
+    _require_positive("ndp_unit.control_overhead_s", control, allow_zero=True)
+    values["dram"] = standard.name
+    values["memory_bandwidth_bytes_per_s"] = ranks * standard.rank_peak_bytes_per_s
+    values["achievable_bandwidth_fraction"] = standard.streaming_efficiency("interleaved")
+    values["kernel_overhead_s"] = control + standard.first_access_s
+    derived = f"derived (hw_model/dram.py) from {standard.source}"
+    sources["ndp_unit.memory_bandwidth_bytes_per_s"] = f"{ranks} ranks x data rate x bus width; {derived}"
+    sources["ndp_unit.achievable_bandwidth_fraction"] = f"1 - (tRFC + tRP) / tREFI; {derived}"
+    sources["ndp_unit.kernel_overhead_s"] = f"control_overhead_s + tRCD + CL + tBL; {derived}"
 
 
 def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemSpec:

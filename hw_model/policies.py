@@ -1,90 +1,168 @@
-"""Placement policies: the baselines, ours with its ablations, and a lower bound, in one simulator.
+"""Placement policies as objects behind one small protocol, found in one registry.
+
+A policy is a :class:`Policy` subclass registered with :func:`register`; the simulator and ``bench`` find
+policies only through :func:`get_policy` / :func:`policy_names`, so adding one touches this file only. Each
+declares its ``name``, ``role`` (``baseline``, ``ours``, ``ablation`` or ``bound``), whether it needs NDP
+units, whether its NDP work is tensor-parallel, where expert weights live (``layout``), whether it keeps
+experts resident in GPU memory, its source, and implements :meth:`Policy.place` over a per-run
+:class:`PolicyState`.
 
 =====================  ==============================================================================
-``gpu-offload``        every expert runs on the GPU; non-resident weights are copied over PCIe on demand
-                       into an LRU cache of experts (plain DIMMs, no NDP compute)
-``ndp-expert-per-unit`` whole experts on NDP units, expert ``e`` on unit ``e mod N``; no GPU, no TP
-``monde``              MoNDE-style: whole experts on their home unit; the hottest experts of each
-                       invocation are copied to the GPU (no persistent cache), as many as balance GPU and NDP
-``tp``                 ours, tensor parallelism only: every expert split over all N units (gate/up by
-                       columns, down by rows), partial sums reduced; no GPU
-``tp+lb``              ``tp`` + the load-balancing scheduler (:func:`hw_model.scheduler.pack`) moving
-                       whole experts to the GPU (weights over PCIe) where that ends the layer sooner
-``tp+lb+prefetch``     ``tp+lb`` + dataset-free prefetch (:mod:`hw_model.prefetch`): resident experts cost
-                       no PCIe copy; the complete framework
-``lower-bound``        all expert work spread fractionally over GPU and NDP units with no copies at all
+``gpu-offload``        baseline (offloading systems, e.g. MoE-Infinity/ProMoE): every expert on the GPU;
+                       the same dataset-free prefetcher as ours keeps experts resident, misses are copied
+                       on demand into an LRU staging area (plain DIMMs, no NDP compute)
+``ndp-expert-per-unit`` baseline: whole experts on NDP units, expert ``e`` on unit ``e mod N``; no GPU
+``monde``              baseline, MoNDE (DAC 2024): whole experts on their home unit; each invocation moves
+                       hot experts to the GPU, load-aware (the hottest expert of the busiest DIMM first),
+                       as many as balance GPU and NDP time; no copy kept across invocations
+``monde+cache``        ``monde`` keeping the experts it moves in an LRU GPU cache as large as our
+                       residency budget; cached experts cost no copy and are considered first
+``duplex``             baseline, Duplex-style (MICRO 2024): tensor parallelism inside the NDP device
+                       (every expert sliced over all units); experts whose Op/B exceeds the NDP ridge point
+                       run on the GPU (weights copied); no residency, no load-balancing scheduler
+``tp``                 ablation: ``monde``'s GPU/NDP balancing rule with every NDP expert sliced over all
+                       units (so ``tp`` vs ``monde`` isolates tensor parallelism; prefill uses the GPU)
+``tp+lb``              ablation: tensor parallelism + the load-balancing packer (:mod:`hw_model.scheduler`)
+``tp+lb+prefetch``     ours, complete: ``tp+lb`` + dataset-free prefetch (:mod:`hw_model.prefetch`)
+``lower-bound``        bound: expert compute spread fractionally over the GPU and all NDP units with no
+                       copies; the GPU side only for as many experts per layer as GPU memory holds
 =====================  ==============================================================================
 
-Weight layout: ``tp*`` policies store every expert as N column/row slices, slice ``u`` on unit ``u``; the
-whole-expert policies store expert ``e`` on unit ``e mod N``. Both layouts use the same NDP capacity.
+Weight layouts: ``sliced`` stores every expert as N column/row slices, slice ``u`` on unit ``u``, so a copy
+to the GPU reads all N DIMMs in parallel; ``whole`` stores expert ``e`` on unit ``e mod N``, so its copy reads
+one DIMM at that DIMM's channel bandwidth; ``host`` (plain DIMMs) interleaves weights over all DIMMs. Every
+copy also takes DRAM time from the NDP cores of the DIMMs it reads (see :class:`ExpertCosts`).
+
+Placements of ``tp+lb`` and ``tp+lb+prefetch`` are reused while the layer's exponentially smoothed
+activation histogram stays within ``drift_threshold`` (L1) of the one the plan was made on; a reused plan
+respects residency (resident active experts run on the GPU at no copy cost, others where the plan said).
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from hw_model.cost import expert_shard_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
-from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
+from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
 from hw_model.scheduler import PlacementProblem, pack
 from hw_model.timeline import GpuJob, LayerTimeline, TimelineEvent, build_layer_timeline
 from hw_model.workload import ExpertShape, MoELayerShape
 
-POLICIES = ("gpu-offload", "ndp-expert-per-unit", "monde", "tp", "tp+lb", "tp+lb+prefetch", "lower-bound")
-NEEDS_NDP = frozenset({"ndp-expert-per-unit", "monde", "tp", "tp+lb", "tp+lb+prefetch"})
+DEFAULT_POLICY = "tp+lb+prefetch"
+ROLES = ("baseline", "ours", "extension", "ablation", "bound")
+LAYOUTS = ("sliced", "whole", "host", "dual")
 
 
 class ExpertCosts:
-    """Memoised per-expert costs on one system (tokens -> seconds), shared by every policy."""
+    """Memoised per-expert costs on one system (tokens -> seconds), shared by every policy.
+
+    Copies: a copy of an expert reads ``sources`` DIMMs in parallel, each capped at its channel's host-read
+    bandwidth, and all of it crosses PCIe: ``latency + bytes / min(PCIe, sources x channel)``. Each source
+    DIMM loses ``bytes / sources`` of DRAM streaming time (:meth:`copy_read_s`) to the copy.
+    """
 
     def __init__(self, system: SystemSpec) -> None:
         self.system = system
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
 
-    def ndp_s(self, expert: ExpertShape, tokens: int, shards: int) -> float:
+    def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
+        self._shapes[id(expert)] = expert
+        self._memo[key] = value
+        return value
+
+    # each accessor looks the memo up first and computes only on a miss (the hot path of every invocation)
+    def ndp_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
         key = (id(expert), 0, tokens, shards)
         value = self._memo.get(key)
         if value is None:
-            self._shapes[id(expert)] = expert
-            value = self._memo[key] = expert_shard_time_s(self.system.ndp_unit, expert, tokens, shards)
+            value = self._store(key, expert, expert_shard_time_s(self.system.ndp_unit, expert, tokens, shards))
+        return value
+
+    def ndp_dram_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
+        """DRAM streaming time of one NDP shard: its weight and activation bytes at the unit's bandwidth."""
+        key = (id(expert), 3, tokens, shards)
+        value = self._memo.get(key)
+        if value is None:
+            streamed = expert.weight_bytes(shards) + expert.activation_bytes(tokens, shards)
+            value = self._store(key, expert, streamed / self.system.ndp_unit.achievable_bandwidth_bytes_per_s)
         return value
 
     def gpu_s(self, expert: ExpertShape, tokens: int) -> float:
         key = (id(expert), 1, tokens, 1)
         value = self._memo.get(key)
         if value is None:
-            self._shapes[id(expert)] = expert
-            value = self._memo[key] = expert_shard_time_s(self.system.gpu, expert, tokens, 1)
+            value = self._store(key, expert, expert_shard_time_s(self.system.gpu, expert, tokens))
         return value
 
-    def transfer_s(self, expert: ExpertShape) -> float:
-        key = (id(expert), 2, 0, 0)
+    def copy_bandwidth(self, sources: int) -> float:
+        """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
+        pcie = self.system.host_link.bandwidth_bytes_per_s
+        if sources <= 0:
+            return pcie
+        return min(pcie, sources * self.system.ndp_unit.host_read_bandwidth_bytes_per_s)
+
+    def transfer_s(self, expert: ExpertShape, sources: int = 1) -> float:
+        key = (id(expert), 2, sources, 0)
         value = self._memo.get(key)
         if value is None:
-            self._shapes[id(expert)] = expert
-            value = self._memo[key] = self.system.host_link.transfer_time_s(expert.weight_bytes())
+            seconds = self.system.host_link.latency_s + expert.weight_bytes() / self.copy_bandwidth(sources)
+            value = self._store(key, expert, seconds)
         return value
+
+    def copy_read_s(self, expert: ExpertShape, sources: int) -> float:
+        """DRAM time one source DIMM gives up to a copy of ``expert`` read from ``sources`` DIMMs."""
+        if sources <= 0:
+            return 0.0
+        unit = self.system.ndp_unit
+        return expert.weight_bytes() / sources / unit.achievable_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a policy may read about the run: the system, costs and memory budgets (one GPU memory pool)."""
+
+    system: SystemSpec
+    layers: tuple[MoELayerShape, ...]
+    costs: ExpertCosts
+    residency_cap_bytes: float
+    staging_cap_bytes: float
+    drift_threshold: float = 0.25
+    drift_smoothing: float = 0.1
+    prefetch_interval_tokens: int = 32
+    prefetch_decay: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.residency_cap_bytes < 0 or self.staging_cap_bytes < 0:
+            raise WorkloadError("residency and staging caps must be non-negative")
+        if self.drift_threshold < 0:
+            raise WorkloadError("drift_threshold must be non-negative")
+        if not 0.0 < self.drift_smoothing <= 1.0:
+            raise WorkloadError(f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}")
 
 
 @dataclass
 class PolicyState:
-    """Mutable run state shared with the simulator (counters, caches)."""
+    """Mutable per-run state of a policy: residency (prefetcher / LRU), cached plans, counters."""
 
     prefetcher: ExpertPrefetcher | None = None
     lru: ExpertLRUCache | None = None
-    staging_cap_bytes: float = float("inf")
-    drift_threshold: float = 0.25
-    plan_cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, frozenset[int]]] = field(default_factory=dict)
+    plan_cache: dict[tuple[int, str], tuple[np.ndarray, frozenset[int]]] = field(default_factory=dict)
+    smoothed: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
     recomputations: int = 0
     reuses: int = 0
+    decode_recomputations: int = 0
     decision_times_s: list[float] = field(default_factory=list)
     on_demand_bytes: float = 0.0
+    staged_ahead: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,183 +172,710 @@ class PolicyOutcome:
     extra: dict[str, float]
 
 
+class Policy(ABC):
+    """The protocol every policy implements (see the module docstring)."""
+
+    name: ClassVar[str]
+    role: ClassVar[str]
+    description: ClassVar[str]
+    source: ClassVar[str] = ""
+    needs_ndp: ClassVar[bool] = True
+    tensor_parallel: ClassVar[bool] = False
+    layout: ClassVar[str] = "whole"
+    keeps_residents: ClassVar[bool] = False
+    lookahead: ClassVar[bool] = False
+
+    def new_state(self, ctx: RunContext) -> PolicyState:
+        """Fresh per-run state (called once per simulator)."""
+        return PolicyState()
+
+    @abstractmethod
+    def place(
+        self,
+        ctx: RunContext,
+        state: PolicyState,
+        layer_index: int,
+        layer: MoELayerShape,
+        counts: np.ndarray,
+        phase: str,
+    ) -> PolicyOutcome:
+        """Place one invocation's active experts and lay out its timeline."""
+
+    def copy_sources(self, units: int) -> int:
+        """How many DIMMs one expert's copy reads in parallel under this policy's weight layout."""
+        if units == 0:
+            return 0
+        return 1 if self.layout == "whole" else units
+
+
+_REGISTRY: dict[str, Policy] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: validate a policy's declaration and add an instance to the registry."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__name__} must declare a non-empty name")
+    if name in _REGISTRY:
+        raise TypeError(f"policy {name!r} registered twice")
+    if getattr(cls, "role", None) not in ROLES:
+        raise TypeError(f"policy {name!r}: role must be one of {ROLES}")
+    if cls.layout not in LAYOUTS:
+        raise TypeError(f"policy {name!r}: layout must be one of {LAYOUTS}")
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def get_policy(name: str) -> Policy:
+    """The registered policy ``name``; unknown names raise :class:`WorkloadError` listing the known ones."""
+    policy = _REGISTRY.get(name)
+    if policy is None:
+        raise WorkloadError(f"unknown policy {name!r} (known: {', '.join(_REGISTRY)})")
+    return policy
+
+
+def policy_names(role: str | None = None) -> tuple[str, ...]:
+    """Registered policy names in registration order, optionally only those of one ``role``."""
+    return tuple(name for name, p in _REGISTRY.items() if role is None or p.role == role)
+
+
 def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
     return max(1, -(-int(counts.sum()) // layer.top_k))
 
 
-def run_policy(
-    policy: str,
-    system: SystemSpec,
-    costs: ExpertCosts,
-    state: PolicyState,
-    layer_index: int,
-    layer: MoELayerShape,
-    counts: np.ndarray,
-    phase: str,
-) -> PolicyOutcome:
-    """Place one invocation's experts under ``policy`` and lay out its timeline."""
-    active = np.flatnonzero(counts)
-    tokens = tokens_in_invocation(layer, counts)
-    units = system.num_ndp_units
-    expert = layer.expert
-    if policy == "lower-bound":
-        return _lower_bound(system, costs, layer, counts, active)
-    if policy in NEEDS_NDP and units < 1:
-        raise WorkloadError(f"policy {policy!r} needs at least one NDP unit")
+class _Layout:
+    """Collects one invocation's jobs per resource, then lays out the timeline."""
 
-    unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(units)]
-    unit_tokens = [0] * units
-    gpu_jobs: list[GpuJob] = []
-    placement: dict[int, str] = {}
-    extra: dict[str, float] = {}
-    weight_bytes = expert.weight_bytes()
+    def __init__(self, ctx: RunContext, policy: Policy, layer: MoELayerShape, counts: np.ndarray) -> None:
+        self.ctx = ctx
+        self.costs = ctx.costs
+        self.layer = layer
+        self.expert = layer.expert
+        self.counts = counts
+        self.units = ctx.system.num_ndp_units
+        self.tokens = tokens_in_invocation(layer, counts)
+        self.sources = policy.copy_sources(self.units)
+        self.tensor_parallel = policy.tensor_parallel
+        self.unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(self.units)]
+        self.unit_dram_s = [0.0] * self.units
+        self.unit_tokens = [0] * self.units
+        self.gpu_jobs: list[GpuJob] = []
+        self.placement: dict[int, str] = {}
+        self.extra: dict[str, float] = {}
+        # sliced experts put the same shard on every unit: kept once, spread over the units in finish()
+        self.shared_jobs: list[tuple[str, float]] = []
+        self.shared_dram_s = 0.0
+        self.shared_tokens = 0
 
-    def to_gpu(e: int, resident: bool) -> None:
-        transfer = 0.0 if resident else costs.transfer_s(expert)
-        gpu_jobs.append(
-            GpuJob(f"e{e}", transfer, costs.gpu_s(expert, int(counts[e])), 0.0 if resident else weight_bytes)
-        )
-        placement[e] = "gpu"
-        if not resident:
+    def home(self, e: int) -> int:
+        return e % self.units
+
+    def to_gpu(self, state: PolicyState, e: int, resident: bool) -> None:
+        expert = self.expert
+        if resident:
+            self.gpu_jobs.append(GpuJob(f"e{e}", 0.0, self.costs.gpu_s(expert, int(self.counts[e])), 0.0))
+        else:
+            transfer = self.costs.transfer_s(expert, self.sources)
+            weight_bytes = expert.weight_bytes()
+            self.gpu_jobs.append(GpuJob(f"e{e}", transfer, self.costs.gpu_s(expert, int(self.counts[e])), weight_bytes))
             state.on_demand_bytes += weight_bytes
+            read_s = self.costs.copy_read_s(expert, self.sources)
+            if self.sources == 1 and self.units:
+                self.unit_dram_s[self.home(e)] += read_s
+            elif self.sources > 1:
+                for u in range(self.units):
+                    self.unit_dram_s[u] += read_s
+        self.placement[e] = "gpu"
 
-    def whole_on_unit(e: int) -> None:
-        unit = e % units
-        unit_jobs[unit].append((f"e{e}", costs.ndp_s(expert, int(counts[e]), 1)))
-        unit_tokens[unit] = min(tokens, unit_tokens[unit] + int(counts[e]))
-        placement[e] = f"ndp{unit}"
+    def whole_on_unit(self, e: int) -> None:
+        unit = self.home(e)
+        tokens = int(self.counts[e])
+        self.unit_jobs[unit].append((f"e{e}", self.costs.ndp_s(self.expert, tokens, 1)))
+        self.unit_dram_s[unit] += self.costs.ndp_dram_s(self.expert, tokens, 1)
+        self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + tokens)
+        self.placement[e] = f"ndp{unit}"
 
-    def sliced(e: int) -> None:
-        shard_s = costs.ndp_s(expert, int(counts[e]), units)
-        for unit in range(units):
-            unit_jobs[unit].append((f"e{e}/s{unit}", shard_s))
-            unit_tokens[unit] = min(tokens, unit_tokens[unit] + int(counts[e]))
-        placement[e] = "ndp"
+    def sliced(self, e: int) -> None:
+        tokens = int(self.counts[e])
+        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(self.expert, tokens, self.units)))
+        self.shared_dram_s += self.costs.ndp_dram_s(self.expert, tokens, self.units)
+        self.shared_tokens += tokens
+        self.placement[e] = "ndp"
 
-    if policy == "gpu-offload":
-        assert state.lru is not None
-        for e in active.tolist():
-            to_gpu(e, state.lru.use((layer_index, e), weight_bytes))
-    elif policy == "ndp-expert-per-unit":
-        for e in active.tolist():
-            whole_on_unit(e)
-    elif policy == "monde":
-        hot = _monde_hot_set(system, costs, layer, counts, active, state.staging_cap_bytes, state.pack_memo)
-        for e in active.tolist():
-            if e in hot:
-                to_gpu(e, resident=False)
+    def split(self, state: PolicyState, e: int, k: int) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+        expert, units, tokens = self.expert, self.units, int(self.counts[e])
+        part_bytes = expert.weight_bytes() / k
+        transfer = self.ctx.system.host_link.latency_s + part_bytes / self.costs.copy_bandwidth(self.sources)
+        gpu_s = expert_shard_time_s(self.ctx.system.gpu, expert, tokens, k)
+        self.gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
+        state.on_demand_bytes += part_bytes
+        rest = units * k / (k - 1)
+        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(expert, tokens, rest)))
+        self.shared_dram_s += (
+            self.costs.ndp_dram_s(expert, tokens, rest) + self.costs.copy_read_s(expert, self.sources) / k
+        )
+        self.shared_tokens += tokens
+        self.placement[e] = "split"
+
+    def on_ndp(self, e: int) -> None:
+        if self.tensor_parallel:
+            self.sliced(e)
+        else:
+            self.whole_on_unit(e)
+
+    def finish(self) -> PolicyOutcome:
+        if self.shared_jobs:
+            for unit in range(self.units):
+                self.unit_jobs[unit] = self.shared_jobs + self.unit_jobs[unit]
+                self.unit_dram_s[unit] += self.shared_dram_s
+                self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + self.shared_tokens)
+        timeline = build_layer_timeline(
+            self.ctx.system,
+            self.layer,
+            self.tokens,
+            self.unit_jobs,
+            self.unit_tokens,
+            self.gpu_jobs,
+            self.tensor_parallel,
+            self.unit_dram_s,
+        )
+        return PolicyOutcome(timeline, self.placement, self.extra)
+
+    # -- the per-item view the balancing rules and the packer use ----------------------------------------
+    def item_arrays(
+        self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes.
+        ``whole[i]`` (dual layout) runs expert ``i`` whole on its home unit instead of sliced."""
+        units, expert = self.units, self.expert
+        n = active.size
+        ndp = np.zeros((n, units))
+        copy = np.zeros((n, units))
+        tokens = self.counts[active]
+        read_s = self.costs.copy_read_s(expert, self.sources)
+        for i, (e, c) in enumerate(zip(active.tolist(), tokens.tolist(), strict=True)):
+            if self.tensor_parallel and not (whole is not None and whole[i]):
+                ndp[i, :] = max(self.costs.ndp_s(expert, c, units), self.costs.ndp_dram_s(expert, c, units))
             else:
-                whole_on_unit(e)
-    elif policy == "tp":
-        for e in active.tolist():
-            sliced(e)
-    elif policy in ("tp+lb", "tp+lb+prefetch"):
-        resident = np.zeros(layer.num_experts, dtype=bool)
-        if policy == "tp+lb+prefetch" and state.prefetcher is not None:
-            resident = state.prefetcher.resident_mask(layer_index, layer.num_experts)
-        on_gpu = _scheduled_gpu_set(system, costs, state, layer_index, layer, counts, active, resident, phase, tokens)
+                ndp[i, self.home(e)] = max(self.costs.ndp_s(expert, c, 1), self.costs.ndp_dram_s(expert, c, 1))
+            if not resident[i]:
+                if self.sources == 1:
+                    copy[i, self.home(e)] = read_s
+                elif self.sources > 1:
+                    copy[i, :] = read_s
+        transfer = np.where(resident, 0.0, self.costs.transfer_s(expert, self.sources))
+        gpu = np.array([self.costs.gpu_s(expert, c) for c in tokens.tolist()])
+        staged = np.where(resident, 0.0, expert.weight_bytes())
+        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+
+    def activation_s(self) -> float:
+        return self.ctx.system.host_link.transfer_time_s(self.tokens * self.expert.hidden * self.expert.dtype_bytes)
+
+
+def load_aware_order(ndp: np.ndarray, tokens: np.ndarray, resident: np.ndarray) -> np.ndarray:
+    """MoNDE's order of moving experts to the GPU: resident ones first (no copy), hottest first; then,
+    repeatedly, the hottest remaining expert of the currently busiest unit (ties: lower index)."""
+    n = int(tokens.size)
+    loads = ndp.tolist()
+    heat = tokens.tolist()
+    res = resident.tolist()
+    first = sorted((i for i in range(n) if res[i]), key=lambda i: -heat[i])
+    units = ndp.shape[1]
+    load = [sum(loads[i][u] for i in range(n) if not res[i]) for u in range(units)]
+    order = list(first)
+    left = [i for i in range(n) if not res[i]]
+    while left:
+        busiest = max(range(units), key=load.__getitem__) if units else 0
+        pool = [i for i in left if units and loads[i][busiest] > 0] or left
+        pick = max(pool, key=lambda i: (heat[i], -i))
+        order.append(pick)
+        left.remove(pick)
+        for u in range(units):
+            load[u] -= loads[pick][u]
+    return np.asarray(order, dtype=np.int64)
+
+
+def best_prefix(items: dict[str, np.ndarray], order: np.ndarray, base_s: float, staging_cap_bytes: float) -> int:
+    """How many experts of ``order`` to move to the GPU: the prefix with the shortest makespan (the first
+    minimum, so the fewest moves), within the staging cap."""
+    ndp, copy = items["ndp"][order], items["copy"][order]
+    units = ndp.shape[1]
+    total = base_s + items["ndp"].sum(axis=0) if units else np.zeros(1)
+    if units:
+        unit_left = (total - np.vstack((np.zeros(units), np.cumsum(ndp - copy, axis=0)))).max(axis=1)
+    else:
+        unit_left = np.zeros(order.size + 1)
+    pcie = np.concatenate(([0.0], np.cumsum(items["transfer"][order])))
+    gpu = np.concatenate(([0.0], np.cumsum(items["gpu"][order])))
+    spans = np.maximum(np.maximum(pcie, gpu), unit_left)
+    if units == 0:
+        spans[0] = np.inf  # nothing can stay in memory
+    staged = np.concatenate(([0.0], np.cumsum(items["staged"][order])))
+    spans[staged > staging_cap_bytes * (1 + 1e-9)] = np.inf
+    if not np.isfinite(spans).any():
+        return order.size if units == 0 else 0
+    return int(np.argmin(spans))
+
+
+# -- the policies ---------------------------------------------------------------------------------------
+
+
+@register
+class GpuOffload(Policy):
+    name = "gpu-offload"
+    role = "baseline"
+    description = (
+        "every expert on the GPU; the same dataset-free prefetcher as ours keeps experts resident, misses are "
+        "copied on demand into an LRU staging area (plain DIMMs, no NDP compute)"
+    )
+    source = "expert-offloading systems (MoE-Infinity, ProMoE, HOBBIT); ../shared/reference/hardware.md"
+    needs_ndp = False
+    layout = "host"
+    keeps_residents = True
+
+    def new_state(self, ctx: RunContext) -> PolicyState:
+        return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        assert state.prefetcher is not None and state.lru is not None
+        resident = state.prefetcher.resident_mask(layer_index, layer.num_experts)
+        weight_bytes = layer.expert.weight_bytes()
+        for e in np.flatnonzero(counts).tolist():
+            hit = bool(resident[e]) or state.lru.use((layer_index, e), weight_bytes)
+            out.to_gpu(state, e, hit)
+            if not hit:
+                state.prefetcher.adopt_staged(layer_index, e)
+        return out.finish()
+
+
+@register
+class NdpExpertPerUnit(Policy):
+    name = "ndp-expert-per-unit"
+    role = "baseline"
+    description = "whole experts on NDP units, expert e on unit e mod N; no GPU, no tensor parallelism"
+    source = "the NDP-only design point of NDP-DIMM papers (Hermes, HPCA 2025)"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        for e in np.flatnonzero(counts).tolist():
+            out.whole_on_unit(e)
+        return out.finish()
+
+
+class _Balanced(Policy):
+    """MoNDE's rule: move experts to the GPU in load-aware order, as many as balance GPU and NDP time."""
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, active)
+        # the choice depends only on (home unit, tokens, residency) per active expert: memoise it (a pure
+        # speed-up of the simulation; the decision is identical)
+        homes = b"" if self.tensor_parallel else (active % max(1, out.units)).tobytes()
+        key = (id(layer.expert), out.units, homes, counts[active].tobytes(), resident.tobytes())
+        mask = state.pack_memo.get(key)
+        if mask is None:
+            items = out.item_arrays(active, resident)
+            started = time.perf_counter()
+            order = load_aware_order(items["ndp"], counts[active], resident)
+            k = best_prefix(items, order, out.activation_s(), ctx.staging_cap_bytes)
+            state.decision_times_s.append(time.perf_counter() - started)
+            mask = np.zeros(active.size, dtype=bool)
+            mask[order[:k]] = True
+            if len(state.pack_memo) > 200_000:
+                state.pack_memo.clear()
+            state.pack_memo[key] = mask
+        chosen = set(active[mask].tolist())
+        for i, e in enumerate(active.tolist()):
+            if e in chosen:
+                out.to_gpu(state, e, bool(resident[i]))
+                self._keep(state, layer_index, e, layer.expert.weight_bytes())
+            else:
+                out.on_ndp(e)
+        out.extra["resident_selected"] = float(resident.sum())
+        return out.finish()
+
+    def _resident(self, state: PolicyState, layer_index: int, active: np.ndarray) -> np.ndarray:
+        return np.zeros(active.size, dtype=bool)
+
+    def _keep(self, state: PolicyState, layer_index: int, e: int, weight_bytes: float) -> None:
+        return None
+
+
+@register
+class Monde(_Balanced):
+    name = "monde"
+    role = "baseline"
+    description = (
+        "MoNDE: whole experts on their home unit; each invocation moves hot experts to the GPU, the hottest "
+        "expert of the busiest DIMM first, as many as balance GPU and NDP time; no copy kept"
+    )
+    source = "MoNDE (DAC 2024, arXiv 2405.18832)"
+
+
+@register
+class MondeCache(_Balanced):
+    name = "monde+cache"
+    role = "baseline"
+    description = "monde + an LRU GPU cache of the experts it moved, as large as our residency budget"
+    source = "MoNDE (DAC 2024) with the GPU cache of offloading systems (e.g. Fiddler, MoE-Infinity)"
+    keeps_residents = True
+
+    def new_state(self, ctx: RunContext) -> PolicyState:
+        return PolicyState(lru=ExpertLRUCache(ctx.residency_cap_bytes))
+
+    def _resident(self, state, layer_index, active):
+        assert state.lru is not None
+        return np.array([(layer_index, e) in state.lru for e in active.tolist()], dtype=bool)
+
+    def _keep(self, state, layer_index, e, weight_bytes):
+        assert state.lru is not None
+        state.lru.use((layer_index, e), weight_bytes)
+
+
+@register
+class Duplex(Policy):
+    name = "duplex"
+    role = "baseline"
+    description = (
+        "Duplex-style: every expert sliced over all NDP units (tensor parallelism inside the NDP device); "
+        "experts whose Op/B exceeds the NDP ridge point run on the GPU (weights copied), hottest first"
+    )
+    source = "Duplex (MICRO 2024, arXiv 2409.01141): Op/B-based split between xPU and Logic-PIM"
+    tensor_parallel = True
+    layout = "sliced"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        expert = layer.expert
+        unit = ctx.system.ndp_unit
+        ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
+        staged = 0.0
+        active = np.flatnonzero(counts)
+        for e in active[np.argsort(-counts[active], kind="stable")].tolist():
+            op_per_byte = expert.flops(int(counts[e])) / expert.weight_bytes()
+            fits = staged + expert.weight_bytes() <= ctx.staging_cap_bytes
+            if op_per_byte > ridge and fits:
+                out.to_gpu(state, e, resident=False)
+                staged += expert.weight_bytes()
+            else:
+                out.sliced(e)
+        return out.finish()
+
+
+@register
+class TensorParallel(_Balanced):
+    name = "tp"
+    role = "ablation"
+    description = (
+        "ours, tensor parallelism only: monde's GPU/NDP balancing rule, every NDP expert sliced over all units "
+        "(gate/up by columns, down by rows), partial sums reduced"
+    )
+    source = "arXiv 2601.03992 (tensor parallelism across NDP-DIMMs)"
+    tensor_parallel = True
+    layout = "sliced"
+
+
+@register
+class TensorParallelLoadBalanced(Policy):
+    name = "tp+lb"
+    role = "ablation"
+    description = "tp + the load-balancing packer moving whole experts to the GPU where the layer ends sooner"
+    source = "arXiv 2601.03992 (load-balancing-aware scheduler)"
+    tensor_parallel = True
+    layout = "sliced"
+
+    def _resident(self, state: PolicyState, layer_index: int, num_experts: int) -> np.ndarray:
+        return np.zeros(num_experts, dtype=bool)
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, layer.num_experts)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
+        weight_bytes = layer.expert.weight_bytes()
         for e in active.tolist():
             if e in on_gpu:
-                to_gpu(e, bool(resident[e]))
-                if not resident[e] and state.prefetcher is not None and policy == "tp+lb+prefetch":
-                    state.prefetcher.adopt_staged(layer_index, e)
+                out.to_gpu(state, e, bool(resident[e]))
+                adopted = False
+                if not resident[e] and state.prefetcher is not None:
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:  # keep the staged copy until its space is needed
+                    state.lru.use((layer_index, e), weight_bytes)
             else:
-                sliced(e)
-        extra["resident_selected"] = float(resident[active].sum())
-    else:
-        raise WorkloadError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
-
-    tensor_parallel = policy.startswith("tp")
-    timeline = build_layer_timeline(system, layer, tokens, unit_jobs, unit_tokens, gpu_jobs, tensor_parallel)
-    return PolicyOutcome(timeline, placement, extra)
+                out.sliced(e)
+        out.extra["resident_selected"] = float(resident[active].sum())
+        return out.finish()
 
 
-def _monde_hot_set(
-    system: SystemSpec,
-    costs: ExpertCosts,
-    layer: MoELayerShape,
-    counts: np.ndarray,
-    active: np.ndarray,
-    staging_cap_bytes: float,
-    memo: dict,
-) -> set[int]:
-    """MoNDE's balance: move the k hottest experts to the GPU, k chosen so GPU and NDP finish together."""
-    if active.size == 0:
-        return set()
-    units = system.num_ndp_units
-    expert = layer.expert
-    order = active[np.argsort(-counts[active], kind="stable")]
-    # the choice depends only on the (home unit, tokens) sequence: memoise it (a pure speed-up)
-    signature = ("monde", id(expert), units, staging_cap_bytes, (order % units).tobytes(), counts[order].tobytes())
-    best_k = memo.get(signature)
-    if best_k is not None:
-        return set(order[:best_k].tolist())
-    homes = order % units
-    gpu_t = np.array([costs.gpu_s(expert, int(c)) for c in counts[order]])
-    ndp_t = np.array([costs.ndp_s(expert, int(c), 1) for c in counts[order]])
-    removed = np.zeros((order.size + 1, units))
-    removed[np.arange(1, order.size + 1), homes] = ndp_t
-    unit_left = np.bincount(homes, weights=ndp_t, minlength=units) - np.cumsum(removed, axis=0)
-    pcie = np.arange(order.size + 1) * costs.transfer_s(expert)
-    gpu = np.concatenate(([0.0], np.cumsum(gpu_t)))
-    spans = np.maximum(np.maximum(pcie, gpu), unit_left.max(axis=1))
-    if np.isfinite(staging_cap_bytes):
-        spans[int(staging_cap_bytes // expert.weight_bytes()) + 1 :] = np.inf
-    best_k = int(np.argmin(spans))  # the first minimum: the fewest experts moved
-    if len(memo) > 200_000:
-        memo.clear()
-    memo[signature] = best_k
-    return set(order[:best_k].tolist())
+@register
+class Ours(TensorParallelLoadBalanced):
+    name = "tp+lb+prefetch"
+    role = "ours"
+    description = (
+        "tp+lb + dataset-free prefetch of frequently selected experts into GPU memory (the complete framework)"
+    )
+    source = "arXiv 2601.03992 (dataset-free prefetching)"
+    keeps_residents = True
+
+    def new_state(self, ctx: RunContext) -> PolicyState:
+        # the staging area keeps its copies, least recently used out first, as gpu-offload's does
+        return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
+
+    def _resident(self, state, layer_index, num_experts):
+        assert state.prefetcher is not None and state.lru is not None
+        resident = state.prefetcher.resident_mask(layer_index, num_experts)
+        cached = state.lru.experts_of(layer_index)
+        if cached:
+            resident[list(cached)] = True
+        return resident
+
+
+@register
+class OursLookahead(Ours):
+    name = "tp+lb+prefetch+lookahead"
+    role = "extension"
+    description = (
+        "ours + look-ahead prefetch: while layer l runs, the experts predicted for layer l+1 are copied into "
+        "the staging area in idle PCIe time and run there at no copy cost if the prediction was right"
+    )
+    source = "pre-gating systems (Pre-gated MoE, ISCA 2024; AdapMoE); predictor accuracy is a stated knob"
+    lookahead = True
+
+    def _resident(self, state, layer_index, num_experts):
+        resident = super()._resident(state, layer_index, num_experts)
+        for e in state.staged_ahead.pop(layer_index, ()):
+            resident[e] = True
+        return resident
+
+
+@register
+class OursSplit(Ours):
+    name = "tp+lb+prefetch+split"
+    role = "extension"
+    description = (
+        "ours + splitting one expert between GPU and NDP: after the packer, the NDP expert with the most tokens "
+        "runs 1/k of its FFN columns on the GPU (that part of its weights copied) and the rest sliced over the "
+        "units, with k in 2..8 chosen to end the layer soonest (only when it does)"
+    )
+    source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, layer.num_experts)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
+        on_ndp = [e for e in active.tolist() if e not in on_gpu]
+        split = _best_split(out, active, resident, on_gpu, on_ndp) if on_ndp else None
+        weight_bytes = layer.expert.weight_bytes()
+        for e in active.tolist():
+            if e in on_gpu:
+                out.to_gpu(state, e, bool(resident[e]))
+                adopted = False
+                if not resident[e] and state.prefetcher is not None:
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:
+                    state.lru.use((layer_index, e), weight_bytes)
+            elif split is not None and e == split[0]:
+                out.split(state, e, split[1])
+            else:
+                out.sliced(e)
+        out.extra["resident_selected"] = float(resident[active].sum())
+        out.extra["split_parts"] = float(split[1]) if split is not None else 0.0
+        return out.finish()
+
+
+def _best_split(
+    out: _Layout, active: np.ndarray, resident: np.ndarray, on_gpu: set[int], on_ndp: list[int]
+) -> tuple[int, int] | None:
+    """(expert, k) when running 1/k of the hottest NDP expert on the GPU shortens the layer, else None."""
+    costs, expert, units = out.costs, out.expert, out.units
+    sources = out.sources
+    unit = out.activation_s()
+    pcie = gpu = 0.0
+    for e in on_gpu:
+        tokens = int(out.counts[e])
+        gpu += costs.gpu_s(expert, tokens)
+        if not resident[e]:
+            pcie += costs.transfer_s(expert, sources)
+            unit += costs.copy_read_s(expert, sources)
+    for e in on_ndp:
+        tokens = int(out.counts[e])
+        unit += max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
+    current = max(unit, pcie, gpu)
+    hot = max(on_ndp, key=lambda e: (int(out.counts[e]), -e))
+    tokens = int(out.counts[hot])
+    whole_ndp = max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
+    best: tuple[float, int] | None = None
+    for k in range(2, 9):
+        rest = units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
+        ndp_part = max(costs.ndp_s(expert, tokens, rest), costs.ndp_dram_s(expert, tokens, rest))
+        copy_part = costs.copy_read_s(expert, sources) / k
+        transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
+        span = max(
+            unit - whole_ndp + ndp_part + copy_part,
+            pcie + transfer_part,
+            gpu + expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k),
+        )
+        if span < current * (1 - 1e-9) and (best is None or span < best[0]):
+            best = (span, k)
+    return None if best is None else (hot, best[1])
+
+
+@register
+class OursVariableDegree(Ours):
+    name = "tp+lb+prefetch+vtp"
+    role = "extension"
+    description = (
+        "ours with a tensor-parallel degree per expert and per-unit bins: every expert is stored both sliced over "
+        "all units and whole on its home unit (twice the DIMM capacity); each invocation runs an expert whole on "
+        "its home unit where that lowers the busiest unit's load (fewer, larger kernels), sliced otherwise"
+    )
+    source = "issue 13 (beyond arXiv 2601.03992): variable TP degree per expert, each NDP unit its own bin"
+    layout = "dual"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        out = _Layout(ctx, self, layer, counts)
+        active = np.flatnonzero(counts)
+        resident = self._resident(state, layer_index, layer.num_experts)
+        res = resident[active]
+        started = time.perf_counter()
+        whole = choose_whole(out, active)
+        items = out.item_arrays(active, res, whole)
+        problem = PlacementProblem(
+            ndp_time_s=items["ndp"],
+            gpu_compute_s=items["gpu"],
+            transfer_s=items["transfer"],
+            transfer_bytes=items["staged"],
+            staging_cap_bytes=ctx.staging_cap_bytes,
+            unit_base_s=np.full(out.units, out.activation_s()),
+            copy_unit_s=items["copy"],
+        )
+        on_gpu = pack(problem)
+        state.decision_times_s.append(time.perf_counter() - started)
+        state.recomputations += 1
+        if phase == "decode":
+            state.decode_recomputations += 1
+        weight_bytes = layer.expert.weight_bytes()
+        for i, e in enumerate(active.tolist()):
+            if on_gpu[i]:
+                out.to_gpu(state, e, bool(res[i]))
+                adopted = False
+                if not res[i] and state.prefetcher is not None:
+                    adopted = state.prefetcher.adopt_staged(layer_index, e)
+                if state.lru is not None and not adopted:
+                    state.lru.use((layer_index, e), weight_bytes)
+            elif whole[i]:
+                out.whole_on_unit(e)
+            else:
+                out.sliced(e)
+        out.extra["resident_selected"] = float(res.sum())
+        out.extra["whole_on_unit"] = float(whole.sum())
+        return out.finish()
+
+
+def choose_whole(out: _Layout, active: np.ndarray) -> np.ndarray:
+    """Per active expert, whether to run it whole on its home unit (per-unit bins): every unit takes the same
+    number ``m`` of its own coldest experts whole (``m`` = the fewest active experts any unit is home to), which
+    keeps the units balanced while each whole expert saves the fixed costs of N - 1 shards; kept only if the
+    busiest unit's load drops. Everything else stays sliced."""
+    costs, expert, units = out.costs, out.expert, out.units
+    tokens = out.counts[active].tolist()
+    homes = [out.home(int(e)) for e in active.tolist()]
+    by_unit: list[list[int]] = [[] for _ in range(units)]
+    for i in sorted(range(active.size), key=lambda i: tokens[i]):
+        by_unit[homes[i]].append(i)
+    m = min(len(members) for members in by_unit) if units > 1 else 0
+    whole = np.zeros(active.size, dtype=bool)
+    if m == 0:
+        return whole
+    for members in by_unit:
+        whole[members[:m]] = True
+    sliced_s = [max(costs.ndp_s(expert, c, units), costs.ndp_dram_s(expert, c, units)) for c in tokens]
+    whole_s = [max(costs.ndp_s(expert, c, 1), costs.ndp_dram_s(expert, c, 1)) for c in tokens]
+    before = sum(sliced_s)
+    after = [sum(s for i, s in enumerate(sliced_s) if not whole[i])] * units
+    for i in np.flatnonzero(whole).tolist():
+        after[homes[i]] += whole_s[i]
+    return whole if max(after) < before * (1 - 1e-12) else np.zeros(active.size, dtype=bool)
+
+
+@register
+class LowerBound(Policy):
+    name = "lower-bound"
+    role = "bound"
+    description = (
+        "expert compute spread fractionally over the GPU and all NDP units with no copies; the GPU takes at "
+        "most as many experts per layer as the GPU memory pool holds"
+    )
+    source = "ours (a bound, not a system)"
+    needs_ndp = False
+    layout = "sliced"
+
+    def place(self, ctx, state, layer_index, layer, counts, phase):
+        return _lower_bound(ctx, layer, counts, np.flatnonzero(counts))
+
+
+POLICIES: tuple[str, ...] = policy_names()
+
+
+def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
+    config = PrefetchConfig(
+        residency_cap_bytes=ctx.residency_cap_bytes,
+        update_interval_tokens=ctx.prefetch_interval_tokens,
+        decay=ctx.prefetch_decay,
+    )
+    return ExpertPrefetcher(
+        [layer.num_experts for layer in ctx.layers], [layer.expert.weight_bytes() for layer in ctx.layers], config
+    )
 
 
 def _scheduled_gpu_set(
-    system: SystemSpec,
-    costs: ExpertCosts,
+    ctx: RunContext,
     state: PolicyState,
+    out: _Layout,
     layer_index: int,
-    layer: MoELayerShape,
     counts: np.ndarray,
     active: np.ndarray,
     resident: np.ndarray,
     phase: str,
-    tokens: int,
 ) -> set[int]:
-    """The packer's GPU set, recomputed only when the activation histogram (or residency) drifted."""
+    """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's."""
     histogram = counts / max(1, counts.sum())
     key = (layer_index, phase)
+    smoothed = state.smoothed.get(key)
+    alpha = ctx.drift_smoothing
+    smoothed = histogram.copy() if smoothed is None else (1 - alpha) * smoothed + alpha * histogram
+    state.smoothed[key] = smoothed
     cached = state.plan_cache.get(key)
     if cached is not None:
-        cached_hist, cached_resident, cached_gpu = cached
-        drift = float(np.abs(histogram - cached_hist).sum())
-        same_residency = bool((cached_resident[active] == resident[active]).all())
-        if drift <= state.drift_threshold and same_residency:
+        planned_on, planned_gpu = cached
+        if float(np.abs(smoothed - planned_on).sum()) <= ctx.drift_threshold:
             state.reuses += 1
-            return set(cached_gpu)
-    units = system.num_ndp_units
-    expert = layer.expert
-    tokens_per = counts[active]
+            # respect residency: resident active experts run on the GPU (no copy); others as planned
+            return {e for e in active.tolist() if resident[e] or e in planned_gpu}
     res = resident[active]
     # Items differ only by token count and residency, so equal signatures get the same decision; the packer
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
+    tokens_per = counts[active]
     canonical = np.lexsort((res, tokens_per))
-    signature = (id(expert), units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
+    signature = (id(out.expert), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
     memo = state.pack_memo.get(signature)
     if memo is None:
-        shard_s = np.array([costs.ndp_s(expert, int(c), units) for c in tokens_per])
-        gpu_s = np.array([costs.gpu_s(expert, int(c)) for c in tokens_per])
-        transfer = np.where(res, 0.0, costs.transfer_s(expert))
-        staged = np.where(res, 0.0, expert.weight_bytes())
-        activation_s = system.host_link.transfer_time_s(tokens * expert.hidden * expert.dtype_bytes)
+        items = out.item_arrays(active, res)
         problem = PlacementProblem(
-            ndp_time_s=np.repeat(shard_s[:, None], units, axis=1),
-            gpu_compute_s=gpu_s,
-            transfer_s=transfer,
-            transfer_bytes=staged,
-            staging_cap_bytes=state.staging_cap_bytes,
-            unit_base_s=np.full(units, activation_s),
+            ndp_time_s=items["ndp"][canonical],
+            gpu_compute_s=items["gpu"][canonical],
+            transfer_s=items["transfer"][canonical],
+            transfer_bytes=items["staged"][canonical],
+            staging_cap_bytes=ctx.staging_cap_bytes,
+            unit_base_s=np.full(out.units, out.activation_s()),
+            copy_unit_s=items["copy"][canonical],
         )
         started = time.perf_counter()
-        memo = pack(problem)[canonical]
+        memo = pack(problem)
         state.decision_times_s.append(time.perf_counter() - started)
         if len(state.pack_memo) > 200_000:
             state.pack_memo.clear()
@@ -278,15 +883,26 @@ def _scheduled_gpu_set(
     on_gpu = np.empty_like(memo)
     on_gpu[canonical] = memo
     state.recomputations += 1
+    if phase == "decode":
+        state.decode_recomputations += 1
     chosen = frozenset(active[on_gpu].tolist())
-    state.plan_cache[key] = (histogram, resident.copy(), chosen)
+    state.plan_cache[key] = (smoothed.copy(), chosen)
     return set(chosen)
 
 
-def _lower_bound(
-    system: SystemSpec, costs: ExpertCosts, layer: MoELayerShape, counts: np.ndarray, active: np.ndarray
-) -> PolicyOutcome:
-    """Fractional optimum of spreading the compute over the GPU and all NDP units, with no copies at all."""
+def gpu_expert_slots(ctx: RunContext, layer: MoELayerShape) -> float:
+    """How many of ``layer``'s experts the whole GPU memory pool (residency + staging) holds at once."""
+    return (ctx.residency_cap_bytes + ctx.staging_cap_bytes) / layer.expert.weight_bytes()
+
+
+def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, active: np.ndarray) -> PolicyOutcome:
+    """A per-invocation lower bound on every policy; the larger of two relaxations of one problem:
+
+    - compute: the expert work spread fractionally over the GPU and all NDP units, no copies (GPU vs NDP);
+    - memory: the GPU holds at most :func:`gpu_expert_slots` experts for free; every further expert it takes
+      costs a PCIe copy at full link bandwidth (NDP vs PCIe; the experts with most NDP time go first).
+    """
+    system, costs = ctx.system, ctx.costs
     units = system.num_ndp_units
     expert = layer.expert
     gpu_s = np.array([costs.gpu_s(expert, int(counts[e])) for e in active])
@@ -298,27 +914,54 @@ def _lower_bound(
                 for e in active
             ]
         )
-    else:
-        ndp_s = np.full(active.size, np.inf)
-    order = np.argsort(gpu_s / np.maximum(ndp_s, 1e-30), kind="stable")
-    gpu_load, ndp_load = 0.0, float(ndp_s[np.isfinite(ndp_s)].sum())
-    finite = np.isfinite(ndp_s)
-    if not finite.all():
-        gpu_load, ndp_load = float(gpu_s.sum()), 0.0
-    else:
-        for i in order.tolist():
-            if gpu_load + gpu_s[i] <= ndp_load - ndp_s[i]:
-                gpu_load += gpu_s[i]
-                ndp_load -= ndp_s[i]
-                continue
-            share = max(0.0, (ndp_load - gpu_load) / (gpu_s[i] + ndp_s[i]))
+        gpu_load, ndp_load = 0.0, float(ndp_s.sum())
+        for i in np.argsort(gpu_s / np.maximum(ndp_s, 1e-30), kind="stable").tolist():
+            share = min(1.0, max(0.0, (ndp_load - gpu_load) / (gpu_s[i] + ndp_s[i])))
             gpu_load += share * gpu_s[i]
             ndp_load -= share * ndp_s[i]
-            break
-    latency = max(gpu_load, ndp_load)
+            if share < 1.0:
+                break
+        copy_s = expert.weight_bytes() / system.host_link.bandwidth_bytes_per_s
+        free = gpu_expert_slots(ctx, layer)
+        left, pcie = float(ndp_s.sum()), 0.0
+        for d in np.sort(ndp_s)[::-1].tolist():
+            take_free = min(1.0, free)
+            free -= take_free
+            left -= take_free * d
+            if take_free < 1.0:
+                rest = 1.0 - take_free
+                share = min(rest, max(0.0, (left - pcie) / (d + copy_s)))
+                left -= share * d
+                pcie += share * copy_s
+                if share < rest:
+                    break
+        memory_bound = max(left, pcie)
+    else:
+        gpu_load, ndp_load = float(gpu_s.sum()), 0.0
+        extra = max(0.0, active.size - gpu_expert_slots(ctx, layer))
+        memory_bound = extra * expert.weight_bytes() / system.host_link.bandwidth_bytes_per_s
+    gpu_load, ndp_load, memory_bound = float(gpu_load), float(ndp_load), float(memory_bound)
+    latency = max(gpu_load, ndp_load, memory_bound)
     events = [TimelineEvent("gpu", 0.0, gpu_load, "expert work (fractional)")] if gpu_load > 0 else []
     events += [
         TimelineEvent(f"ndp{u}", 0.0, ndp_load, "expert work (fractional)") for u in range(units) if ndp_load > 0
     ]
     timeline = LayerTimeline(tuple(events), latency, 0.0, 0.0, "none")
-    return PolicyOutcome(timeline, {int(e): "split" for e in active}, {})
+    return PolicyOutcome(timeline, {int(e): "split" for e in active}, {"memory_bound_s": memory_bound})
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "ExpertCosts",
+    "Policy",
+    "PolicyOutcome",
+    "PolicyState",
+    "RunContext",
+    "best_prefix",
+    "get_policy",
+    "gpu_expert_slots",
+    "load_aware_order",
+    "policy_names",
+    "register",
+]

@@ -183,6 +183,7 @@ class ExpertLRUCache:
     def __init__(self, capacity_bytes: float) -> None:
         self.capacity_bytes = capacity_bytes
         self._entries: OrderedDict[tuple[int, int], float] = OrderedDict()
+        self._by_layer: dict[int, set[int]] = {}
         self._used_bytes = 0.0
         self.hits = 0
         self.misses = 0
@@ -201,11 +202,17 @@ class ExpertLRUCache:
         self.bytes_moved += size_bytes
         if size_bytes <= self.capacity_bytes:
             self._entries[key] = size_bytes
+            self._by_layer.setdefault(key[0], set()).add(key[1])
             self._used_bytes += size_bytes
             while self._used_bytes > self.capacity_bytes:
-                _, freed = self._entries.popitem(last=False)
+                (layer, expert), freed = self._entries.popitem(last=False)
+                self._by_layer[layer].discard(expert)
                 self._used_bytes -= freed
         return False
+
+    def experts_of(self, layer: int) -> set[int]:
+        """The cached experts of ``layer`` (keys are ``(layer, expert)``)."""
+        return self._by_layer.get(layer, set())
 
     def stats(self) -> dict[str, float]:
         selections = self.hits + self.misses

@@ -9,6 +9,7 @@ one home unit). Or it runs on the GPU, which must first pull its weights over PC
              └── GPU:  pcie_load    += transfer_s[i]      (0 when resident in GPU memory)
                        gpu_load     += gpu_compute_s[i]
                        staged_bytes += transfer_bytes[i]  <= staging_cap_bytes
+                       unit_load[u] += copy_unit_s[i, u]  the copy reads unit u's DRAM (0 when resident)
 
     makespan = max(pcie_load, gpu_load, max_u unit_load[u])   (PCIe copies and GPU compute overlap)
 
@@ -43,6 +44,7 @@ class PlacementProblem:
     unit_base_s: np.ndarray | None = None
     gpu_base_s: float = 0.0
     pcie_base_s: float = 0.0
+    copy_unit_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         ndp = np.asarray(self.ndp_time_s, dtype=np.float64)
@@ -59,6 +61,10 @@ class PlacementProblem:
         if base.shape != (units,) or (base < 0).any():
             raise WorkloadError("PlacementProblem.unit_base_s must have one non-negative entry per unit")
         object.__setattr__(self, "unit_base_s", base)
+        copy = np.zeros_like(ndp) if self.copy_unit_s is None else np.asarray(self.copy_unit_s, dtype=np.float64)
+        if copy.shape != ndp.shape or (copy < 0).any() or not np.isfinite(copy).all():
+            raise WorkloadError("PlacementProblem.copy_unit_s must be a finite non-negative [items, units] array")
+        object.__setattr__(self, "copy_unit_s", copy)
         if not self.staging_cap_bytes >= 0:
             raise WorkloadError("PlacementProblem.staging_cap_bytes must be non-negative")
 
@@ -76,7 +82,7 @@ def makespan_s(problem: PlacementProblem, on_gpu: np.ndarray) -> float:
     on_gpu = np.asarray(on_gpu, dtype=bool)
     pcie = problem.pcie_base_s + float(problem.transfer_s[on_gpu].sum())
     gpu = problem.gpu_base_s + float(problem.gpu_compute_s[on_gpu].sum())
-    units = problem.unit_base_s + problem.ndp_time_s[~on_gpu].sum(axis=0)
+    units = problem.unit_base_s + problem.ndp_time_s[~on_gpu].sum(axis=0) + problem.copy_unit_s[on_gpu].sum(axis=0)
     return max(pcie, gpu, float(units.max()) if units.size else 0.0)
 
 
@@ -97,14 +103,17 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     b = problem.transfer_bytes
     cap = problem.staging_cap_bytes * (1 + 1e-9)
     base = problem.unit_base_s
-    if ndp.shape[1] > 1 and (ndp == ndp[:, :1]).all() and (base == base[0]).all():
+    copy = problem.copy_unit_s
+    if ndp.shape[1] > 1 and (ndp == ndp[:, :1]).all() and (copy == copy[:, :1]).all() and (base == base[0]).all():
         # every item is sliced evenly over identical units: the units move in lockstep, track one of them
-        ndp, base = ndp[:, :1], base[:1]
-    saved = ndp.max(axis=1) + 1e-30  # what moving the item takes off its busiest unit
+        ndp, copy, base = ndp[:, :1], copy[:, :1], base[:1]
     unit_total = base + ndp.sum(axis=0)
+    delta = ndp - copy  # what moving an item to the GPU takes off each unit (its copy reads the DRAM too)
     if unit_total.size == 0:
         unit_total = np.zeros(1)
-        ndp = np.zeros((n, 1))
+        delta = np.zeros((n, 1))
+    saved = np.maximum(delta.max(axis=1), 0.0) + 1e-30  # what moving the item takes off its busiest unit
+    ndp = delta
 
     # Phase 1: fill the GPU in order of cost per NDP second saved; keep the best prefix over three orderings
     # (by the GPU side's bottleneck, its total, its compute), evaluated together as one [3, n] batch.
@@ -194,8 +203,8 @@ def solve_exact(problem: PlacementProblem, time_limit_s: float = 10.0) -> tuple[
     objective[-1] = 1.0
     rows = [np.append(problem.transfer_s, -1.0), np.append(problem.gpu_compute_s, -1.0)]
     upper = [-problem.pcie_base_s, -problem.gpu_base_s]
-    for u in range(units):  # base_u + sum_i ndp[i,u] (1 - x_i) <= C
-        rows.append(np.append(-problem.ndp_time_s[:, u], -1.0))
+    for u in range(units):  # base_u + sum_i ndp[i,u] (1 - x_i) + copy[i,u] x_i <= C
+        rows.append(np.append(problem.copy_unit_s[:, u] - problem.ndp_time_s[:, u], -1.0))
         upper.append(-(problem.unit_base_s[u] + problem.ndp_time_s[:, u].sum()))
     if np.isfinite(problem.staging_cap_bytes):
         rows.append(np.append(problem.transfer_bytes, 0.0))

@@ -8,16 +8,17 @@ NDP outputs), ``pcie_d2h`` (GPU to host: hidden states for the NDP units), ``ndp
 disagree. The policies are described in :mod:`hw_model.policies`; the default is the complete framework,
 ``tp+lb+prefetch``.
 
-State carried across calls: the prefetcher's counts and resident experts (or the LRU cache of the offload
-baseline), cached placements (recomputed when the activation histogram drifts), and counters read by
-:meth:`MoESimulator.summary`. Prefetch copies use PCIe time the layers leave idle; callers that know how
-long the non-expert ops between MoE layers take can hand that time over with :meth:`advance_time_s`.
+State carried across calls lives in the policy's :class:`~hw_model.policies.PolicyState`: the prefetcher's
+counts and resident experts (or an LRU cache), cached placements (recomputed when the smoothed activation
+histogram drifts), and counters read by :meth:`MoESimulator.summary`. Prefetch copies use PCIe time the
+layers leave idle after their NDP work; callers that know how long the non-expert ops between MoE layers
+take can hand that time over with :meth:`advance_time_s`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -26,17 +27,35 @@ import numpy as np
 from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
-from hw_model.policies import NEEDS_NDP, POLICIES, ExpertCosts, PolicyState, run_policy
-from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
-from hw_model.timeline import TimelineEvent
-from hw_model.workload import MoELayerShape
+from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy
+from hw_model.timeline import LayerTimeline, TimelineEvent
+from hw_model.workload import MoELayerShape, WeightFormat
 
 PHASES = ("prefill", "decode")
-DEFAULT_POLICY = "tp+lb+prefetch"
 USABLE_GPU_MEMORY_FRACTION = 0.9  # assumption: allocator slack, CUDA context, activations
-STAGING_FRACTION_OF_GPU_MEMORY = 0.25  # at most this much GPU memory holds on-demand (non-resident) expert copies
+DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
 
-__all__ = ["DEFAULT_POLICY", "PHASES", "POLICIES", "LayerResult", "MoESimulator", "TimelineEvent", "gpu_op_time_s"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "PHASES",
+    "POLICIES",
+    "CapacityCheck",
+    "LayerResult",
+    "MoESimulator",
+    "TimelineEvent",
+    "gpu_op_time_s",
+]
+
+
+@dataclass(frozen=True)
+class CapacityCheck:
+    """Whether the experts fit the DIMMs and the GPU pool is positive; ``reason`` says what does not fit."""
+
+    feasible: bool
+    reason: str
+    dimm_bytes_needed: float
+    dimm_capacity_bytes: float
+    gpu_pool_bytes: float
 
 
 @dataclass(frozen=True)
@@ -53,26 +72,43 @@ class LayerResult:
     tokens: int
     latency_s: float
     placement: Mapping[int, str]
-    events: tuple[TimelineEvent, ...]
+    timeline: LayerTimeline
     bytes_over_host_link: float = 0.0
     extra: Mapping[str, float] = field(default_factory=dict)
     policy: str = DEFAULT_POLICY
     reduction: str = "none"
+    added_events: tuple[TimelineEvent, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
+    @property
+    def events(self) -> tuple[TimelineEvent, ...]:
+        """Every busy interval of the invocation (built on first access): the timeline's, then the prefetch
+        and look-ahead copies run in its idle PCIe time."""
+        return self.timeline.events + self.added_events
+
     def busy_s(self, resource: str) -> float:
-        return sum(e.end_s - e.start_s for e in self.events if e.resource == resource)
+        return self.busy_by_resource().get(resource, 0.0)
+
+    def busy_by_resource(self) -> dict[str, float]:
+        """Busy seconds per resource (without building the NDP units' events)."""
+        busy = self.timeline.busy_by_resource()
+        for event in self.added_events:
+            busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        return busy
 
 
 class MoESimulator:
     """Simulates MoE layers one invocation at a time under a scheduling policy (see :mod:`hw_model.policies`).
 
-    ``gpu_reserved_bytes`` is GPU memory already taken by non-expert weights and the KV cache; what is left
-    (times ``residency_fraction``) is the cap on resident experts for the prefetcher and the LRU cache, with
-    ``STAGING_FRACTION_OF_GPU_MEMORY`` (or one layer's experts, if smaller) kept for on-demand copies.
+    GPU memory is one pool: ``USABLE_GPU_MEMORY_FRACTION`` of the GPU's memory less ``gpu_reserved_bytes``
+    (non-expert weights and the KV cache). Policies that keep experts resident use ``residency_fraction`` of
+    the pool for them and stage on-demand copies in the rest (at least one expert); the others stage in all
+    of it. ``weight_format`` (a :class:`~hw_model.workload.WeightFormat` or a dtype name such as ``"int4"``,
+    with ``quant_block_size``) sets how many bytes each stored expert weight takes. :attr:`capacity` says
+    whether the experts fit the DIMMs (a configuration that does not fit still simulates, flagged).
     """
 
     def __init__(
@@ -82,14 +118,16 @@ class MoESimulator:
         policy: str = DEFAULT_POLICY,
         *,
         gpu_reserved_bytes: float = 0.0,
-        residency_fraction: float = 1.0,
+        residency_fraction: float = DEFAULT_RESIDENCY_FRACTION,
         drift_threshold: float = 0.25,
+        drift_smoothing: float = 0.1,
         prefetch_interval_tokens: int = 32,
         prefetch_decay: float = 0.5,
+        weight_format: WeightFormat | str | None = None,
+        quant_block_size: int = 32,
     ) -> None:
-        if policy not in POLICIES:
-            raise WorkloadError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
-        if policy in NEEDS_NDP and system.num_ndp_units < 1:
+        self.policy_impl = get_policy(policy)
+        if self.policy_impl.needs_ndp and system.num_ndp_units < 1:
             raise WorkloadError(f"policy {policy!r} needs at least one NDP unit")
         if not layers:
             raise WorkloadError("the simulator needs at least one MoE layer")
@@ -97,36 +135,78 @@ class MoESimulator:
             raise WorkloadError(f"residency_fraction must be in [0, 1], got {residency_fraction}")
         if gpu_reserved_bytes < 0 or drift_threshold < 0:
             raise WorkloadError("gpu_reserved_bytes and drift_threshold must be non-negative")
+        if isinstance(weight_format, str):
+            weight_format = WeightFormat(weight_format, block_size=quant_block_size)
+        if weight_format is not None:
+            layers = [replace(layer, expert=replace(layer.expert, weight_format=weight_format)) for layer in layers]
+        self.weight_format = weight_format
         self.system = system
         self.layers = tuple(layers)
         self.policy = policy
-        largest_layer_bytes = max(layer.num_experts * layer.expert.weight_bytes() for layer in self.layers)
         largest_expert_bytes = max(layer.expert.weight_bytes() for layer in self.layers)
-        gpu_bytes = system.gpu.memory_capacity_bytes
-        self.staging_cap_bytes = max(
-            min(STAGING_FRACTION_OF_GPU_MEMORY * gpu_bytes, largest_layer_bytes), largest_expert_bytes
+        self.gpu_pool_bytes = max(
+            0.0, USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
         )
-        free = USABLE_GPU_MEMORY_FRACTION * gpu_bytes - gpu_reserved_bytes - self.staging_cap_bytes
-        self.residency_cap_bytes = max(0.0, free) * residency_fraction
+        if self.policy_impl.keeps_residents:
+            self.residency_cap_bytes = self.gpu_pool_bytes * residency_fraction
+            self.staging_cap_bytes = max(self.gpu_pool_bytes - self.residency_cap_bytes, largest_expert_bytes)
+            self.residency_cap_bytes = max(
+                0.0, min(self.residency_cap_bytes, self.gpu_pool_bytes - largest_expert_bytes)
+            )
+        else:
+            self.residency_cap_bytes = 0.0
+            self.staging_cap_bytes = max(self.gpu_pool_bytes, largest_expert_bytes)
+        self.capacity = self._check_capacity()
         self._costs = ExpertCosts(system)
-        self._state = PolicyState(staging_cap_bytes=self.staging_cap_bytes, drift_threshold=drift_threshold)
-        if policy == "tp+lb+prefetch":
-            config = PrefetchConfig(
-                residency_cap_bytes=self.residency_cap_bytes,
-                update_interval_tokens=prefetch_interval_tokens,
-                decay=prefetch_decay,
-            )
-            self._state.prefetcher = ExpertPrefetcher(
-                [layer.num_experts for layer in self.layers],
-                [layer.expert.weight_bytes() for layer in self.layers],
-                config,
-            )
-        elif policy == "gpu-offload":
-            self._state.lru = ExpertLRUCache(self.residency_cap_bytes)
+        self.context = RunContext(
+            system=system,
+            layers=self.layers,
+            costs=self._costs,
+            residency_cap_bytes=self.residency_cap_bytes,
+            staging_cap_bytes=self.staging_cap_bytes,
+            drift_threshold=drift_threshold,
+            drift_smoothing=drift_smoothing,
+            prefetch_interval_tokens=prefetch_interval_tokens,
+            prefetch_decay=prefetch_decay,
+        )
+        self._state = self.policy_impl.new_state(self.context)
         self._invocations = {phase: 0 for phase in PHASES}
         self._latency_s = {phase: 0.0 for phase in PHASES}
         self._busy_s: dict[str, float] = {}
         self._host_to_gpu_bytes = 0.0
+        self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
+        self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
+        self._last_latency_s: dict[int, float] = {}  # per layer, its latest decode invocation
+        self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
+
+    def _check_capacity(self) -> CapacityCheck:
+        """Expert bytes per DIMM (whole experts: the fullest home unit) against the DIMM capacity."""
+        units = self.system.num_ndp_units
+        capacity = self.system.ndp_unit.memory_capacity_bytes
+        if units == 0:
+            needed, capacity = 0.0, float("inf")
+        elif self.policy_impl.layout == "whole":
+            per_unit = np.zeros(units)
+            for layer in self.layers:
+                homes = np.bincount(np.arange(layer.num_experts) % units, minlength=units)
+                per_unit += homes * layer.expert.weight_bytes()
+            needed = float(per_unit.max())
+        else:
+            needed = sum(layer.num_experts * layer.expert.weight_bytes() for layer in self.layers) / units
+            if self.policy_impl.layout == "dual":  # a whole copy on the home unit as well
+                per_unit = np.zeros(units)
+                for layer in self.layers:
+                    homes = np.bincount(np.arange(layer.num_experts) % units, minlength=units)
+                    per_unit += homes * layer.expert.weight_bytes()
+                needed += float(per_unit.max())
+        reasons = []
+        if needed > capacity:
+            reasons.append(
+                f"experts need {needed / 1e9:.1f} GB per DIMM, a DIMM holds {capacity / 1e9:.1f} GB ({units} DIMMs)"
+            )
+        if self.gpu_pool_bytes <= 0:
+            reasons.append("non-expert weights and the KV cache leave no GPU memory for experts")
+        return CapacityCheck(not reasons, "; ".join(reasons), needed, capacity, self.gpu_pool_bytes)
 
     def simulate_layer(self, layer_index: int, expert_token_counts: Sequence[int], phase: str) -> LayerResult:
         if phase not in PHASES:
@@ -146,21 +226,26 @@ class MoESimulator:
             hits_before, misses_before = prefetcher.hits, prefetcher.misses
             resident_before = prefetcher.resident_mask(layer_index, layer.num_experts)
         recomputed_before = state.recomputations
-        outcome = run_policy(self.policy, self.system, self._costs, state, layer_index, layer, counts, phase)
+        outcome = self.policy_impl.place(self.context, state, layer_index, layer, counts, phase)
         timeline = outcome.timeline
-        events = list(timeline.events)
+        added: list[TimelineEvent] = []
         extra = dict(outcome.extra)
         extra["recomputed"] = float(state.recomputations - recomputed_before)
         if prefetcher is not None:
             prefetcher.observe(layer_index, counts, phase, resident_before)
             extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
             extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
-            extra["prefetch_bytes"] = self._drain_in_gaps(events, timeline.latency_s)
+        extra["prefetch_bytes"] = self._drain_in_gaps(timeline, added)
         latency = timeline.latency_s
+        if phase == "decode":
+            self._last_latency_s[layer_index] = latency
         self._invocations[phase] += 1
         self._latency_s[phase] += latency
-        for event in events:
-            self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        busy = self._busy_s
+        for resource, seconds in timeline.busy_by_resource().items():
+            busy[resource] = busy.get(resource, 0.0) + seconds
+        for event in added:
+            busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
         self._host_to_gpu_bytes += timeline.host_to_gpu_bytes
         return LayerResult(
             layer_index=layer_index,
@@ -168,51 +253,120 @@ class MoESimulator:
             tokens=int(-(-int(counts.sum()) // layer.top_k)),
             latency_s=latency,
             placement=outcome.placement,
-            events=tuple(events),
+            timeline=timeline,
+            added_events=tuple(added),
             bytes_over_host_link=timeline.host_to_gpu_bytes + timeline.gpu_to_host_bytes,
             extra=extra,
             policy=self.policy,
             reduction=timeline.reduction,
         )
 
-    def _drain_in_gaps(self, events: list[TimelineEvent], latency_s: float) -> float:
-        """Run queued prefetch copies in the PCIe (host to GPU) gaps of this layer; returns bytes copied."""
+    def predict_next(self, layer_index: int, predicted_counts: Sequence[int]) -> None:
+        """Look-ahead hint (policies with ``lookahead``): the experts the next router is predicted to pick for
+        ``layer_index``. Their non-resident weights are copied into the staging area in idle PCIe time before
+        that layer runs (hottest first, within the staging cap); a copy that completes in time costs that
+        layer nothing. Other policies ignore it."""
+        if not self.policy_impl.lookahead:
+            return
+        if not 0 <= layer_index < len(self.layers):
+            raise WorkloadError(f"layer_index {layer_index} out of range (model has {len(self.layers)})")
+        layer = self.layers[layer_index]
+        counts = np.asarray(predicted_counts, dtype=np.int64)
+        if counts.shape != (layer.num_experts,) or (counts < 0).any():
+            raise WorkloadError(f"{layer.name}: expected {layer.num_experts} non-negative predicted counts")
         prefetcher = self._state.prefetcher
-        if prefetcher is None or not prefetcher.queued_bytes:
+        resident = (
+            prefetcher.resident_mask(layer_index, layer.num_experts)
+            if prefetcher is not None
+            else np.zeros(layer.num_experts, dtype=bool)
+        )
+        size = layer.expert.weight_bytes()
+        budget = self.staging_cap_bytes
+        self._ahead_queue = []
+        self._state.staged_ahead.pop(layer_index, None)
+        # only as many copies as can finish in the expected window: the current layer's latest latency plus the
+        # non-expert time before the next one
+        window_s = self._last_latency_s.get(layer_index - 1, 0.0) + self._last_gap_s
+        budget = min(budget, window_s * self._copy_bandwidth)
+        for e in np.argsort(-counts, kind="stable").tolist():
+            if counts[e] <= 0 or budget < size:
+                break
+            if not resident[e]:
+                self._ahead_queue.append((layer_index, e, size))
+                budget -= size
+
+    def _drain_ahead(self, seconds: float) -> float:
+        """Copy predicted next-layer experts for ``seconds`` of idle PCIe time; returns bytes copied."""
+        budget = seconds * self._copy_bandwidth
+        copied = 0.0
+        while budget > 0 and self._ahead_queue:
+            layer, expert, left = self._ahead_queue[0]
+            step = min(left, budget)
+            budget -= step
+            copied += step
+            if step >= left:
+                self._ahead_queue.pop(0)
+                prefetcher = self._state.prefetcher
+                if prefetcher is None or not prefetcher.adopt_staged(layer, expert):  # kept if the plan wants it
+                    self._state.staged_ahead.setdefault(layer, set()).add(expert)
+            else:
+                self._ahead_queue[0] = (layer, expert, left - step)
+        return copied
+
+    def _drain_in_gaps(self, timeline: LayerTimeline, events: list[TimelineEvent]) -> float:
+        """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
+        the NDP units are done (a copy reads the DIMMs, so it never overlaps NDP work on them); returns bytes
+        copied."""
+        prefetcher = self._state.prefetcher
+        if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
             return 0.0
-        busy = sorted((e.start_s, e.end_s) for e in events if e.resource == "pcie")
-        gaps, clock = [], 0.0
+        latency_s = timeline.latency_s
+        ndp_done = max(
+            timeline.ndp_done_s,
+            max((e.end_s for e in timeline.base_events if e.resource.startswith("ndp")), default=0.0),
+        )
+        busy = sorted((e.start_s, e.end_s) for e in timeline.base_events if e.resource == "pcie")
+        gaps, clock = [], ndp_done
         for start, end in busy:
             if start > clock:
                 gaps.append((clock, start))
             clock = max(clock, end)
         if latency_s > clock:
             gaps.append((clock, latency_s))
-        bandwidth = self.system.host_link.bandwidth_bytes_per_s
+        bandwidth = self._copy_bandwidth
         copied_total = 0.0
-        for start, end in gaps:
-            copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
-            if copied:
-                events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
-                copied_total += copied
-            if not prefetcher.queued_bytes:
+        for start, end in gaps:  # the prefetcher's queue first (a resident expert helps every later token)
+            if prefetcher is not None and prefetcher.queued_bytes:
+                copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
+                if copied:
+                    events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
+                    copied_total += copied
+                    start += copied / bandwidth
+            ahead = self._drain_ahead(end - start)
+            if ahead:
+                events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
+                copied_total += ahead
+            if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
                 break
         return copied_total
 
     def advance_time_s(self, seconds: float) -> float:
-        """Time spent outside MoE layers (attention etc.) during which PCIe is idle; prefetch copies use it.
-
-        Returns the bytes copied. Optional: without it prefetches only use the MoE layers' idle PCIe time.
-        """
+        """Time spent outside MoE layers (attention etc.) during which PCIe and the DIMMs are idle; prefetch
+        copies use it. Returns the bytes copied. Optional: without it prefetches only use the MoE layers' idle
+        PCIe time."""
         prefetcher = self._state.prefetcher
-        if prefetcher is None or seconds <= 0:
+        if seconds <= 0:
             return 0.0
-        return sum(step for _, _, step in prefetcher.drain(seconds, self.system.host_link.bandwidth_bytes_per_s))
+        self._last_gap_s = seconds
+        copied = 0.0
+        if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
+            copied = sum(step for _, _, step in prefetcher.drain(seconds, self._copy_bandwidth))
+        return copied + self._drain_ahead(seconds - copied / self._copy_bandwidth)
 
     def summary(self) -> dict[str, Any]:
         """Run counters: invocations, expert latency per phase, placement recomputations and reuses,
         packer decision time (measured wall time, so not deterministic), bytes moved, prefetch or cache stats,
-        busy seconds per resource."""
+        busy seconds per resource, memory budgets and the capacity check."""
         state = self._state
         times = np.asarray(state.decision_times_s)
         out: dict[str, Any] = {
@@ -224,10 +378,15 @@ class MoESimulator:
             "expert_latency_decode_s": self._latency_s["decode"],
             "placement_recomputations": state.recomputations,
             "placement_reuses": state.reuses,
+            "decode_placement_recomputations": state.decode_recomputations,
             "decision_time_median_s": float(np.median(times)) if times.size else 0.0,
             "on_demand_weight_bytes": state.on_demand_bytes,
             "host_to_gpu_bytes": self._host_to_gpu_bytes,
+            "gpu_pool_bytes": self.gpu_pool_bytes,
             "residency_cap_bytes": self.residency_cap_bytes,
+            "staging_cap_bytes": self.staging_cap_bytes,
+            "feasible": self.capacity.feasible,
+            "infeasible_reason": self.capacity.reason,
             "busy_s": dict(sorted(self._busy_s.items())),
         }
         if state.prefetcher is not None:

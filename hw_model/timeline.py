@@ -7,14 +7,17 @@
     gpu           [e0][e1]   [e2]        [combine]               compute once its weights have arrived
 
 GPU jobs are ordered by Johnson's rule (the optimal order of a two-stage copy-then-compute flow shop), so
-weight copies overlap GPU compute. NDP partial outputs are reduced where it is cheaper: over the DIMM-link to
-one unit and then one PCIe copy, or each unit copying its partial output to the GPU, which adds them.
+weight copies overlap GPU compute. A weight copy reads its source DIMMs' DRAM, which the NDP cores streaming
+the same ranks then lack: a unit ends no earlier than its DRAM time (its kernels' bytes plus the bytes copies
+read from it, at its streaming bandwidth), shown as "DRAM reads for weight copies". NDP partial outputs are
+reduced where it is cheaper: over the DIMM-link to one unit and then one PCIe copy, or each unit copying its
+partial output to the GPU, which adds them.
 The layer ends when the GPU has combined every expert's output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hw_model.cost import kernel_time_s
@@ -46,11 +49,70 @@ class GpuJob:
 
 @dataclass(frozen=True)
 class LayerTimeline:
-    events: tuple[TimelineEvent, ...]
+    """One invocation's timeline. ``base_events`` are the few GPU, PCIe and DIMM-link intervals; the per-job
+    intervals of the NDP units are built only when :attr:`events` is read (``ndp_jobs[u]`` run back to back
+    from ``ndp_start_s``, then unit ``u``'s DRAM reads for copies until ``ndp_end_s[u]``), so simulating does
+    not create one object per NDP job. :meth:`busy_s` needs no events at all."""
+
+    base_events: tuple[TimelineEvent, ...]
     latency_s: float
     host_to_gpu_bytes: float
     gpu_to_host_bytes: float
     reduction: str
+    ndp_start_s: float = 0.0
+    ndp_jobs: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
+    ndp_end_s: tuple[tuple[int, float], ...] = ()
+    _events: list = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def events(self) -> tuple[TimelineEvent, ...]:
+        """Every busy interval: the base events, then each NDP unit's jobs (built on first access)."""
+        if not self._events:
+            out = list(self.base_events)
+            ends = dict(self.ndp_end_s)
+            for unit, jobs in self.ndp_jobs:
+                resource = f"ndp{unit}"
+                clock = self.ndp_start_s
+                for label, seconds in jobs:
+                    out.append(TimelineEvent(resource, clock, clock + seconds, label))
+                    clock += seconds
+                if ends[unit] > clock:
+                    out.append(TimelineEvent(resource, clock, ends[unit], "DRAM reads for weight copies"))
+            self._events.append(tuple(out))
+        return self._events[0]
+
+    @property
+    def ndp_done_s(self) -> float:
+        """When the last NDP unit finishes (0 without NDP work)."""
+        return max((end for _, end in self.ndp_end_s), default=0.0)
+
+    def busy_by_resource(self) -> dict[str, float]:
+        """Busy seconds per resource, from the base events and the units' spans (no NDP events built)."""
+        busy: dict[str, float] = {}
+        for event in self.base_events:
+            busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        for unit, end in self.ndp_end_s:
+            key = f"ndp{unit}"
+            busy[key] = busy.get(key, 0.0) + (end - self.ndp_start_s)
+        return busy
+
+
+_COMBINE_MEMO: dict[tuple, tuple[object, float]] = {}
+
+
+def _combine_s(system: SystemSpec, layer: MoELayerShape, tokens: int, row_bytes: float) -> float:
+    """GPU time of the weighted sum of ``top_k`` expert outputs over ``tokens`` rows (memoised per GPU object;
+    the entry keeps its GPU alive, so an id is never reused for another one while cached)."""
+    gpu = system.gpu
+    key = (id(gpu), layer.top_k, layer.expert.hidden, layer.expert.dtype, tokens)
+    entry = _COMBINE_MEMO.get(key)
+    if entry is None or entry[0] is not gpu:
+        if len(_COMBINE_MEMO) > 100_000:
+            _COMBINE_MEMO.clear()
+        flops = 2.0 * tokens * layer.top_k * layer.expert.hidden
+        bytes_moved = (layer.top_k + 1) * tokens * row_bytes
+        entry = _COMBINE_MEMO[key] = (gpu, kernel_time_s(gpu, flops, bytes_moved, layer.expert.dtype, kernels=1))
+    return entry[1]
 
 
 def johnson_order(jobs: list[GpuJob]) -> list[GpuJob]:
@@ -68,10 +130,12 @@ def build_layer_timeline(
     unit_tokens: list[int],
     gpu_jobs: list[GpuJob],
     tensor_parallel: bool,
+    unit_dram_s: list[float] | None = None,
 ) -> LayerTimeline:
     """Lay out one invocation. ``unit_jobs[u]`` are (label, seconds) run in order on NDP unit ``u``;
     ``unit_tokens[u]`` is how many token rows unit ``u``'s partial output has; ``tensor_parallel`` says whether
-    the units' partial outputs are sums over the same rows (reducible over the DIMM-link)."""
+    the units' partial outputs are sums over the same rows (reducible over the DIMM-link); ``unit_dram_s[u]`` is
+    unit ``u``'s DRAM busy time (its kernels' bytes and the weight copies reading it) when known."""
     events: list[TimelineEvent] = []
     row_bytes = layer.expert.hidden * layer.expert.dtype_bytes
     link = system.host_link
@@ -100,9 +164,10 @@ def build_layer_timeline(
     unit_end: dict[int, float] = {}
     for unit in active_units:
         clock = ndp_start
-        for label, seconds in unit_jobs[unit]:
-            events.append(TimelineEvent(f"ndp{unit}", clock, clock + seconds, label))
+        for _, seconds in unit_jobs[unit]:
             clock += seconds
+        if unit_dram_s is not None and ndp_start + unit_dram_s[unit] > clock:
+            clock = ndp_start + unit_dram_s[unit]
         unit_end[unit] = clock
 
     outputs_ready = 0.0
@@ -138,13 +203,16 @@ def build_layer_timeline(
             outputs_ready = option_a_end
 
     # The weighted sum of the top-k expert outputs (and of NDP partial sums) on the GPU.
-    combine_s = kernel_time_s(
-        system.gpu,
-        2.0 * tokens * layer.top_k * layer.expert.hidden,
-        (layer.top_k + 1) * tokens * row_bytes,
-        layer.expert.dtype,
-        kernels=1,
-    )
+    combine_s = _combine_s(system, layer, tokens, row_bytes)
     start = max(gpu_clock, outputs_ready)
     events.append(TimelineEvent("gpu", start, start + combine_s, "combine"))
-    return LayerTimeline(tuple(events), start + combine_s, h2d_bytes, d2h_bytes, reduction)
+    return LayerTimeline(
+        tuple(events),
+        start + combine_s,
+        h2d_bytes,
+        d2h_bytes,
+        reduction,
+        ndp_start_s=ndp_start,
+        ndp_jobs=tuple((unit, tuple(unit_jobs[unit])) for unit in active_units),
+        ndp_end_s=tuple(unit_end.items()),
+    )

@@ -252,6 +252,30 @@ def _apply_locality(
         out[token] = np.concatenate((kept, np.asarray(fresh[: top_k - kept.size], dtype=out.dtype)))
 
 
+def predicted_counts(
+    trace: RoutingTrace, layer: int, token: int, accuracy: float, rng: np.random.Generator
+) -> np.ndarray:
+    """A look-ahead predictor for trace replay: the experts ``token`` selects in ``layer``, each of its
+    ``top_k`` slots right with probability ``accuracy`` and otherwise an expert drawn uniformly from those it
+    did not select. Stands in for running the next layer's router on the current hidden state (pre-gating),
+    whose accuracy the caller states."""
+    if not 0.0 <= accuracy <= 1.0:
+        raise WorkloadError(f"look-ahead accuracy must be in [0, 1], got {accuracy}")
+    true = trace.expert_ids[layer, token].tolist()
+    counts = np.zeros(trace.num_experts, dtype=np.int64)
+    draws = rng.random(len(true)).tolist()
+    for expert, draw in zip(true, draws, strict=True):
+        if draw < accuracy or len(true) >= trace.num_experts:
+            counts[expert] += 1
+            continue
+        while True:  # a wrong guess: an expert this token did not select, not guessed yet
+            guess = int(rng.integers(trace.num_experts))
+            if guess not in true and counts[guess] == 0:
+                counts[guess] += 1
+                break
+    return counts
+
+
 def top_share(counts: np.ndarray, fraction: float = 0.10) -> float:
     """Share of all selections taken by the busiest ``fraction`` of experts (at least one expert)."""
     counts = np.sort(np.asarray(counts, dtype=np.float64))[::-1]

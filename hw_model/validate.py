@@ -1,6 +1,6 @@
 """Check the cost model against kernel and transfer times measured on a real machine.
 
-Two CSV layouts are understood (the header decides which):
+Four CSV layouts are understood (the header decides which, see :func:`csv_layout`):
 
 - kernel rows ``kind,dtype,d,f,tokens,shards,median_us,p10_us,p90_us,flops,bytes`` with kinds
   ``shard_graph`` (one SwiGLU expert shard replayed from a CUDA graph), ``shard_eager`` (the same shard
@@ -8,8 +8,16 @@ Two CSV layouts are understood (the header decides which):
 - transfer rows ``direction,memory,bytes,median_us,p10_us,p90_us`` (host<->device copies), reported as
   kind ``transfer_{direction}_{memory}``.
 
-Every row is predicted from the shape alone with :mod:`hw_model.cost` and the chosen hardware preset;
-nothing is fitted. Per kind the report gives the median and maximum relative error
+- DRAM size-sweep rows ``standard,mapping,scope,refresh,bytes,time_ns_mean,...`` (Ramulator2 streams of one
+  NDP rank, a 2-rank NDP-DIMM or a host channel): ``time_ns_mean`` predicted, kind = the row's ``scope``;
+- DRAM contention rows ``standard,mapping,refresh,dimm_data_path,case,...,host_GBps,ndp_GBps``: the host and
+  NDP bandwidths predicted, kind ``contention``.
+
+DRAM rows are predicted from the JEDEC-derived model of :mod:`hw_model.dram` (no hardware preset needed);
+rows with the row-sequential mapping (``RoBaRaCoCh``) get the kind suffix ``/row-sequential``.
+
+Every kernel/transfer row is predicted from the shape alone with :mod:`hw_model.cost` and the chosen hardware
+preset; nothing is fitted. Per kind the report gives the median and maximum relative error
 ``|predicted - measured| / measured``.
 
 Rows that contradict another row of the same kind are reported but kept out of the statistics (unless
@@ -38,6 +46,20 @@ from hw_model.errors import CalibrationDataError, HwModelError
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from hw_model.workload import ExpertShape, MoELayerShape
 
+DRAM_SWEEP_COLUMNS = ("standard", "mapping", "scope", "refresh", "bytes", "time_ns_mean")
+DRAM_CONTENTION_COLUMNS = (
+    "standard",
+    "mapping",
+    "refresh",
+    "dimm_data_path",
+    "case",
+    "host_vs_ndp_rank",
+    "host_to_ndp_request_ratio",
+    "host_GBps",
+    "ndp_GBps",
+)
+DRAM_MAPPINGS = {"MOP4CLXOR": "interleaved", "RoBaRaCoCh": "row-sequential"}
+DRAM_SCOPE_RANKS = {"rank_ndp": 1, "dimm_ndp_2rank": 2, "channel_host_2rank": 1}
 KERNEL_COLUMNS = ("kind", "dtype", "d", "f", "tokens", "shards", "median_us", "p10_us", "p90_us", "flops", "bytes")
 TRANSFER_COLUMNS = ("direction", "memory", "bytes", "median_us", "p10_us", "p90_us")
 MOE_LAYER_KIND = re.compile(r"^moe_layer_e(\d+)_k(\d+)$")
@@ -136,6 +158,168 @@ class ValidationReport:
                 if p.inconsistent
             ],
         }
+
+
+def csv_layout(path: str | Path) -> str:
+    """``kernel``, ``transfer``, ``dram_sweep`` or ``dram_contention``, from the CSV's header."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            header = {name.strip() for name in (next(csv.reader(handle), None) or ())}
+    except UnicodeDecodeError as exc:
+        raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    for layout, columns in (
+        ("kernel", KERNEL_COLUMNS),
+        ("transfer", TRANSFER_COLUMNS),
+        ("dram_sweep", DRAM_SWEEP_COLUMNS),
+        ("dram_contention", DRAM_CONTENTION_COLUMNS),
+    ):
+        if set(columns) <= header:
+            return layout
+    raise CalibrationDataError(
+        f"{path}: header {','.join(sorted(header)) or '(empty)'} matches no known layout: kernel "
+        f"({','.join(KERNEL_COLUMNS)}), transfer ({','.join(TRANSFER_COLUMNS)}), DRAM size sweep "
+        f"({','.join(DRAM_SWEEP_COLUMNS)}) or DRAM contention ({','.join(DRAM_CONTENTION_COLUMNS)})"
+    )
+
+
+@dataclass(frozen=True)
+class DramPrediction:
+    """One predicted DRAM quantity (a stream time in seconds or a bandwidth in bytes/s) of one CSV row."""
+
+    kind: str
+    label: str
+    measured: float
+    predicted: float
+    line: int
+    unit: str
+
+    @property
+    def rel_err(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def load_dram_predictions(path: str | Path) -> list[DramPrediction]:
+    """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram`."""
+    from hw_model.dram import get_standard
+
+    path = Path(path)
+    layout = csv_layout(path)
+    if layout not in ("dram_sweep", "dram_contention"):
+        raise CalibrationDataError(f"{path}: not a DRAM calibration CSV")
+    out: list[DramPrediction] = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        for line, raw in enumerate(csv.DictReader(handle), start=2):
+            row = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
+            try:
+                standard = get_standard(row["standard"])
+            except HwModelError as exc:
+                raise CalibrationDataError(f"{path}:{line}: {exc}") from None
+            mapping = row["mapping"]
+            if mapping not in DRAM_MAPPINGS:
+                raise CalibrationDataError(
+                    f"{path}:{line}: unknown mapping {mapping!r} (known: {', '.join(DRAM_MAPPINGS)})"
+                )
+            dram_layout = DRAM_MAPPINGS[mapping]
+            suffix = "" if dram_layout == "interleaved" else "/row-sequential"
+            refresh = row["refresh"].lower() not in ("none", "off", "")
+            if layout == "dram_sweep":
+                scope = row["scope"]
+                if scope not in DRAM_SCOPE_RANKS:
+                    raise CalibrationDataError(
+                        f"{path}:{line}: unknown scope {scope!r} (known: {', '.join(DRAM_SCOPE_RANKS)})"
+                    )
+                num_bytes = _number(path, line, row, "bytes")
+                measured = _number(path, line, row, "time_ns_mean") * 1e-9
+                predicted = standard.stream_time_s(num_bytes, DRAM_SCOPE_RANKS[scope], dram_layout, refresh)
+                label = f"{row['standard']} {mapping} {int(num_bytes)} B"
+                out.append(DramPrediction(scope + suffix, label, measured, predicted, line, "s"))
+                continue
+            for stream, value in zip(
+                ("host", "ndp"), _contention_gbps(row, standard, dram_layout, refresh), strict=True
+            ):
+                measured_text = row[f"{stream}_GBps"]
+                try:
+                    measured = float(measured_text) * 1e9
+                except ValueError:
+                    raise CalibrationDataError(
+                        f"{path}:{line}: column '{stream}_GBps' must be a number, got {measured_text!r}"
+                    ) from None
+                if measured <= 0:
+                    continue  # this stream did not run in the row
+                label = (
+                    f"{row['standard']} {mapping} {row['case']} {row['host_vs_ndp_rank'] or '-'} rank "
+                    f"{row['host_to_ndp_request_ratio'] or '-'} {row['dimm_data_path']}: {stream}"
+                )
+                out.append(DramPrediction("contention" + suffix, label, measured, value, line, "B/s"))
+    if not out:
+        raise CalibrationDataError(f"{path}: no data rows")
+    return out
+
+
+def _contention_gbps(row: Mapping[str, str], standard: Any, layout: str, refresh: bool) -> tuple[float, float]:
+    """Predicted (host, NDP) bandwidth of a contention row, bytes/s.
+
+    One rank streams ``eta x peak``. Host and NDP on the same rank, or on two ranks sharing one data bus, split
+    that by their request ratio; on two ranks with their own data paths each gets a full rank, and the
+    injection ratio throttles the smaller stream to the larger one's share.
+    """
+    full = standard.rank_peak_bytes_per_s * standard.streaming_efficiency(layout, refresh)
+    case = row["case"]
+    if case == "host_alone":
+        return full, 0.0
+    if case == "ndp_alone":
+        return 0.0, full
+    try:
+        host_part, ndp_part = (float(x) for x in row["host_to_ndp_request_ratio"].split(":"))
+    except ValueError:
+        raise CalibrationDataError(f"bad host_to_ndp_request_ratio {row['host_to_ndp_request_ratio']!r}") from None
+    host_share = host_part / (host_part + ndp_part)
+    shared = row["host_vs_ndp_rank"] == "same" or "shared" in row["dimm_data_path"]
+    if shared:
+        return full * host_share, full * (1 - host_share)
+    larger = max(host_part, ndp_part)
+    return full * host_part / larger, full * ndp_part / larger
+
+
+@dataclass(frozen=True)
+class DramValidationReport:
+    """Error statistics of the DRAM model per kind over the predicted rows."""
+
+    sources: tuple[str, ...]
+    predictions: tuple[DramPrediction, ...]
+    kinds: Mapping[str, KindStats] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", MappingProxyType(dict(self.kinds)))
+
+
+def validate_dram(paths: Sequence[str | Path]) -> DramValidationReport:
+    """Predict every row of the DRAM CSVs ``paths`` and summarise the relative errors per kind."""
+    predictions = tuple(p for path in paths for p in load_dram_predictions(path))
+    kinds: dict[str, KindStats] = {}
+    for kind in sorted({p.kind for p in predictions}, key=lambda k: ("/" in k, k)):
+        errors = [abs(p.rel_err) for p in predictions if p.kind == kind]
+        kinds[kind] = KindStats(len(errors), statistics.median(errors), max(errors), 0, max(errors))
+    return DramValidationReport(tuple(str(p) for p in paths), predictions, kinds)
+
+
+def format_dram_report(report: DramValidationReport, worst_per_kind: int = 2) -> str:
+    """One line per kind, then the worst rows of each kind."""
+    lines = [f"DRAM model (hw_model/dram.py, JEDEC-derived) vs {', '.join(report.sources)}"]
+    lines.append(f"{'kind':<32} {'rows':>5} {'median err':>11} {'max err':>9}")
+    for kind, stats in report.kinds.items():
+        lines.append(f"{kind:<32} {stats.rows:>5} {stats.median_rel_err:>11.1%} {stats.max_rel_err:>9.1%}")
+    lines.append("worst rows (signed error = predicted / measured - 1):")
+    for kind in report.kinds:
+        worst = sorted((p for p in report.predictions if p.kind == kind), key=lambda p: -abs(p.rel_err))
+        for p in worst[:worst_per_kind]:
+            scale, unit = (1e9, "ns") if p.unit == "s" else (1e-9, "GB/s")
+            lines.append(
+                f"  {kind:<30} {p.label:<70} measured {p.measured * scale:10.2f} {unit}  predicted "
+                f"{p.predicted * scale:10.2f} {unit}  {p.rel_err:+6.1%}  (line {p.line})"
+            )
+    return "\n".join(lines)
 
 
 def load_measurements(path: str | Path) -> list[MeasuredRow]:

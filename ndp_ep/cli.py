@@ -58,7 +58,12 @@ def _input_error_types() -> tuple[type[BaseException], ...]:
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, plus ``(default: X)`` on every option whose default is a value and is not
-    already stated in its help."""
+    already stated in its help; lines never break inside a hyphenated name (``paper-ddr5-4800``)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""

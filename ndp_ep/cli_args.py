@@ -86,13 +86,13 @@ def preset_names() -> list[str]:
 
 def policy_names() -> tuple[str, ...]:
     """Every scheduling policy the simulator knows (the choices of ``--policy``)."""
-    from hw_model.policies import POLICIES
+    from hw_model.policies import policy_names as registered
 
-    return tuple(POLICIES)
+    return registered()
 
 
 def default_policy() -> str:
-    from hw_model.simulator import DEFAULT_POLICY
+    from hw_model.policies import DEFAULT_POLICY
 
     return DEFAULT_POLICY
 

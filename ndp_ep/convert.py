@@ -17,11 +17,10 @@ import onnx
 from graph_passes.convert import ConversionReport, convert
 from graph_passes.model_io import output_files, save_rewritten
 from hw_model.hardware import SystemSpec, load_system
+from hw_model.policies import DEFAULT_POLICY
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
 from ndp_io import FileSafetyError, atomic_write, check_no_clobber, check_output_path, write_text
-
-DEFAULT_POLICY = "tp+lb+prefetch"
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,13 @@ class LayerReport:
     latency_s: float
     placement: dict[int, str]
     busy_s: dict[str, float]
-    events: tuple[tuple[str, float, float, str], ...] = ()
-    """The simulated timeline, ``(resource, start_s, end_s, label)`` from the layer's start (not in JSON)."""
+    timeline: Any = None
+    """The simulator's :class:`hw_model.simulator.LayerResult` (not in JSON); its events are built on first read."""
+
+    @property
+    def events(self) -> tuple[tuple[str, float, float, str], ...]:
+        """The simulated timeline, ``(resource, start_s, end_s, label)`` from the layer's start."""
+        return tuple(self.timeline.events) if self.timeline is not None else ()
 
     @property
     def active_experts(self) -> int:

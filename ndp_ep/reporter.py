@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
-from hw_model.simulator import DEFAULT_POLICY, MoESimulator
+from hw_model.policies import DEFAULT_POLICY
+from hw_model.simulator import MoESimulator
 from hw_model.workload import ExpertShape, MoELayerShape
 from ndp_ep.ep import RoutingReader
 from ndp_ep.errors import NdpEpError
@@ -243,9 +244,7 @@ class SessionReporter:
             self.simulator.advance_time_s(per_layer_gap)
             expert_tokens = counts.tolist()
             result = self.simulator.simulate_layer(index, expert_tokens, phase)
-            busy: dict[str, float] = {}  # LayerResult.busy_s of every resource, in one pass over the events
-            for event in result.events:
-                busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
+            busy = result.busy_by_resource()
             layers.append(
                 LayerReport(
                     index=index,
@@ -255,7 +254,7 @@ class SessionReporter:
                     latency_s=result.latency_s,
                     placement=dict(result.placement),
                     busy_s=dict(sorted(busy.items())),
-                    events=tuple(result.events),
+                    timeline=result,
                 )
             )
         return RunReport(

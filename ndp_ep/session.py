@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
-from hw_model.simulator import DEFAULT_POLICY
+from hw_model.policies import DEFAULT_POLICY
 from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_session_key, session_options
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim

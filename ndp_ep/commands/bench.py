@@ -1,8 +1,9 @@
 """`ndp-ep bench`: trace-driven comparison of the scheduling policies on a GPU + NDP platform.
 
-Prints the end-to-end latency table (model x NDP count x policy, speedup over the MoNDE-style baseline) and
-the sweeps on stdout, a progress bar on stderr, and writes PNG plots to ``--out`` (matplotlib, the ``plot``
-extra) and the table as JSON records with ``--json``.
+Prints the end-to-end latency table (model x NDP count x policy, speedup over the strongest baseline of each
+row) and the sweeps as markdown on stdout, a progress bar on stderr, and writes PNG plots to ``--out``
+(matplotlib, the ``plot`` extra), the table as JSON records with ``--json`` and the markdown with
+``--markdown``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def _str_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or a TOML file")
+    from hw_model.hardware import list_presets
+    from hw_model.models import MODELS
+    from hw_model.policies import policy_names
+
+    parser.add_argument("--hw", default="paper", help=f"hardware preset ({', '.join(list_presets())}) or a TOML file")
     parser.add_argument(
         "--ndp-units", type=_int_list, default=None, help="NDP-unit counts, e.g. 2,4,6 (default: the preset's list)"
     )
@@ -40,9 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models",
         type=_str_list,
         default=None,
-        help="comma-separated models (mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite, olmoe-1b-7b); default all",
+        help=f"comma-separated models ({', '.join(MODELS)}); default all",
     )
-    parser.add_argument("--policies", type=_str_list, default=None, help="comma-separated policies; default all")
+    parser.add_argument(
+        "--policies",
+        type=_str_list,
+        default=None,
+        help=f"comma-separated policies ({', '.join(policy_names())}); default all",
+    )
     parser.add_argument(
         "--skew",
         default="typical,low,high",
@@ -57,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_out", help="directory for PNG plots and sweeps.json")
     parser.add_argument("--json", default=None, help="also write the main table as JSON records to this file")
+    parser.add_argument("--markdown", default=None, help="also write the tables (markdown) to this file")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel worker processes")
     parser.add_argument("--no-sweeps", action="store_true", help="only the main table")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
@@ -69,14 +80,12 @@ def run(args: argparse.Namespace) -> int:
     from hw_model.bench import (
         BenchConfig,
         ProgressBar,
-        format_sweeps,
-        format_table,
-        make_plots,
         quick_config,
         records_for_json,
         run_bench,
         write_json_atomic,
     )
+    from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.hardware import load_system
     from hw_model.models import MODELS
@@ -121,10 +130,15 @@ def run(args: argparse.Namespace) -> int:
 
         load_trace(args.trace)
     records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
-    print(format_table(records))
+    text = format_table(records)
     sweeps = format_sweeps(records)
     if sweeps:
-        print(sweeps)
+        text += "\n\n" + sweeps
+    print(text)
+    if args.markdown:
+        from hw_model.bench import write_text_atomic
+
+        write_text_atomic(args.markdown, text + "\n")
     out_dir = Path(args.out)
     sweep_records = [r for r in records if r["section"] != "main"]
     if sweep_records:
@@ -134,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, records_for_json(records))
     if not args.no_plots:
         try:
+            from hw_model.bench_plots import make_plots
+
             written = make_plots(records, gantt, out_dir, default_units)
         except ImportError:
             print(

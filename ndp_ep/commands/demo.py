@@ -27,8 +27,10 @@ MIB = float(1 << 20)
 
 
 def baseline_policies() -> tuple[str, ...]:
-    """The policies ours is compared with (the prior-work baselines of the simulator's policy list)."""
-    return ("gpu-offload", "ndp-expert-per-unit", "monde")
+    """The policies ours is compared with: every prior-work baseline registered in :mod:`hw_model.policies`."""
+    from hw_model.policies import policy_names
+
+    return policy_names("baseline")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,10 +1,14 @@
-"""`ndp-ep validate`: compare the cost model with kernel and transfer times measured on a real GPU.
+"""`ndp-ep validate`: compare the timing model with measured kernel/transfer times and simulated DRAM runs.
 
-    ndp-ep validate --hw h200 --data ../shared/calibration/h200/expert_ffn.csv \\
-        [--transfers ../shared/calibration/h200/transfers.csv] [--plot scatter.png] [--json]
+    ndp-ep validate                                   # every calibration CSV shipped in hw_model/calibration
+    ndp-ep validate --hw h200 --data hw_model/calibration/h200/expert_ffn.csv \\
+        [--transfers hw_model/calibration/h200/transfers.csv] [--plot scatter.png] [--json]
+    ndp-ep validate --data hw_model/calibration/ndp_dram/size_sweep_raw.csv   # DRAM rows: no --hw needed
 
-Prints the median and maximum relative error per row kind (see hw_model.validate for the CSV layouts);
-``--json`` prints ``{"kinds": {KIND: {"rows": n, "median_rel_err": x, "max_rel_err": y, ...}}, ...}``.
+Each CSV's header says what it holds (see hw_model.validate): kernel or transfer rows are predicted on the
+``--hw`` preset; DRAM size-sweep and contention rows (Ramulator2) by the JEDEC-derived model of
+hw_model.dram. Prints the median and maximum relative error per row kind; ``--json`` prints
+``{"kinds": {KIND: {"rows": n, "median_rel_err": x, "max_rel_err": y, ...}}, ...}``.
 Bad input (missing file, wrong columns, unknown kind) is a one-line error and exit code 2.
 """
 
@@ -12,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-HELP = "check the timing model against measured kernel/transfer times (median and max error per kind)"
+HELP = "check the timing model against measured kernel/transfer times and simulated DRAM runs"
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "hw_model" / "calibration"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CSV",
         action="append",
         default=[],
-        help="measured rows: kernel CSV (kind,dtype,d,f,tokens,shards,median_us,...) or transfer CSV "
-        "(direction,memory,bytes,median_us,...); may be repeated",
+        help="measured rows: kernel CSV (kind,dtype,d,f,tokens,shards,median_us,...), transfer CSV "
+        "(direction,memory,bytes,median_us,...) or a DRAM calibration CSV (size sweep or contention); may be "
+        "repeated; default: every CSV shipped in hw_model/calibration",
     )
     parser.add_argument(
         "--transfers", metavar="CSV", action="append", default=[], help="host<->device transfer CSV (same as --data)"
@@ -38,23 +45,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def default_data() -> list[str]:
+    """The calibration CSVs shipped with the package (kernel, transfer and DRAM rows)."""
+    names = ("h200/expert_ffn.csv", "h200/transfers.csv", "ndp_dram/size_sweep_raw.csv", "ndp_dram/contention.csv")
+    return [str(CALIBRATION_DIR / name) for name in names if (CALIBRATION_DIR / name).is_file()]
+
+
 def run(args: argparse.Namespace) -> int:
     from hw_model.errors import CalibrationDataError
     from hw_model.hardware import load_system
-    from hw_model.validate import format_report, load_measurements, validate, write_scatter_png
+    from hw_model.validate import (
+        csv_layout,
+        format_dram_report,
+        format_report,
+        load_measurements,
+        validate,
+        validate_dram,
+        write_scatter_png,
+    )
 
-    paths = [*args.data, *args.transfers]
+    paths = [*args.data, *args.transfers] or default_data()
     if not paths:
         raise CalibrationDataError("nothing to validate: give --data CSV and/or --transfers CSV")
-    system = load_system(args.hw)
-    rows = [row for path in paths for row in load_measurements(path)]
-    report = validate(system, rows, sources=paths, exclude_inconsistent=not args.keep_inconsistent)
-    if args.plot:
-        write_scatter_png(report, args.plot)
-    if args.json:
-        print(json.dumps(report.to_json_dict(), indent=2))
-    else:
-        print(format_report(report))
+    for path in paths:
+        if not Path(path).is_file():
+            raise CalibrationDataError(f"{path}: no such file")
+    layouts = {path: csv_layout(path) for path in paths}
+    timing = [p for p in paths if layouts[p] in ("kernel", "transfer")]
+    dram = [p for p in paths if layouts[p] not in ("kernel", "transfer")]
+    payload: dict = {"data": paths, "kinds": {}}
+    texts = []
+    if timing:
+        system = load_system(args.hw)
+        rows = [row for path in timing for row in load_measurements(path)]
+        report = validate(system, rows, sources=timing, exclude_inconsistent=not args.keep_inconsistent)
         if args.plot:
+            write_scatter_png(report, args.plot)
+        timing_json = report.to_json_dict()
+        payload["hardware"] = timing_json["hardware"]
+        payload["kinds"].update(timing_json["kinds"])
+        payload["excluded"] = timing_json["excluded"]
+        texts.append(format_report(report))
+    if dram:
+        dram_report = validate_dram(dram)
+        payload["kinds"].update({kind: stats.to_dict() for kind, stats in dram_report.kinds.items()})
+        texts.append(format_dram_report(dram_report))
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print("\n\n".join(texts))
+        if args.plot and timing:
             print(f"scatter plot: {args.plot}")
     return 0

@@ -218,13 +218,13 @@ def test_run_without_inputs_uses_random_feeds_from_the_signature(capsys):
 def test_run_warns_when_the_models_shards_differ_from_the_ndp_units(capsys, converted_decoder):
     code, _, err = call("run", converted_decoder, "--ndp-units", "2", capsys=capsys)
     assert code == 0
-    (line,) = err.strip().splitlines()
+    (line,) = [line for line in err.strip().splitlines() if "random feeds" not in line]
     assert line.startswith("ndp-ep run: warning:")
     assert "split into 4 shards" in line and "2 NDP units" in line and "convert with --shards 2" in line
     code, _, err = call("run", converted_decoder, "--ndp-units", "3", capsys=capsys)  # ffn 128: 3 cannot divide it
     assert code == 0 and "over the hardware's 3 units" in err and "--shards" not in err
     code, _, err = call("run", converted_decoder, "--hw", "paper", capsys=capsys)
-    assert code == 0 and err == ""
+    assert code == 0 and "warning" not in err
 
 
 def test_run_policy_is_used_and_reported(capsys):

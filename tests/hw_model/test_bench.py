@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from hw_model.bench import BenchConfig, format_table, quick_config, run_bench
-from hw_model.policies import POLICIES
+from hw_model.bench import BenchConfig, quick_config, run_bench
+from hw_model.bench_tables import format_table
+from hw_model.policies import POLICIES, policy_names
+
+BASELINES = policy_names("baseline")
 
 REQUIRED = {"model", "ndp_units", "policy", "latency_s", "speedup_vs_monde"}
 
@@ -29,6 +32,7 @@ def test_quick_bench_records_are_complete_and_deterministic():
         assert by[(units, "monde")]["speedup_vs_monde"] == pytest.approx(1.0)
         assert all(by[(units, "lower-bound")]["latency_s"] <= by[(units, p)]["latency_s"] for p in POLICIES)
     assert "tp+lb+prefetch over monde" in format_table(records)
+    assert all(r["best_baseline"] in BASELINES for r in records)
 
 
 def test_cli_quick_run_writes_json_and_plots(cli, tmp_path):
@@ -49,7 +53,7 @@ def test_cli_quick_run_writes_json_and_plots(cli, tmp_path):
         str(table),
     )
     assert proc.returncode == 0, proc.stderr
-    assert "speedup over monde" in proc.stdout
+    assert "over the strongest baseline" in proc.stdout
     records = json.loads(table.read_text())
     assert {r["policy"] for r in records} == set(POLICIES)
     assert all(set(r) >= REQUIRED for r in records)
@@ -83,7 +87,7 @@ def test_cli_runs_from_a_trace_file_and_rejects_a_mismatched_one(cli, tmp_path):
     args = ["bench", "--no-sweeps", "--no-plots", "--ndp-units", "2", "--jobs", "1", "--out", str(tmp_path)]
     proc = cli(*args, "--models", "olmoe-1b-7b", "--trace", str(trace), "--json", str(tmp_path / "t.json"))
     assert proc.returncode == 0, proc.stderr
-    assert len(json.loads((tmp_path / "t.json").read_text())) == 7
+    assert len(json.loads((tmp_path / "t.json").read_text())) == len(POLICIES)
     proc = cli(*args, "--models", "mixtral-8x7b", "--trace", str(trace))
     assert proc.returncode == 2
     assert "trace has 64 experts" in proc.stderr

@@ -162,12 +162,14 @@ def test_layer_names_must_match_the_invocations():
 
 def test_bench_traces_one_file_per_model_and_policy_from_the_gantt_mapping(tmp_path):
     config = quick_config(
-        BenchConfig(models=("olmoe-1b-7b",), ndp_units=(4,), policies=("monde", "tp+lb+prefetch"), default_units=4)
+        BenchConfig(
+            models=("olmoe-1b-7b",), ndp_units=(4,), policies=("monde+cache", "tp+lb+prefetch"), default_units=4
+        )
     )
     _, gantt = run_bench(config)
     paths = write_bench_traces(gantt, tmp_path, ndp_units=4)
     assert sorted(p.name for p in paths) == [
-        "trace_olmoe-1b-7b_4ndp_monde.json",
+        "trace_olmoe-1b-7b_4ndp_monde_cache.json",
         "trace_olmoe-1b-7b_4ndp_tp_lb_prefetch.json",
     ]
     for path in paths:

@@ -30,11 +30,21 @@ def h200_gpu():
 
 
 def test_kernel_time_is_fixed_cost_plus_the_slower_roof(h200_gpu):
-    gpu = h200_gpu
-    memory_bound = kernel_time_s(gpu, flops=1e6, bytes_moved=1e9, dtype="bf16", kernels=2)
-    assert memory_bound == pytest.approx(2 * gpu.kernel_overhead_s + 1e9 / gpu.achievable_bandwidth_bytes_per_s)
-    compute_bound = kernel_time_s(gpu, flops=1e15, bytes_moved=1e3, dtype="bf16")
-    assert compute_bound == pytest.approx(gpu.kernel_overhead_s + 1e15 / gpu.achievable_flops_per_s("bf16"))
+    # h200 preset by hand: 1.5 us per kernel, 4.8 TB/s x 0.8805, 989.4 TFLOP/s x 0.8281 (bf16)
+    memory_bound = kernel_time_s(h200_gpu, flops=1e6, bytes_moved=1e9, dtype="bf16", kernels=2)
+    assert memory_bound == pytest.approx(2 * 1.5e-6 + 1e9 / (4.8e12 * 0.8805))
+    compute_bound = kernel_time_s(h200_gpu, flops=1e15, bytes_moved=1e3, dtype="bf16")
+    assert compute_bound == pytest.approx(1.5e-6 + 1e15 / (989.4e12 * 0.8281))
+
+
+def test_single_row_product_by_hand(h200_gpu):
+    # [1, 4096] @ [4096, 4096] bf16 streams the weight: (4096*4096 + 2*4096) * 2 bytes at 4.8 TB/s x 0.8805,
+    # plus 1.5 us and 0.3 us per doubling of K = 4096 (12 doublings)
+    expected = 1.5e-6 + 0.3e-6 * 12 + (4096 * 4096 + 2 * 4096) * 2 / (4.8e12 * 0.8805)
+    assert gemm_time_s(h200_gpu, 1, 4096, 4096, "bf16", 2) == pytest.approx(expected)
+    # int4 weights with fp16 scales every 32: the weight term shrinks to 0.5625 byte per element
+    quantized = 1.5e-6 + 0.3e-6 * 12 + (4096 * 4096 * 0.5625 + 2 * 4096 * 2) / (4.8e12 * 0.8805)
+    assert gemm_time_s(h200_gpu, 1, 4096, 4096, "bf16", 2, weight_bytes=0.5625) == pytest.approx(quantized)
 
 
 def test_achievable_rates_scale_the_vendor_peaks(h200_gpu):
@@ -147,5 +157,8 @@ def test_ndp_unit_keeps_the_plain_roofline_form():
     expert = ExpertShape(hidden=2048, ffn=768)
     time_s = expert_shard_time_s(unit, expert, tokens=1, shards=4)
     bytes_moved = sum((2048 * 192 + 2048 + 192) * 2 for _ in range(3)) + 3 * 192 * 2
-    expected = 4 * unit.kernel_overhead_s + bytes_moved / unit.memory_bandwidth_bytes_per_s
+    # DDR4-3200 by hand: 2 ranks x 25.6 GB/s, refresh + precharge (550 + 13.75 ns) every 7.8 us lost;
+    # per kernel 1 us control + tRCD + CL + tBL (13.75 + 13.75 + 2.5 ns)
+    bandwidth = 2 * 25.6e9 * (1 - 563.75 / 7800)
+    expected = 4 * (1e-6 + 30e-9) + bytes_moved / bandwidth
     assert time_s == pytest.approx(expected, rel=0.02)

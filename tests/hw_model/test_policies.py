@@ -76,13 +76,13 @@ def test_monde_moves_the_hottest_experts_and_only_whole_experts():
     assert all(where == "gpu" or where.startswith("ndp") and where != "ndp" for where in result.placement.values())
 
 
-def test_scheduler_uses_the_gpu_in_prefill_and_beats_tp_alone():
+def test_tp_ablation_and_the_packer_use_the_gpu_in_prefill():
     rng = np.random.default_rng(6)
     counts = _random_counts(rng, MIXTRAL, 512)
-    tp = _sim("tp", model=MIXTRAL).simulate_layer(0, counts, "prefill")
-    lb = _sim("tp+lb", model=MIXTRAL).simulate_layer(0, counts, "prefill")
-    assert "gpu" in lb.placement.values()
-    assert lb.latency_s < tp.latency_s
+    for policy in ("tp", "tp+lb"):
+        result = _sim(policy, model=MIXTRAL).simulate_layer(0, counts, "prefill")
+        assert "gpu" in result.placement.values(), policy
+        assert "ndp" in result.placement.values(), policy
 
 
 def test_gpu_offload_copies_misses_and_hits_its_cache():

@@ -13,7 +13,8 @@ from hw_model.scheduler import PlacementProblem, is_feasible, makespan_s, pack, 
 
 def random_problem(rng: np.random.Generator, max_items: int = 12, max_units: int = 4) -> PlacementProblem:
     """Small instances shaped like real layers: experts either sliced over every unit (TP) or whole on one
-    home unit, GPU 2-40x faster, a quarter resident (no copy), sometimes a tight staging cap."""
+    home unit, GPU 2-40x faster, a quarter resident (no copy), sometimes a tight staging cap; a copy reads its
+    source DIMMs, taking 0-100 % of the item's NDP time from each (memory-bound decode: all of it)."""
     units = int(rng.integers(1, max_units + 1))
     n = int(rng.integers(1, max_items + 1))
     ndp = np.zeros((n, units))
@@ -32,6 +33,7 @@ def random_problem(rng: np.random.Generator, max_items: int = 12, max_units: int
             transfer[i] = rng.uniform(0.3, 3.0)
             staged[i] = 100.0
     cap = float("inf") if rng.random() < 0.7 else float(rng.uniform(100, 600))
+    copy = ndp * np.where(transfer > 0, rng.uniform(0.0, 1.0, n), 0.0)[:, None]
     return PlacementProblem(
         ndp,
         gpu,
@@ -40,6 +42,7 @@ def random_problem(rng: np.random.Generator, max_items: int = 12, max_units: int
         staging_cap_bytes=cap,
         unit_base_s=rng.uniform(0, 0.5, units),
         pcie_base_s=float(rng.uniform(0, 0.3)),
+        copy_unit_s=copy,
     )
 
 

@@ -46,15 +46,27 @@ def test_events_never_overlap_on_one_resource_and_end_by_the_layer_latency():
                     assert start >= end - 1e-15
 
 
-def test_placement_is_reused_until_the_histogram_drifts():
-    sim = _sim("tp+lb", drift_threshold=0.3)
-    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
-    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")  # identical: reuse
-    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 9]), "decode")  # L1 drift 0.25: reuse
-    sim.simulate_layer(0, _one_hot([10, 11, 12, 13, 14, 15, 16, 17]), "decode")  # drift 2: recompute
+def test_placement_is_reused_until_the_smoothed_histogram_drifts():
+    # smoothing 0.1: after k invocations of a disjoint histogram the smoothed one has moved 2 * (1 - 0.9**k)
+    # in L1 from the plan's: 0.19 (reuse at threshold 0.25), then 0.361 (recompute)
+    sim = _sim("tp+lb", drift_threshold=0.25, drift_smoothing=0.1)
+    first = _one_hot([0, 1, 2, 3, 4, 5, 6, 7])
+    other = _one_hot([10, 11, 12, 13, 14, 15, 16, 17])
+    recomputed = [sim.simulate_layer(0, c, "decode").extra["recomputed"] for c in (first, first, other, other)]
+    assert recomputed == [1.0, 0.0, 0.0, 1.0]
     summary = sim.summary()
-    assert summary["placement_recomputations"] == 2
-    assert summary["placement_reuses"] == 2
+    assert (summary["placement_recomputations"], summary["placement_reuses"]) == (2, 2)
+
+
+def test_a_reused_plan_runs_resident_experts_on_the_gpu():
+    sim = _sim("tp+lb+prefetch", drift_threshold=0.5)
+    sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
+    prefetcher = sim._state.prefetcher
+    prefetcher.wanted[0, 9] = prefetcher.resident[0, 9] = True  # expert 9 of layer 0 became resident
+    result = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 9]), "decode")
+    assert result.extra["recomputed"] == 0.0
+    assert result.placement[9] == "gpu"
+    assert not any(e.resource == "pcie" and e.label == "e9 weights" for e in result.events)
 
 
 def test_prefetch_makes_popular_experts_resident_and_reports_hits_and_bytes():

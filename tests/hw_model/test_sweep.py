@@ -104,22 +104,18 @@ def test_dump_toml_round_trips_every_hardware_preset():
 
 
 def test_a_hardware_axis_point_equals_a_hand_edited_preset_file(tmp_path):
-    grid = _tiny_grid(
-        ndp_units=[4], policies=["monde"], hardware={"ndp_unit": {"memory_bandwidth_bytes_per_s": [20e9]}}
-    )
+    grid = _tiny_grid(ndp_units=[4], policies=["monde"], hardware={"ndp_unit": {"ranks": [1]}})
     (point,) = expand(grid)
-    assert system_from_dict(tomllib.loads(point.hw_toml)).ndp_unit.memory_bandwidth_bytes_per_s == 20e9
-    # the same system written by hand: the paper preset with its NDP bandwidth line replaced
+    assert system_from_dict(tomllib.loads(point.hw_toml)).ndp_unit.ranks == 1
+    # the same system written by hand: the paper preset with its NDP rank count replaced
     text = (PRESET_DIR / "paper.toml").read_text()
-    assert text.count("memory_bandwidth_bytes_per_s = 51.2e9\n") == 1
-    (tmp_path / "edited.toml").write_text(
-        text.replace("memory_bandwidth_bytes_per_s = 51.2e9\n", "memory_bandwidth_bytes_per_s = 20e9\n")
-    )
+    assert text.count("\nranks = 2\n") == 1
+    (tmp_path / "edited.toml").write_text(text.replace("\nranks = 2\n", "\nranks = 1\n"))
     model = get_model("olmoe-1b-7b")
     config = BenchConfig(hw=str(tmp_path / "edited.toml"), ndp_units=(4,), models=(model.name,), **TINY)
     expected = run_job(Job(model, 4, "monde", "typical", skew_for(model.name, "typical")), config).record
     record = run_point(point)
-    assert record["hw.ndp_unit.memory_bandwidth_bytes_per_s"] == 20e9
+    assert record["hw.ndp_unit.ranks"] == 1
     assert record["latency_s"] == expected["latency_s"]
     assert record["decode_s"] == expected["decode_s"]
 

@@ -1,26 +1,24 @@
-"""`ndp-ep validate`: the cost model against the H200 measurements in ../shared, and CSV handling."""
+"""`ndp-ep validate`: the cost model against the H200 measurements shipped in hw_model/calibration, CSV
+handling, and the targets on rows held out from those the assumed fixed costs were chosen on."""
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
 
-from hw_model.cost import expert_shard_time_s
 from hw_model.errors import CalibrationDataError
 from hw_model.hardware import load_system
 from hw_model.validate import KERNEL_COLUMNS, find_inconsistent, load_measurements, validate
-from hw_model.workload import ExpertShape
 from ndp_ep.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CALIBRATION = REPO_ROOT / ".." / "shared" / "calibration" / "h200"
+CALIBRATION = REPO_ROOT / "hw_model" / "calibration" / "h200"  # shipped with the package: never skipped
 KERNEL_CSV = CALIBRATION / "expert_ffn.csv"
 TRANSFER_CSV = CALIBRATION / "transfers.csv"
-needs_shared = pytest.mark.skipif(
-    not KERNEL_CSV.is_file(), reason=f"shared H200 calibration data not found at {CALIBRATION.resolve()}"
-)
 
 MEDIAN_TARGET = 0.10
 MAX_TARGET = 0.35
@@ -33,19 +31,32 @@ def h200():
 
 @pytest.fixture(scope="module")
 def shared_report(h200):
-    if not KERNEL_CSV.is_file():
-        pytest.skip(f"shared H200 calibration data not found at {CALIBRATION.resolve()}")
     return validate(h200, load_measurements(KERNEL_CSV))
 
 
-@needs_shared
+def test_targets_hold_on_rows_the_fixed_costs_were_not_chosen_on(shared_report):
+    # kernel_overhead_s (1.5 us) and reduction_latency_s (0.3 us) were chosen to reproduce the 12-19 us floor of
+    # small shards; hold out the rows where that fixed part is under a quarter of the prediction (by hand:
+    # 4 kernels x 1.5 us + 0.3 us x log2 of the three products' reduction lengths)
+    held_out = [
+        abs(p.rel_err)
+        for p in shared_report.predictions
+        if p.row.kind == "shard_graph"
+        and not p.inconsistent
+        and 4 * 1.5e-6 + 0.3e-6 * (2 * math.log2(p.row.hidden) + math.log2(p.row.ffn // p.row.shards))
+        < 0.25 * p.predicted_s
+    ]
+    assert len(held_out) >= 10
+    assert statistics.median(held_out) <= MEDIAN_TARGET
+    assert max(held_out) <= MAX_TARGET
+
+
 def test_shard_graph_rows_meet_the_targets(shared_report):
     stats = shared_report.kinds["shard_graph"]
     assert stats.median_rel_err <= MEDIAN_TARGET
     assert stats.max_rel_err <= MAX_TARGET
 
 
-@needs_shared
 def test_targets_are_not_met_by_excluding_rows(shared_report, h200):
     stats = shared_report.kinds["shard_graph"]
     total = sum(1 for p in shared_report.predictions if p.row.kind == "shard_graph")
@@ -55,7 +66,6 @@ def test_targets_are_not_met_by_excluding_rows(shared_report, h200):
     assert everything.rows == total and everything.median_rel_err <= MEDIAN_TARGET
 
 
-@needs_shared
 def test_bf16_and_fp32_graph_rows_each_stay_within_the_max_target(shared_report):
     for dtype in ("bf16", "fp32"):
         errors = [
@@ -66,21 +76,18 @@ def test_bf16_and_fp32_graph_rows_each_stay_within_the_max_target(shared_report)
         assert errors and max(errors) <= MAX_TARGET, dtype
 
 
-@needs_shared
 def test_every_kind_is_predicted(shared_report):
     assert set(shared_report.kinds) >= {"shard_graph", "shard_eager", "moe_layer_e8_k2", "moe_layer_e64_k8"}
     for stats in shared_report.kinds.values():
         assert stats.rows > 0 and stats.max_rel_err < 1.0
 
 
-@needs_shared
 def test_pinned_transfers_follow_latency_plus_bandwidth(h200):
     report = validate(h200, load_measurements(TRANSFER_CSV))
     for kind in ("transfer_h2d_pinned", "transfer_d2h_pinned"):
         assert report.kinds[kind].median_rel_err <= MEDIAN_TARGET
 
 
-@needs_shared
 def test_cli_json_and_plot(tmp_path, capsys):
     plot = tmp_path / "scatter.png"
     code = main(["validate", "--hw", "h200", "--data", str(KERNEL_CSV), "--transfers", str(TRANSFER_CSV),
@@ -95,7 +102,6 @@ def test_cli_json_and_plot(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["scatter.png"]  # no temporary file left behind
 
 
-@needs_shared
 def test_cli_text_report_is_reproducible(capsys):
     assert main(["validate", "--data", str(KERNEL_CSV)]) == 0
     first = capsys.readouterr().out
@@ -118,15 +124,22 @@ def _kernel_row(time_us: float, d=1536, f=6144, tokens=3, shards=3, kind="shard_
     }  # fmt: skip
 
 
-def test_any_csv_with_the_same_columns_is_accepted(tmp_path, h200):
-    # other shapes, measured exactly as the model predicts them: zero error
-    shapes = [(1536, 6144, 3, 3), (2880, 2880, 17, 1), (7168, 2048, 300, 8)]
-    rows = [
-        _kernel_row(expert_shard_time_s(h200.gpu, ExpertShape(d, f), t, s) * 1e6, d, f, t, s) for d, f, t, s in shapes
-    ]
+def test_any_csv_with_the_same_columns_is_accepted_and_predicted_by_hand(tmp_path, h200):
+    # d=1536, f=6144, 1 token, 3 shards on the h200 preset, by hand (shard width 2048, bf16, 4.8 TB/s x 0.8805):
+    # gate, up: 1.5 us + 0.3 us x log2(1536) + (1536 x 2048 + 1536 + 2048) x 2 B / bandwidth
+    # silu_mul: 1.5 us + (3 x 2048) x 2 B / bandwidth;  down: 1.5 us + 0.3 us x 11 + (2048 x 1536 + 2048 + 1536) x 2 B
+    bandwidth = 4.8e12 * 0.8805
+    weight_s = (1536 * 2048 + 1536 + 2048) * 2 / bandwidth
+    expected = (
+        2 * (1.5e-6 + 0.3e-6 * math.log2(1536) + weight_s)
+        + (1.5e-6 + 3 * 2048 * 2 / bandwidth)
+        + (1.5e-6 + 0.3e-6 * 11 + weight_s)
+    )
+    rows = [_kernel_row(expected * 1e6, 1536, 6144, 1, 3), _kernel_row(2 * expected * 1e6, 2880, 2880, 17, 1)]
     report = validate(h200, load_measurements(_write_csv(tmp_path / "other.csv", rows)))
-    assert report.kinds["shard_graph"].rows == 3
-    assert report.kinds["shard_graph"].max_rel_err == pytest.approx(0.0, abs=1e-6)
+    assert report.kinds["shard_graph"].rows == 2
+    first = next(p for p in report.predictions if p.row.hidden == 1536)
+    assert first.rel_err == pytest.approx(0.0, abs=2e-3)  # compute terms are < 0.1 % of this memory-bound shard
 
 
 def test_a_row_contradicted_by_a_faster_run_with_more_work_is_flagged(tmp_path):
@@ -166,7 +179,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     for argv in (
         ["validate", "--data", str(bad)],
         ["validate", "--data", str(tmp_path / "absent.csv")],
-        ["validate"],
         ["validate", "--hw", "no-such-card", "--data", str(bad)],
     ):
         assert main(argv) == 2
