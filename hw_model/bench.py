@@ -17,9 +17,7 @@ budget, drift reuse and small-MoE shapes. This module runs; :mod:`hw_model.bench
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -43,6 +41,7 @@ from hw_model.traces import (
     skew_for,
     synthetic_trace,
 )
+from ndp_io import write_text
 
 BASELINE_POLICY = "monde"
 BASELINE_POLICIES = policy_names("baseline")
@@ -379,22 +378,9 @@ def fill_speedups(records: list[dict[str, Any]]) -> None:
 # -- output (tables: hw_model.bench_tables, plots: hw_model.bench_plots) -------------------------------------
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory (never half-written)."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: str | Path, payload: Any) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=1) + "\n")
+    """Write ``payload`` as indented JSON through :func:`ndp_io.write_text` (never half-written)."""
+    write_text(path, json.dumps(payload, indent=1) + "\n")
 
 
 class ProgressBar:
@@ -460,5 +446,4 @@ __all__ = [
     "run_bench",
     "run_job",
     "write_json_atomic",
-    "write_text_atomic",
 ]

@@ -33,11 +33,11 @@ def _str_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hw_model.hardware import list_presets
     from hw_model.models import MODELS
     from hw_model.policies import policy_names
+    from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir, output_file
 
-    parser.add_argument("--hw", default="paper", help=f"hardware preset ({', '.join(list_presets())}) or a TOML file")
+    add_hardware_args(parser, units=False)
     parser.add_argument(
         "--ndp-units", type=_int_list, default=None, help="NDP-unit counts, e.g. 2,4,6 (default: the preset's list)"
     )
@@ -57,42 +57,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skew",
         default="typical,low,high",
         help="routing-skew levels calibrated per model: the first is the main table's, the others are swept at "
-        "4 NDP units (default typical,low,high); or one Zipf exponent used for every model",
+        "4 NDP units; or one Zipf exponent used for every model",
     )
     parser.add_argument("--locality", type=float, default=0.0, help="temporal locality of the synthetic trace (0-1)")
     parser.add_argument(
         "--shift-at", type=float, default=0.5, help="fraction of decode after which the domain shifts; -1: none"
     )
     parser.add_argument("--trace", default=None, help="routing trace file (.npz/.json) instead of synthetic traces")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench_out", help="directory for PNG plots and sweeps.json")
-    parser.add_argument("--json", default=None, help="also write the main table as JSON records to this file")
-    parser.add_argument("--markdown", default=None, help="also write the tables (markdown) to this file")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel worker processes")
+    parser.add_argument("--seed", type=bounded_int(0), default=0, help="seed of the synthetic routing traces")
+    parser.add_argument(
+        "--out", type=output_dir, default=None, help="directory for PNG plots and sweeps.json (default: none written)"
+    )
+    add_json_args(parser, what="the main table's records", file_option=True)
+    parser.add_argument("--markdown", type=output_file, default=None, help="also write the tables (markdown) to FILE")
+    parser.add_argument(
+        "--trace-dir", type=output_dir, default=None, help="write the Gantt timelines as Chrome trace JSON (Perfetto)"
+    )
+    parser.add_argument(
+        "--jobs", type=bounded_int(1, 256), default=min(2, os.cpu_count() or 1), help="parallel worker processes"
+    )
     parser.add_argument("--no-sweeps", action="store_true", help="only the main table")
-    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots even with --out")
     parser.add_argument("--quick", action="store_true", help="tiny run (32 prompt + 8 generated tokens, no sweeps)")
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
     from pathlib import Path
 
-    from hw_model.bench import (
-        BenchConfig,
-        ProgressBar,
-        quick_config,
-        records_for_json,
-        run_bench,
-        write_json_atomic,
-    )
+    from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
     from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.hardware import load_system
     from hw_model.models import MODELS
     from hw_model.policies import POLICIES
     from hw_model.traces import DEFAULT_SKEW_LEVELS
+    from ndp_io import check_no_clobber, write_text
 
     system = load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
+    out_dir = Path(args.out) if args.out else None
+    sweeps_file = out_dir / "sweeps.json" if out_dir else None
+    check_no_clobber([args.json_out, args.markdown, sweeps_file], [args.trace, args.hw])  # before any work
     ndp_units = args.ndp_units or system.supported_ndp_units or (2, 4, 6)
     skew_override = None
     parts = _str_list(args.skew)
@@ -106,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
                 f"--skew must be levels from {', '.join(DEFAULT_SKEW_LEVELS)} or a number, got {args.skew!r}"
             ) from None
         skew_levels = ("typical",)
-    if args.jobs < 1:
-        raise WorkloadError("--jobs must be at least 1")
     default_units = 4 if 4 in ndp_units else ndp_units[0]
     config = BenchConfig(
         hw=args.hw,
@@ -134,27 +137,35 @@ def run(args: argparse.Namespace) -> int:
     sweeps = format_sweeps(records)
     if sweeps:
         text += "\n\n" + sweeps
-    print(text)
-    if args.markdown:
-        from hw_model.bench import write_text_atomic
-
-        write_text_atomic(args.markdown, text + "\n")
-    out_dir = Path(args.out)
-    sweep_records = [r for r in records if r["section"] != "main"]
-    if sweep_records:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / "sweeps.json", sweep_records)
+    table_records = records_for_json(records)
     if args.json:
-        write_json_atomic(args.json, records_for_json(records))
-    if not args.no_plots:
+        print(json.dumps(table_records))
+    else:
+        print(text)
+    if args.markdown:
+        write_text(args.markdown, text + "\n")
+    if args.json_out:
+        write_json_atomic(args.json_out, table_records)
+    sweep_records = [r for r in records if r["section"] != "main"]
+    if out_dir is not None and sweep_records:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(sweeps_file, sweep_records)
+    if args.trace_dir:
+        from hw_model.chrome_trace import write_bench_traces
+
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+        written = write_bench_traces(gantt, args.trace_dir, ndp_units=default_units)
+        print(f"traces: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if out_dir is not None and not args.no_plots:
         try:
             from hw_model.bench_plots import make_plots
 
             written = make_plots(records, gantt, out_dir, default_units)
         except ImportError:
             print(
-                "ndp-ep bench: matplotlib is not installed, plots skipped (pip install 'ndp-ep[plot]')", file=sys.stderr
+                "ndp-ep bench: warning: matplotlib is not installed, plots skipped (pip install 'ndp-ep[plot]')",
+                file=sys.stderr,
             )
         else:
-            print(f"\nplots: {', '.join(str(p) for p in written)}")
+            print(f"plots: {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0

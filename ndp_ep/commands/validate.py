@@ -23,7 +23,9 @@ CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "hw_model" / "calibratio
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hw", default="h200", help="hardware preset name or TOML file (default: h200)")
+    from ndp_ep.cli_args import add_hardware_args, output_file
+
+    add_hardware_args(parser, default_hw="h200", units=False)
     parser.add_argument(
         "--data",
         metavar="CSV",
@@ -36,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transfers", metavar="CSV", action="append", default=[], help="host<->device transfer CSV (same as --data)"
     )
-    parser.add_argument("--plot", metavar="FILE.png", help="also write a predicted-vs-measured scatter plot (PNG)")
+    parser.add_argument(
+        "--plot", type=output_file, metavar="FILE.png", help="also write a predicted-vs-measured scatter plot (PNG)"
+    )
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
     parser.add_argument(
         "--keep-inconsistent",
@@ -52,7 +56,7 @@ def default_data() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hw_model.errors import CalibrationDataError
+    from hw_model.errors import CalibrationDataError, HwModelError
     from hw_model.hardware import load_system
     from hw_model.validate import (
         csv_layout,
@@ -63,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         validate_dram,
         write_scatter_png,
     )
+    from ndp_io import check_no_clobber
 
     paths = [*args.data, *args.transfers] or default_data()
+    check_no_clobber([args.plot], [*paths, args.hw])  # before any work
     if not paths:
         raise CalibrationDataError("nothing to validate: give --data CSV and/or --transfers CSV")
     for path in paths:
@@ -79,8 +85,15 @@ def run(args: argparse.Namespace) -> int:
         system = load_system(args.hw)
         rows = [row for path in timing for row in load_measurements(path)]
         report = validate(system, rows, sources=timing, exclude_inconsistent=not args.keep_inconsistent)
+        plot_written = False
         if args.plot:
-            write_scatter_png(report, args.plot)
+            try:
+                write_scatter_png(report, args.plot)
+                plot_written = True
+            except HwModelError as exc:  # matplotlib missing: the statistics are still the answer
+                import sys
+
+                print(f"ndp-ep validate: warning: {exc}; plot skipped", file=sys.stderr)
         timing_json = report.to_json_dict()
         payload["hardware"] = timing_json["hardware"]
         payload["kinds"].update(timing_json["kinds"])
@@ -94,6 +107,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print("\n\n".join(texts))
-        if args.plot and timing:
+        if timing and plot_written:
             print(f"scatter plot: {args.plot}")
     return 0

@@ -49,14 +49,17 @@ def test_cli_quick_run_writes_json_and_plots(cli, tmp_path):
         "1",
         "--out",
         str(out),
-        "--json",
+        "--json-out",
         str(table),
+        "--trace-dir",
+        str(tmp_path / "traces"),
     )
     assert proc.returncode == 0, proc.stderr
     assert "over the strongest baseline" in proc.stdout
     records = json.loads(table.read_text())
     assert {r["policy"] for r in records} == set(POLICIES)
     assert all(set(r) >= REQUIRED for r in records)
+    assert sorted((tmp_path / "traces").glob("trace_olmoe-1b-7b_*.json"))  # --trace-dir: Chrome traces
     pytest.importorskip("matplotlib")
     assert (out / "latency_bars.png").stat().st_size > 0
     assert (out / "utilisation.png").is_file()
@@ -79,13 +82,20 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_cli_json_goes_to_stdout_and_nothing_is_written_unasked(cli, tmp_path):
+    proc = cli("bench", "--quick", "--models", "olmoe-1b-7b", "--ndp-units", "2", "--jobs", "1", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert {r["policy"] for r in json.loads(proc.stdout)} == set(POLICIES)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_runs_from_a_trace_file_and_rejects_a_mismatched_one(cli, tmp_path):
     from hw_model.traces import TraceKnobs, synthetic_trace
 
     trace = tmp_path / "olmoe.npz"
     synthetic_trace(16, 64, 8, 16, 4, TraceKnobs(skew=0.5)).save(trace)
     args = ["bench", "--no-sweeps", "--no-plots", "--ndp-units", "2", "--jobs", "1", "--out", str(tmp_path)]
-    proc = cli(*args, "--models", "olmoe-1b-7b", "--trace", str(trace), "--json", str(tmp_path / "t.json"))
+    proc = cli(*args, "--models", "olmoe-1b-7b", "--trace", str(trace), "--json-out", str(tmp_path / "t.json"))
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads((tmp_path / "t.json").read_text())) == len(POLICIES)
     proc = cli(*args, "--models", "mixtral-8x7b", "--trace", str(trace))
