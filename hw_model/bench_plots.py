@@ -5,8 +5,6 @@ Needs matplotlib (the ``plot`` extra); :func:`make_plots` raises ImportError wit
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import numpy as np
 from hw_model.bench import GANTT_POLICIES, OURS_POLICY, main_table
 from hw_model.models import MODELS
 from hw_model.policies import POLICIES
+from ndp_io import atomic_write
 
 
 def make_plots(
@@ -36,11 +35,11 @@ def make_plots(
 
     def save(fig: Any, name: str) -> None:
         path = out_dir / name
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".png")
-        os.close(fd)
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, path)
+        try:
+            with atomic_write(path) as f:
+                fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+        finally:
+            plt.close(fig)
         written.append(path)
 
     # 1. latency bars

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hw_model.errors import WorkloadError
+from ndp_io import atomic_write
 
 US_PER_S = 1e6
 LAYER_TRACK = "layers"  # the pseudo-resource of the per-layer spans
@@ -229,14 +228,8 @@ def write_chrome_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(trace, handle, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w", encoding="utf-8") as handle:
+        json.dump(trace, handle, separators=(",", ":"))
     return path
 
 

@@ -13,14 +13,13 @@ the bench's kept timelines are. Needs matplotlib (the ``plot`` extra); importing
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hw_model.chrome_trace import resource_group, resource_sort_key
 from hw_model.errors import WorkloadError
+from ndp_io import atomic_write
 
 Event = tuple[str, float, float, str]
 PHASE_ORDER = ("prefill", "decode")
@@ -127,14 +126,11 @@ def write_gantt(
     fig = gantt_figure(panels, title, rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_write(path) as handle:
+            fig.savefig(handle, format="png", dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return path
 
 

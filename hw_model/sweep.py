@@ -64,6 +64,7 @@ from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
 from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
+from ndp_io import atomic_write
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -741,14 +742,8 @@ def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
         print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
     else:
         path = out / "sweep.parquet"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".sweep.", suffix=".parquet")
-        os.close(fd)
-        try:
-            pq.write_table(pa.Table.from_pylist(records), tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(path) as handle:
+            pq.write_table(pa.Table.from_pylist(records), handle)
         written.append(path)
     if result.fronts:
         try:
@@ -821,14 +816,11 @@ def plot_pareto(records: Sequence[Mapping[str, Any]], fronts: Sequence[Mapping[s
     panels[0][-1].legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_write(path) as handle:
+            fig.savefig(handle, format="png", dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return path
 
 

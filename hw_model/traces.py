@@ -124,35 +124,28 @@ class RoutingTrace:
 
     def save(self, path: str | Path) -> None:
         """Write the trace (``.npz`` or ``.json``) atomically."""
-        import os
-        import tempfile
+        from ndp_io import atomic_write
 
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in (".npz", ".json"):
             raise WorkloadError(f"trace file must end in .npz or .json: {path}")
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", suffix=suffix)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                if suffix == ".npz":
-                    np.savez_compressed(
-                        handle,
-                        expert_ids=self.expert_ids,
-                        num_experts=np.int64(self.num_experts),
-                        prompt_tokens=np.int64(self.prompt_tokens),
-                    )
-                else:
-                    doc = {
-                        "format": TRACE_FORMAT,
-                        "num_experts": self.num_experts,
-                        "prompt_tokens": self.prompt_tokens,
-                        "expert_ids": self.expert_ids.tolist(),
-                    }
-                    handle.write(json.dumps(doc).encode())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(path) as handle:
+            if suffix == ".npz":
+                np.savez_compressed(
+                    handle,
+                    expert_ids=self.expert_ids,
+                    num_experts=np.int64(self.num_experts),
+                    prompt_tokens=np.int64(self.prompt_tokens),
+                )
+            else:
+                doc = {
+                    "format": TRACE_FORMAT,
+                    "num_experts": self.num_experts,
+                    "prompt_tokens": self.prompt_tokens,
+                    "expert_ids": self.expert_ids.tolist(),
+                }
+                handle.write(json.dumps(doc).encode())
 
 
 def load_trace(path: str | Path) -> RoutingTrace:

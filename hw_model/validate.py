@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +43,7 @@ from hw_model.cost import expert_shard_time_s, moe_layer_eager_time_s
 from hw_model.errors import CalibrationDataError, HwModelError
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from hw_model.workload import ExpertShape, MoELayerShape
+from ndp_io import atomic_write
 
 DRAM_SWEEP_COLUMNS = ("standard", "mapping", "scope", "refresh", "bytes", "time_ns_mean")
 DRAM_CONTENTION_COLUMNS = (
@@ -572,12 +571,8 @@ def write_scatter_png(report: ValidationReport, path: str | Path, band: float = 
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=directory)
-    os.close(handle)
     try:
-        fig.savefig(temp_name, format="png")
-        os.replace(temp_name, path)
+        with atomic_write(path) as handle:
+            fig.savefig(handle, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
