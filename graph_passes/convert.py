@@ -8,11 +8,12 @@ returns the rewritten model (lazy weights) and a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
 
+from graph_passes import sharded_op
 from graph_passes.errors import UnsupportedModelError
 from graph_passes.feeds import read_genai_config
 from graph_passes.graph_index import GraphIndex
@@ -180,7 +181,16 @@ def convert(
     """Convert every provable MoE block of ``source`` into sharded expert ops."""
     planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir)
     rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
-    return rewritten, planned.report
+    # the rewrite also drops side nodes only the block used (shape arithmetic): count what the node records
+    recorded = {
+        sharded_op.block_of_node_name(node.name): len(sharded_op.get_metadata(node, sharded_op.META_REPLACED_NODES, []))
+        for node in rewritten.model.graph.node
+        if sharded_op.is_sharded_node(node)
+    }
+    blocks = tuple(
+        replace(block, replaced_nodes=recorded.get(block.name, block.replaced_nodes)) for block in planned.report.blocks
+    )
+    return rewritten, replace(planned.report, blocks=blocks)
 
 
 def _collect_candidates(index: GraphIndex, rules: list[MoERule]) -> tuple[list[MoECandidate], list[Skip]]:

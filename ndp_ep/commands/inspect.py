@@ -14,19 +14,30 @@ HELP = "list the MoE blocks convert would rewrite or skip (experts, top-k, shape
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
-    parser.add_argument("--shards", type=int, default=None, help="shards per expert to plan for (default: 4)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    from ndp_ep.cli_args import add_json_args, bounded_int
+
+    parser.add_argument(
+        "--shards",
+        type=bounded_int(1, 256),
+        default=None,
+        metavar="N",
+        help="shards per expert to plan for (default: 4)",
+    )
+    add_json_args(parser, what="the blocks that would be rewritten or skipped")
 
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.convert import DEFAULT_SHARDS, plan_conversion
+    from ndp_ep.errors import graph_pass_errors
+    from ndp_ep.text import plural
 
     shards = args.shards if args.shards is not None else DEFAULT_SHARDS
-    report = plan_conversion(args.model, shards=shards).report
+    with graph_pass_errors():
+        report = plan_conversion(args.model, shards=shards).report
     if args.json:
         print(json.dumps({"model": args.model, "shards": shards, **report.to_json()}))
         return 0
-    print(f"{args.model}: {len(report.blocks)} MoE block(s) would be rewritten, {len(report.skipped)} skipped")
+    print(f"{args.model}: {plural(len(report.blocks), 'MoE block')} would be rewritten, {len(report.skipped)} skipped")
     for block in report.blocks:
         quant = f" (blocks of {block.quant_block_size})" if block.quant_block_size else ""
         if block.checked_in_isolation:
@@ -38,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  rewrite {block.name}: {block.num_experts} experts, top-{block.top_k}, hidden {block.hidden}, "
             f"ffn {block.ffn}, {block.weight_dtype}{quant} weights, {block.activation}, {block.shards} shards, "
-            f"rule {block.rule}, {block.replaced_nodes} nodes, {proof}"
+            f"rule {block.rule}, {plural(block.replaced_nodes, 'node')} replaced, {proof}"
         )
     for skip in report.skipped:
         print(f"  skip {skip.where}: {skip.reason}")
