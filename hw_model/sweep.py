@@ -47,6 +47,7 @@ import copy
 import math
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -560,6 +561,8 @@ def _run_ray(
     import hw_model
 
     started_here = not ray.is_initialized()
+    # ray.init installs its own SIGTERM/SIGINT handlers in this process; they are put back after shutdown
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     if started_here:  # ship this hw_model to the workers: a cluster need not have ndp-ep installed
         options: dict[str, Any] = {
             "runtime_env": {"py_modules": [hw_model]},
@@ -591,6 +594,9 @@ def _run_ray(
     finally:
         if started_here:
             ray.shutdown()
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
 
 def run_sweep(

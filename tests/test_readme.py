@@ -116,7 +116,8 @@ def workdir(tmp_path, monkeypatch, converted) -> Path:
     for placeholder, (kind, source) in PLACEHOLDER_FILES.items():
         origin = sample_path(source) if kind == "sample" else converted[source]
         shutil.copyfile(origin, tmp_path / placeholder)
-    (tmp_path / "sample_models").symlink_to(REPO / "sample_models", target_is_directory=True)
+    for linked in ("sample_models", "hw_model", "docs"):  # paths the README names relative to a checkout
+        (tmp_path / linked).symlink_to(REPO / linked, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
