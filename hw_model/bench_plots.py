@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from hw_model.bench import GANTT_POLICIES, OURS_POLICY, main_table
+from hw_model.figures import save_png
 from hw_model.models import MODELS
 from hw_model.policies import POLICIES
-from ndp_io import atomic_write
 
 
 def make_plots(
@@ -35,12 +35,7 @@ def make_plots(
 
     def save(fig: Any, name: str) -> None:
         path = out_dir / name
-        try:
-            with atomic_write(path) as f:
-                fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-        finally:
-            plt.close(fig)
-        written.append(path)
+        written.append(save_png(fig, path, dpi=110, bbox_inches="tight"))
 
     # 1. latency bars
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 4), squeeze=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 from hw_model.chrome_trace import resource_group, resource_sort_key
 from hw_model.errors import WorkloadError
-from ndp_io import atomic_write
+from hw_model.figures import save_png
 
 Event = tuple[str, float, float, str]
 PHASE_ORDER = ("prefill", "decode")
@@ -121,17 +121,11 @@ def write_gantt(
     rows: Sequence[str] | None = None,
 ) -> Path:
     """Save :func:`gantt_figure` as a PNG, atomically; returns the path. Raises ImportError without matplotlib."""
-    import matplotlib.pyplot as plt
 
     fig = gantt_figure(panels, title, rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_write(path) as handle:
-            fig.savefig(handle, format="png", dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110, bbox_inches="tight")
 
 
 __all__ = ["CATEGORY_STYLE", "PHASE_ORDER", "gantt_figure", "panel_total_s", "write_gantt"]

@@ -62,6 +62,7 @@ from typing import Any
 
 from hw_model.bench import BenchConfig, Job, run_job, write_json_atomic
 from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
+from hw_model.figures import save_png
 from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
@@ -821,13 +822,7 @@ def plot_pareto(records: Sequence[Mapping[str, Any]], fronts: Sequence[Mapping[s
             ax.set_title(title, fontsize=9)
     panels[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    try:
-        with atomic_write(path) as handle:
-            fig.savefig(handle, format="png", dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110, bbox_inches="tight")
 
 
 __all__ = [

@@ -41,9 +41,9 @@ from typing import Any
 
 from hw_model.cost import expert_shard_time_s, moe_layer_eager_time_s
 from hw_model.errors import CalibrationDataError, HwModelError
+from hw_model.figures import save_png
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from hw_model.workload import ExpertShape, MoELayerShape
-from ndp_io import atomic_write
 
 DRAM_SWEEP_COLUMNS = ("standard", "mapping", "scope", "refresh", "bytes", "time_ns_mean")
 DRAM_CONTENTION_COLUMNS = (
@@ -571,8 +571,4 @@ def write_scatter_png(report: ValidationReport, path: str | Path, band: float = 
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
-    try:
-        with atomic_write(path) as handle:
-            fig.savefig(handle, format="png")
-    finally:
-        plt.close(fig)
+    save_png(fig, path)
