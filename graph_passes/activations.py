@@ -47,7 +47,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     """Logistic function in ``x``'s float dtype."""
     x = np.asarray(x)
     one = x.dtype.type(1)
-    return (one / (one + np.exp(-x))).astype(x.dtype, copy=False)
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for very negative x: the limit 0 is right
+        return (one / (one + np.exp(-x))).astype(x.dtype, copy=False)
 
 
 def _relu(x):
