@@ -89,14 +89,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``argv``, only the command it names gets its options (building every command's
+    options imports the simulator's presets and policies, a large part of a short command's start-up)."""
     parser = _Parser(prog="ndp-ep", description="MoE inference on GPU + NDP-DIMM systems through ONNX Runtime")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     for name in COMMANDS:
         module = importlib.import_module(f"ndp_ep.commands.{name}")
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(command_parser)
+        if chosen is None or chosen == name or chosen not in COMMANDS:
+            module.add_arguments(command_parser)
         command_parser.set_defaults(_module=module)
     return parser
 
@@ -122,7 +126,7 @@ def warn(command: str, message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (0 ok, 1 a negative answer such as ``diff``'s, 2 bad input)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     except SystemExit as done:  # --help, --version, or a usage error already printed as one line
         return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
     try:
