@@ -1,11 +1,15 @@
 """End to end, as a user runs it: ``ndp-ep convert --json`` on every real-exporter fixture must list the
 expected MoE blocks, and ``ndp-ep run --inputs --outputs`` on the converted model must reproduce the outputs
-PyTorch (or ONNX Runtime's CPU provider, for the fused op) computed, within 1e-4 absolute."""
+PyTorch (or ONNX Runtime's CPU provider, for the fused op) computed, within 1e-4 absolute.
+
+The commands run in-process through ``ndp_ep.cli.main`` (the process-level smoke tests are in
+tests/core/test_cli.py): a subprocess per call would spend most of this module's time importing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -23,6 +27,20 @@ from tests.convert_real.cases import (
 )
 
 ATOL = 1e-4
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli("convert", ...)``: ``ndp-ep`` through ``main()`` in this process, as a CompletedProcess-like value."""
+    from ndp_ep.cli import main
+
+    def run(*args: str) -> SimpleNamespace:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
 
 # Fixtures the converter does not handle yet, by stem, with the reason: marked xfail(strict=False) so that they
 # start passing as soon as the converter supports them (test_rules.py already proves their plans).
