@@ -48,7 +48,7 @@ from sample_models.build_samples import OPSET, GraphBuilder, MoEBlockSpec, add_m
 GIB = 2**30
 RSS_ALLOWANCE_BYTES = GIB
 DTYPES = {"float32": (np.float32, TensorProto.FLOAT), "float16": (np.float16, TensorProto.FLOAT16)}
-COPY_RATIO_TARGET = 2.0
+COPY_RATIO_TARGET = 1.5  # convert vs a plain copy of the same files (issue: GenAI/quantized conversion)
 
 
 @dataclass(frozen=True)
