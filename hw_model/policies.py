@@ -59,6 +59,7 @@ DEFAULT_POLICY = "tp+lb+prefetch"
 ROLES = ("baseline", "ours", "extension", "ablation", "bound")
 LAYOUTS = ("sliced", "whole", "host", "dual")
 LAYOUT_MEMO_SIZE = 4096  # memoised layouts per run (cleared when full)
+LAYOUT_MEMO_TRIAL = 512  # lookups before the layout memo is dropped for a run if under a quarter of them hit
 
 
 class ExpertCosts:
@@ -122,8 +123,12 @@ class ExpertCosts:
         """DRAM time one source DIMM gives up to a copy of ``expert`` read from ``sources`` DIMMs."""
         if sources <= 0:
             return 0.0
-        unit = self.system.ndp_unit
-        return expert.weight_bytes() / sources / unit.achievable_bandwidth_bytes_per_s
+        key = (id(expert), 4, sources, 0)
+        value = self._memo.get(key)
+        if value is None:
+            unit = self.system.ndp_unit
+            value = self._store(key, expert, expert.weight_bytes() / sources / unit.achievable_bandwidth_bytes_per_s)
+        return value
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,8 @@ class PolicyState:
     smoothed: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
     layout_memo: dict[tuple, tuple] = field(default_factory=dict)
+    layout_lookups: int = 0
+    layout_hits: int = 0
     recomputations: int = 0
     reuses: int = 0
     decode_recomputations: int = 0
@@ -328,8 +335,10 @@ class _Layout:
 
     def finish(self) -> PolicyOutcome:
         if self.shared_jobs:
+            shared = self.shared_jobs
             for unit in range(self.units):
-                self.unit_jobs[unit] = self.shared_jobs + self.unit_jobs[unit]
+                own = self.unit_jobs[unit]
+                self.unit_jobs[unit] = shared + own if own else shared  # one list for the units without own jobs
                 self.unit_dram_s[unit] += self.shared_dram_s
                 self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + self.shared_tokens)
         timeline = build_layer_timeline(
@@ -603,8 +612,16 @@ class TensorParallelLoadBalanced(Policy):
         # The layout (timeline, placement, on-demand copies) is a pure function of the layer, the token counts,
         # the GPU set and the residency of its members: memoised (a pure speed-up; the result is identical).
         gpu_key = tuple((e, bool(resident[e])) for e in active_list if e in on_gpu)
-        key = (layer_index, counts.tobytes(), gpu_key)
-        memo = state.layout_memo.get(key)
+        use_memo = state.layout_lookups < LAYOUT_MEMO_TRIAL or state.layout_hits * 4 >= state.layout_lookups
+        key = memo = None
+        if use_memo:  # kept only while it hits (many distinct routings, e.g. 8 of 128 experts, rarely repeat)
+            state.layout_lookups += 1
+            key = (layer_index, counts.tobytes(), gpu_key)
+            memo = state.layout_memo.get(key)
+            if memo is not None:
+                state.layout_hits += 1
+        elif state.layout_memo:
+            state.layout_memo.clear()
         if memo is None:
             before = state.on_demand_bytes
             state.on_demand_bytes = 0.0
@@ -617,9 +634,10 @@ class TensorParallelLoadBalanced(Policy):
             state.on_demand_bytes = before
             outcome = out.finish()
             memo = (outcome.timeline, outcome.placement, copies)
-            if len(state.layout_memo) > LAYOUT_MEMO_SIZE:
-                state.layout_memo.clear()
-            state.layout_memo[key] = memo
+            if use_memo:
+                if len(state.layout_memo) > LAYOUT_MEMO_SIZE:
+                    state.layout_memo.clear()
+                state.layout_memo[key] = memo
         timeline, placement, copies = memo
         for _ in range(copies):  # the same float additions to_gpu makes, in the same order
             state.on_demand_bytes += weight_bytes
@@ -869,8 +887,11 @@ def _scheduled_gpu_set(
     key = (layer_index, phase)
     smoothed = state.smoothed.get(key)
     alpha = ctx.drift_smoothing
-    smoothed = histogram.copy() if smoothed is None else (1 - alpha) * smoothed + alpha * histogram
-    state.smoothed[key] = smoothed
+    if smoothed is None:
+        smoothed = state.smoothed[key] = histogram.copy()
+    else:  # in place: the same element-wise operations as (1 - alpha) * smoothed + alpha * histogram
+        smoothed *= 1 - alpha
+        smoothed += alpha * histogram
     cached = state.plan_cache.get(key)
     if cached is not None:
         planned_on, planned_gpu = cached

@@ -178,6 +178,8 @@ class MoESimulator:
         self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
         self._last_latency_s: dict[int, float] = {}  # per layer, its latest decode invocation
         self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
+        self._median_of = -1  # summary(): len(decision_times_s) the cached median was computed over
+        self._median_s = 0.0
 
     def _check_capacity(self) -> CapacityCheck:
         """Expert bytes per DIMM (whole experts: the fullest home unit) against the DIMM capacity."""
@@ -215,7 +217,7 @@ class MoESimulator:
             raise WorkloadError(f"layer_index {layer_index} out of range (model has {len(self.layers)})")
         layer = self.layers[layer_index]
         counts = np.asarray(expert_token_counts, dtype=np.int64)
-        if counts.shape != (layer.num_experts,) or (counts < 0).any():
+        if counts.shape != (layer.num_experts,) or counts.min() < 0:
             raise WorkloadError(
                 f"{layer.name}: expected {layer.num_experts} non-negative expert token counts, got {counts.tolist()}"
             )
@@ -321,11 +323,14 @@ class MoESimulator:
         if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
             return 0.0
         latency_s = timeline.latency_s
-        ndp_done = max(
-            timeline.ndp_done_s,
-            max((e.end_s for e in timeline.base_events if e.resource.startswith("ndp")), default=0.0),
-        )
-        busy = sorted((e.start_s, e.end_s) for e in timeline.base_events if e.resource == "pcie")
+        ndp_done = timeline.ndp_done_s
+        busy = []
+        for resource, start_s, end_s, _ in timeline.base_events:
+            if resource == "pcie":
+                busy.append((start_s, end_s))
+            elif resource.startswith("ndp") and end_s > ndp_done:
+                ndp_done = end_s
+        busy.sort()
         gaps, clock = [], ndp_done
         for start, end in busy:
             if start > clock:
@@ -368,7 +373,10 @@ class MoESimulator:
         packer decision time (measured wall time, so not deterministic), bytes moved, prefetch or cache stats,
         busy seconds per resource, memory budgets and the capacity check."""
         state = self._state
-        times = np.asarray(state.decision_times_s)
+        times = state.decision_times_s
+        if self._median_of != len(times):  # the median only changes when a decision was added
+            self._median_of = len(times)
+            self._median_s = float(np.median(np.asarray(times))) if times else 0.0
         out: dict[str, Any] = {
             "policy": self.policy,
             "ndp_units": self.system.num_ndp_units,
@@ -379,7 +387,7 @@ class MoESimulator:
             "placement_recomputations": state.recomputations,
             "placement_reuses": state.reuses,
             "decode_placement_recomputations": state.decode_recomputations,
-            "decision_time_median_s": float(np.median(times)) if times.size else 0.0,
+            "decision_time_median_s": self._median_s,
             "on_demand_weight_bytes": state.on_demand_bytes,
             "host_to_gpu_bytes": self._host_to_gpu_bytes,
             "gpu_pool_bytes": self.gpu_pool_bytes,

@@ -37,9 +37,10 @@ class TimelineEvent(NamedTuple):
     label: str
 
 
-@dataclass(frozen=True)
-class GpuJob:
-    """Expert work on the GPU: copy its weights (``transfer_s``, 0 when resident), then compute."""
+class GpuJob(NamedTuple):
+    """Expert work on the GPU: copy its weights (``transfer_s``, 0 when resident), then compute.
+
+    An immutable named tuple (cheap to create: every GPU expert of every invocation makes one)."""
 
     label: str
     transfer_s: float
@@ -63,6 +64,7 @@ class LayerTimeline:
     ndp_jobs: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
     ndp_end_s: tuple[tuple[int, float], ...] = ()
     _events: list = field(default_factory=list, repr=False, compare=False)
+    _busy: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def events(self) -> tuple[TimelineEvent, ...]:
@@ -88,13 +90,16 @@ class LayerTimeline:
 
     def busy_by_resource(self) -> dict[str, float]:
         """Busy seconds per resource, from the base events and the units' spans (no NDP events built)."""
+        if self._busy:
+            return dict(self._busy[0])
         busy: dict[str, float] = {}
         for event in self.base_events:
             busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
         for unit, end in self.ndp_end_s:
             key = f"ndp{unit}"
             busy[key] = busy.get(key, 0.0) + (end - self.ndp_start_s)
-        return busy
+        self._busy.append(busy)
+        return dict(busy)
 
 
 _COMBINE_MEMO: dict[tuple, tuple[object, float]] = {}
@@ -117,6 +122,8 @@ def _combine_s(system: SystemSpec, layer: MoELayerShape, tokens: int, row_bytes:
 
 def johnson_order(jobs: list[GpuJob]) -> list[GpuJob]:
     """Johnson's rule for a two-machine flow shop (copy, then compute): minimises the GPU side's makespan."""
+    if len(jobs) < 2:
+        return list(jobs)
     first = sorted((j for j in jobs if j.transfer_s <= j.compute_s), key=lambda j: j.transfer_s)
     last = sorted((j for j in jobs if j.transfer_s > j.compute_s), key=lambda j: -j.compute_s)
     return first + last
@@ -162,10 +169,15 @@ def build_layer_timeline(
         events.append(TimelineEvent("gpu", start, gpu_clock, job.label))
 
     unit_end: dict[int, float] = {}
+    job_ends: dict[int, float] = {}  # id(job list) -> end: units given the same list (sliced experts) share it
     for unit in active_units:
-        clock = ndp_start
-        for _, seconds in unit_jobs[unit]:
-            clock += seconds
+        jobs = unit_jobs[unit]
+        clock = job_ends.get(id(jobs))
+        if clock is None:
+            clock = ndp_start
+            for _, seconds in jobs:
+                clock += seconds
+            job_ends[id(jobs)] = clock
         if unit_dram_s is not None and ndp_start + unit_dram_s[unit] > clock:
             clock = ndp_start + unit_dram_s[unit]
         unit_end[unit] = clock
@@ -176,9 +188,13 @@ def build_layer_timeline(
         # Option A: each unit copies its partial output to the GPU (PCIe queue after the weight copies).
         clock_a = pcie_clock
         copies_a = []
-        for unit in sorted(active_units, key=lambda u: unit_end[u]):
+        durations: dict[int, float] = {}  # per row count (tensor-parallel units all have the same)
+        for unit in sorted(active_units, key=unit_end.__getitem__):
             start = max(clock_a, unit_end[unit])
-            duration = link.transfer_time_s(unit_tokens[unit] * row_bytes)
+            rows = unit_tokens[unit]
+            duration = durations.get(rows)
+            if duration is None:
+                duration = durations[rows] = link.transfer_time_s(rows * row_bytes)
             copies_a.append((unit, start, start + duration))
             clock_a = start + duration
         option_a_end = clock_a
@@ -213,6 +229,19 @@ def build_layer_timeline(
         d2h_bytes,
         reduction,
         ndp_start_s=ndp_start,
-        ndp_jobs=tuple((unit, tuple(unit_jobs[unit])) for unit in active_units),
+        ndp_jobs=_ndp_jobs(unit_jobs, active_units),
         ndp_end_s=tuple(unit_end.items()),
     )
+
+
+def _ndp_jobs(unit_jobs: list[list[tuple[str, float]]], active_units: list[int]) -> tuple:
+    """``(unit, jobs)`` per active unit, one tuple per distinct job list (units may share one list)."""
+    frozen: dict[int, tuple] = {}
+    out = []
+    for unit in active_units:
+        jobs = unit_jobs[unit]
+        jobs_tuple = frozen.get(id(jobs))
+        if jobs_tuple is None:
+            jobs_tuple = frozen[id(jobs)] = tuple(jobs)
+        out.append((unit, jobs_tuple))
+    return tuple(out)

@@ -243,7 +243,7 @@ class SessionReporter:
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
             self.simulator.advance_time_s(per_layer_gap)
             expert_tokens = counts.tolist()
-            result = self.simulator.simulate_layer(index, expert_tokens, phase)
+            result = self.simulator.simulate_layer(index, counts, phase)
             busy = result.busy_by_resource()
             layers.append(
                 LayerReport(
