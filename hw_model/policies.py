@@ -74,6 +74,7 @@ class ExpertCosts:
         self.system = system
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
+        self._pairs: dict[tuple, tuple[float, float]] = {}  # ndp_pair: keys also in _memo (shapes kept alive)
 
     def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
         self._shapes[id(expert)] = expert
@@ -95,6 +96,14 @@ class ExpertCosts:
         if value is None:
             streamed = expert.weight_bytes(shards) + expert.activation_bytes(tokens, shards)
             value = self._store(key, expert, streamed / self.system.ndp_unit.achievable_bandwidth_bytes_per_s)
+        return value
+
+    def ndp_pair(self, expert: ExpertShape, tokens: int, shards: float) -> tuple[float, float]:
+        """``(ndp_s, ndp_dram_s)`` of one shard in one look-up."""
+        key = (id(expert), 5, tokens, shards)
+        value = self._pairs.get(key)
+        if value is None:
+            value = self._pairs[key] = (self.ndp_s(expert, tokens, shards), self.ndp_dram_s(expert, tokens, shards))
         return value
 
     def gpu_s(self, expert: ExpertShape, tokens: int) -> float:
@@ -164,6 +173,8 @@ class PolicyState:
     smoothed: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
     layout_memo: dict[tuple, tuple] = field(default_factory=dict)
+    layer_classes: dict[int, tuple[MoELayerShape, int]] = field(default_factory=dict)
+    shape_classes: dict[tuple[ExpertShape, int], int] = field(default_factory=dict)
     layout_lookups: int = 0
     layout_hits: int = 0
     recomputations: int = 0
@@ -252,6 +263,9 @@ def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
     return max(1, -(-int(counts.sum()) // layer.top_k))
 
 
+_SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
+
+
 class _Layout:
     """Collects one invocation's jobs per resource, then lays out the timeline."""
 
@@ -306,8 +320,10 @@ class _Layout:
 
     def sliced(self, e: int) -> None:
         tokens = int(self.counts[e])
-        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(self.expert, tokens, self.units)))
-        self.shared_dram_s += self.costs.ndp_dram_s(self.expert, tokens, self.units)
+        ndp_s, dram_s = self.costs.ndp_pair(self.expert, tokens, self.units)
+        label = _SHARD_LABELS[e] if e < len(_SHARD_LABELS) else f"e{e} shard"
+        self.shared_jobs.append((label, ndp_s))
+        self.shared_dram_s += dram_s
         self.shared_tokens += tokens
         self.placement[e] = "ndp"
 
@@ -485,7 +501,7 @@ class _Balanced(Policy):
         # the choice depends only on (home unit, tokens, residency) per active expert: memoise it (a pure
         # speed-up of the simulation; the decision is identical)
         homes = b"" if self.tensor_parallel else (active % max(1, out.units)).tobytes()
-        key = (id(layer.expert), out.units, homes, counts[active].tobytes(), resident.tobytes())
+        key = (_shape_class(state, layer), out.units, homes, counts[active].tobytes(), resident.tobytes())
         mask = state.pack_memo.get(key)
         if mask is None:
             items = out.item_arrays(active, resident)
@@ -904,7 +920,7 @@ def _scheduled_gpu_set(
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
     tokens_per = counts[active]
     canonical = np.lexsort((res, tokens_per))
-    signature = (id(out.expert), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
+    signature = (_shape_class(state, out.layer), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
     memo = state.pack_memo.get(signature)
     if memo is None:
         items = out.item_arrays(active, res)
@@ -931,6 +947,16 @@ def _scheduled_gpu_set(
     chosen = frozenset(active[on_gpu].tolist())
     state.plan_cache[key] = (smoothed.copy(), chosen)
     return set(chosen)
+
+
+def _shape_class(state: PolicyState, layer: MoELayerShape) -> int:
+    """A small id shared by the layers whose placement decisions coincide for equal item signatures: equal
+    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
+    entry = state.layer_classes.get(id(layer))
+    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
+        classes = state.shape_classes
+        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
+    return entry[1]
 
 
 def gpu_expert_slots(ctx: RunContext, layer: MoELayerShape) -> float:
