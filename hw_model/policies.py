@@ -113,6 +113,14 @@ class ExpertCosts:
             value = self._store(key, expert, expert_shard_time_s(self.system.gpu, expert, tokens))
         return value
 
+    def weight_bytes(self, expert: ExpertShape) -> float:
+        """``expert.weight_bytes()``, memoised."""
+        key = (id(expert), 6, 0, 0)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._store(key, expert, expert.weight_bytes())
+        return value
+
     def copy_bandwidth(self, sources: int) -> float:
         """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
         pcie = self.system.host_link.bandwidth_bytes_per_s
@@ -619,10 +627,10 @@ class TensorParallelLoadBalanced(Policy):
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
         out = _Layout(ctx, self, layer, counts)
-        active = np.flatnonzero(counts)
+        active = counts.nonzero()[0]  # counts is one-dimensional
         resident = self._resident(state, layer_index, layer.num_experts)
         on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
-        weight_bytes = layer.expert.weight_bytes()
+        weight_bytes = ctx.costs.weight_bytes(layer.expert)
         active_list = active.tolist()
         res_active = resident[active]
         # The layout (timeline, placement, on-demand copies) is a pure function of the layer, the token counts,
@@ -663,7 +671,7 @@ class TensorParallelLoadBalanced(Policy):
                 adopted = state.prefetcher.adopt_staged(layer_index, e)
             if state.lru is not None and not adopted:  # keep the staged copy until its space is needed
                 state.lru.use((layer_index, e), weight_bytes)
-        return PolicyOutcome(timeline, placement, {"resident_selected": float(res_active.sum())})
+        return PolicyOutcome(timeline, placement, {"resident_selected": float(np.count_nonzero(res_active))})
 
 
 @register
@@ -684,8 +692,11 @@ class Ours(TensorParallelLoadBalanced):
         assert state.prefetcher is not None and state.lru is not None
         resident = state.prefetcher.resident_mask(layer_index, num_experts)
         cached = state.lru.experts_of(layer_index)
-        if cached:
+        if len(cached) > 16:
             resident[list(cached)] = True
+        else:  # a few: item by item is cheaper than building an index array
+            for e in cached:
+                resident[e] = True
         return resident
 
 

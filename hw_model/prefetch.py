@@ -91,9 +91,9 @@ class ExpertPrefetcher:
         if phase == "decode":
             active = counts > 0
             resident = self.resident[layer, : counts.size] if resident is None else resident
-            hit = int((active & resident).sum())
+            hit = int(np.count_nonzero(active & resident))
             self.hits += hit
-            self.misses += int(active.sum()) - hit
+            self.misses += int(np.count_nonzero(active)) - hit
         self.scores[layer, : counts.size] += counts
 
     def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> list[tuple[int, int, float]]:
@@ -173,7 +173,7 @@ class ExpertPrefetcher:
             "prefetch_evictions": self.evictions,
             "prefetch_replans": self.replans,
             "prefetch_adopted_from_misses": self.adopted,
-            "resident_experts": int(self.resident.sum()),
+            "resident_experts": int(np.count_nonzero(self.resident)),
         }
 
 

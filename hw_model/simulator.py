@@ -252,7 +252,7 @@ class MoESimulator:
         return LayerResult(
             layer_index=layer_index,
             phase=phase,
-            tokens=int(-(-int(counts.sum()) // layer.top_k)),
+            tokens=-(-int(counts.sum()) // layer.top_k),
             latency_s=latency,
             placement=outcome.placement,
             timeline=timeline,
