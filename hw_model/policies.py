@@ -303,12 +303,13 @@ class _Layout:
 
     def to_gpu(self, state: PolicyState, e: int, resident: bool) -> None:
         expert = self.expert
+        costs = self.costs
         if resident:
-            self.gpu_jobs.append(GpuJob(f"e{e}", 0.0, self.costs.gpu_s(expert, int(self.counts[e])), 0.0))
+            self.gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, int(self.counts[e])), 0.0))
         else:
-            transfer = self.costs.transfer_s(expert, self.sources)
-            weight_bytes = expert.weight_bytes()
-            self.gpu_jobs.append(GpuJob(f"e{e}", transfer, self.costs.gpu_s(expert, int(self.counts[e])), weight_bytes))
+            transfer = costs.transfer_s(expert, self.sources)
+            weight_bytes = costs.weight_bytes(expert)
+            self.gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, int(self.counts[e])), weight_bytes))
             state.on_demand_bytes += weight_bytes
             read_s = self.costs.copy_read_s(expert, self.sources)
             if self.sources == 1 and self.units:

@@ -323,7 +323,10 @@ class MoESimulator:
         if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
             return 0.0
         latency_s = timeline.latency_s
-        ndp_done = timeline.ndp_done_s
+        ndp_done = 0.0  # timeline.ndp_done_s, then any later NDP-side base event
+        for _, end_s in timeline.ndp_end_s:
+            if end_s > ndp_done:
+                ndp_done = end_s
         busy = []
         for resource, start_s, end_s, _ in timeline.base_events:
             if resource == "pcie":
