@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -627,10 +628,16 @@ class TensorParallelLoadBalanced(Policy):
         return np.zeros(num_experts, dtype=bool)
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        made: list[_Layout] = []  # the layout, built only when needed (not on a memoised decision and layout)
+
+        def layout() -> _Layout:
+            if not made:
+                made.append(_Layout(ctx, self, layer, counts))
+            return made[0]
+
         active = counts.nonzero()[0]  # counts is one-dimensional
         resident = self._resident(state, layer_index, layer.num_experts)
-        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
+        on_gpu = _scheduled_gpu_set(ctx, state, layout, layer_index, counts, active, resident, phase)
         weight_bytes = ctx.costs.weight_bytes(layer.expert)
         active_list = active.tolist()
         res_active = resident[active]
@@ -648,6 +655,7 @@ class TensorParallelLoadBalanced(Policy):
         elif state.layout_memo:
             state.layout_memo.clear()
         if memo is None:
+            out = layout()
             before = state.on_demand_bytes
             state.on_demand_bytes = 0.0
             for e in active_list:
@@ -903,14 +911,15 @@ def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
 def _scheduled_gpu_set(
     ctx: RunContext,
     state: PolicyState,
-    out: _Layout,
+    out: _Layout | Callable[[], _Layout],
     layer_index: int,
     counts: np.ndarray,
     active: np.ndarray,
     resident: np.ndarray,
     phase: str,
 ) -> set[int]:
-    """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's."""
+    """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's.
+    ``out`` is the invocation's layout or a function building it (called only when a plan is made)."""
     histogram = counts / max(1, counts.sum())
     key = (layer_index, phase)
     smoothed = state.smoothed.get(key)
@@ -927,6 +936,8 @@ def _scheduled_gpu_set(
             state.reuses += 1
             # respect residency: resident active experts run on the GPU (no copy); others as planned
             return {e for e in active.tolist() if resident[e] or e in planned_gpu}
+    if not isinstance(out, _Layout):
+        out = out()
     res = resident[active]
     # Items differ only by token count and residency, so equal signatures get the same decision; the packer
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
