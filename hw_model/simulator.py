@@ -244,7 +244,7 @@ class MoESimulator:
         self._invocations[phase] += 1
         self._latency_s[phase] += latency
         busy = self._busy_s
-        for resource, seconds in timeline.busy_by_resource().items():
+        for resource, seconds in timeline.busy_map().items():
             busy[resource] = busy.get(resource, 0.0) + seconds
         for event in added:
             busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)

@@ -90,8 +90,12 @@ class LayerTimeline:
 
     def busy_by_resource(self) -> dict[str, float]:
         """Busy seconds per resource, from the base events and the units' spans (no NDP events built)."""
+        return dict(self.busy_map())
+
+    def busy_map(self) -> dict[str, float]:
+        """:meth:`busy_by_resource`, computed once and shared: read it, do not change it."""
         if self._busy:
-            return dict(self._busy[0])
+            return self._busy[0]
         busy: dict[str, float] = {}
         for event in self.base_events:
             busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
@@ -99,7 +103,7 @@ class LayerTimeline:
             key = f"ndp{unit}"
             busy[key] = busy.get(key, 0.0) + (end - self.ndp_start_s)
         self._busy.append(busy)
-        return dict(busy)
+        return busy
 
 
 _COMBINE_MEMO: dict[tuple, tuple[object, float]] = {}

@@ -203,8 +203,9 @@ class SessionReporter:
         a = self.aggregates
         a.runs += 1
         a.tokens += report.tokens
-        a.simulated_s += report.simulated_latency_s
-        a.moe_s += report.moe_s
+        moe_s = report.moe_s  # simulated_latency_s is non_expert_gpu_s + moe_s: summed over the layers once
+        a.simulated_s += report.non_expert_gpu_s + moe_s
+        a.moe_s += moe_s
         a.non_expert_gpu_s += report.non_expert_gpu_s
         for layer in report.layers:
             a.layer_invocations[layer.index] += 1
@@ -242,7 +243,7 @@ class SessionReporter:
             counts = np.bincount(routing[index].reshape(-1), minlength=shape.num_experts)
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
             self.simulator.advance_time_s(per_layer_gap)
-            expert_tokens = counts.tolist()
+            expert_tokens = tuple(counts.tolist())
             result = self.simulator.simulate_layer(index, counts, phase)
             busy = result.busy_by_resource()
             layers.append(
@@ -250,7 +251,7 @@ class SessionReporter:
                     index=index,
                     name=shape.name,
                     tokens=int(routing[index].shape[0]),
-                    expert_tokens=tuple(expert_tokens),
+                    expert_tokens=expert_tokens,
                     latency_s=result.latency_s,
                     placement=dict(result.placement),
                     busy_s=dict(sorted(busy.items())),
