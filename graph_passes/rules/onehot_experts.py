@@ -39,13 +39,14 @@ import onnx
 
 from graph_passes.activations import CATALOG, PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT, erf
 from graph_passes.graph_index import GraphIndex, is_standard_op, scope_of, through
-from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+from graph_passes.plan import BlockRegion, ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
 from graph_passes.rules.eager_unrolled import EAGER_REASON, find_eager_unrolled  # noqa: F401 (re-exported)
 from graph_passes.shape_eval import ShapeEvaluator
 
 
-class _NoMatch(Exception):
-    """Structural mismatch inside one candidate block; carries the skip reason."""
+def _fail(reason: str) -> Skip:
+    """A stage's mismatch inside one candidate block; :meth:`OneHotExpertsRule.find` sets where and nodes."""
+    return Skip("", reason)
 
 
 class OneHotExpertsRule:
@@ -70,10 +71,10 @@ class OneHotExpertsRule:
             if not any(len(index.initializer_shape(s.input[0])) == 3 for s in selections):
                 continue
             where = scope_of(selections[0].name) or selections[0].name
-            try:
-                results.append(_match_block(index, evaluator, flat_ids, selections, self.name))
-            except _NoMatch as reason:
-                results.append(Skip(where, str(reason), tuple(s.name for s in selections)))
+            outcome = _match_block(index, evaluator, flat_ids, selections, self.name)
+            if isinstance(outcome, Skip):
+                outcome = Skip(where, outcome.reason, tuple(s.name for s in selections))
+            results.append(outcome)
         return results
 
 
@@ -107,33 +108,76 @@ def _flat_ids_of(index: GraphIndex, selection: onnx.NodeProto) -> str:
     return selection.input[1]
 
 
-def _single(index: GraphIndex, value: str, op_types: Iterable[str], what: str) -> onnx.NodeProto:
+def _single(index: GraphIndex, value: str, op_types: Iterable[str], what: str) -> onnx.NodeProto | Skip:
     users = index.consumers.get(value, [])
     single = len(users) == 1 and users[0].op_type in op_types and is_standard_op(users[0])
     if value in index.graph_outputs or not single:
         ops = ", ".join(u.op_type for u in users) or "nothing"
-        raise _NoMatch(f"{what} ({value}) feeds {ops}, expected one {'/'.join(op_types)}")
+        return _fail(f"{what} ({value}) feeds {ops}, expected one {'/'.join(op_types)}")
     return users[0]
 
 
-def _other_input(node: onnx.NodeProto, value: str) -> str:
+def _other_input(node: onnx.NodeProto, value: str) -> str | Skip:
     others = [i for i in node.input if i != value]
     if len(others) != 1:
-        raise _NoMatch(f"{node.name}: expected a binary op with {value} on one side")
+        return _fail(f"{node.name}: expected a binary op with {value} on one side")
     return others[0]
 
 
 def _match_block(
     index: GraphIndex, ev: ShapeEvaluator, flat_ids: str, selections: list[onnx.NodeProto], rule: str
-) -> MoEBlockPlan:
-    # -- the selection indices are the row-major flattening of a [T, K] top-k id tensor
+) -> MoEBlockPlan | Skip:
+    """anchor (the selections, grouped by the caller) → trace → check → plan, each stage a value or a Skip."""
+    ids = _expert_ids(index, ev, flat_ids)
+    if isinstance(ids, Skip):
+        return ids
+    ids_value, top_k = ids
+    projections = _chained_projections(index, selections, top_k)
+    if isinstance(projections, Skip):
+        return projections
+    first, second, num_experts = projections
+    # -- the first projection's input is the hidden state repeated once per top-k slot
+    hidden_value = _repeated_hidden(index, ev, first["x_source"], top_k)
+    if isinstance(hidden_value, Skip):
+        return hidden_value
+    # -- the activation between the projections
+    activation = _checked_activation(index, ev, first, second)
+    if isinstance(activation, Skip):
+        return activation
+    # -- the combine: y_e * rw[:, :, None] summed over the K axis
+    combine = _combine(index, ev, second["out"], top_k, first["in_dim"])
+    if isinstance(combine, Skip):
+        return combine
+    output_value, routing_value = combine
+    if routing_value == ids_value:
+        return _fail("the combine weights the experts by their ids")
+    stop = {hidden_value, ids_value, routing_value}
+    region = index.upstream(output_value, stop=stop)
+    region -= index.upstream(hidden_value) | index.upstream(ids_value) | index.upstream(routing_value)
+    name = _block_name(index, selections, first)
+    block = BlockRegion(
+        where=name,
+        nodes=tuple(sorted(_dead_after_rewrite(index, region, output_value))),
+        hidden_value=hidden_value,
+        expert_ids_value=ids_value,
+        routing_weights_value=routing_value,
+        output_value=output_value,
+        num_experts=num_experts,
+        top_k=top_k,
+        hidden=first["in_dim"],
+    )
+    return _plan(block, rule, first, second, activation)
+
+
+def _expert_ids(index: GraphIndex, ev: ShapeEvaluator, flat_ids: str) -> tuple[str, int] | Skip:
+    """``(ids [T, K], K)`` when the selection indices are the row-major flattening of a ``[T, K]`` id tensor."""
     reshape = index.producer.get(flat_ids)
     if reshape is None or reshape.op_type != "Reshape" or ev.ints(reshape.input[1]) != [-1]:
-        raise _NoMatch(f"expert weights are gathered by {flat_ids}, which is not a flattened [T, K] id tensor")
+        return _fail(f"expert weights are gathered by {flat_ids}, which is not a flattened [T, K] id tensor")
     ids_value = through(index, reshape.input[0], ("Cast",))
     ids_shape = index.shape(ids_value)
     if ids_shape is None or len(ids_shape) != 2:
-        raise _NoMatch(f"expert ids {ids_value} are not a [tokens, top_k] tensor")
+        return _fail(f"expert ids {ids_value} are not a [tokens, top_k] tensor")
     # routers differ across families (TopK, sparse-mixer argmax pairs, grouped top-k...): any [T, K] integer
     # tensor will do; K comes from a TopK's constant k or else from the static shape
     topk = index.producer.get(ids_value)
@@ -141,58 +185,84 @@ def _match_block(
     if topk is not None and topk.op_type == "TopK" and len(topk.output) > 1 and topk.output[1] == ids_value:
         k_values = ev.ints(topk.input[1])
         if k_values is None or len(k_values) != 1 or index.attr(topk, "axis", -1) not in (-1, 1):
-            raise _NoMatch("top-k count is not a constant")
+            return _fail("top-k count is not a constant")
         top_k = k_values[0]
     elif isinstance(ids_shape[1], int):
         top_k = ids_shape[1]
     if top_k is None:
-        raise _NoMatch(f"the top-k width of expert ids {ids_value} is unknown")
+        return _fail(f"the top-k width of expert ids {ids_value} is unknown")
     if isinstance(ids_shape[1], int) and ids_shape[1] != top_k:
-        raise _NoMatch(f"expert ids {ids_value} have {ids_shape[1]} columns, but top-k is {top_k}")
+        return _fail(f"expert ids {ids_value} have {ids_shape[1]} columns, but top-k is {top_k}")
+    return ids_value, top_k
 
-    weights = {s.name: s for s in selections if len(index.initializer_shape(s.input[0])) == 3}
+
+def _chained_projections(
+    index: GraphIndex, selections: list[onnx.NodeProto], top_k: int
+) -> tuple[dict, dict, int] | Skip:
+    """``(first, second, num_experts)``: the two gathered matrices' projections, the second fed by the first."""
+    weights = list({s.name: s for s in selections if len(index.initializer_shape(s.input[0])) == 3}.values())
     biases = {s.output[0]: s for s in selections if len(index.initializer_shape(s.input[0])) == 2}
     if len(weights) != 2:
-        raise _NoMatch(f"expected 2 stacked expert matrices gathered by the expert ids, found {len(weights)}")
-    projections = [_projection(index, s, biases) for s in weights.values()]
+        return _fail(f"expected 2 stacked expert matrices gathered by the expert ids, found {len(weights)}")
+    projections = []
+    for selection in weights:
+        projection = _projection(index, selection, biases)
+        if isinstance(projection, Skip):
+            return projection
+        projections.append(projection)
     # the down projection consumes what the first projection produced
     first, second = projections
     if _depends_on(index, first["x_source"], second["out_node"]):
         first, second = second, first
     if not _depends_on(index, second["x_source"], first["out_node"]):
-        raise _NoMatch("the two gathered matrices are not chained (first projection -> activation -> second)")
+        return _fail("the two gathered matrices are not chained (first projection -> activation -> second)")
     num_experts = index.initializer_shape(first["weight"])[0]
     if index.initializer_shape(second["weight"])[0] != num_experts:
-        raise _NoMatch("gathered expert matrices disagree on the expert count")
+        return _fail("gathered expert matrices disagree on the expert count")
     if not 0 < top_k <= num_experts:
-        raise _NoMatch(f"top_k {top_k} is not in 1..{num_experts}")
+        return _fail(f"top_k {top_k} is not in 1..{num_experts}")
+    return first, second, num_experts
 
-    # -- the first projection's input is the hidden state repeated once per top-k slot
-    hidden_value = _repeated_hidden(index, ev, first["x_source"], top_k)
-    hidden = first["in_dim"]
 
-    # -- the activation between the projections
-    activation, act_weights, alpha, limit = _activation(index, ev, first["out"], second["x_source"], first)
-    ffn = second["in_dim"]
-    if act_weights["gate"] is None and first["out_dim"] != ffn:
-        raise _NoMatch(f"first projection width {first['out_dim']} differs from the down projection's {ffn}")
-    if act_weights["gate"] is not None and first["out_dim"] != 2 * ffn:
-        raise _NoMatch(f"gated first projection width {first['out_dim']} is not twice the ffn {ffn}")
+def _checked_activation(index: GraphIndex, ev: ShapeEvaluator, first: dict, second: dict) -> tuple | Skip:
+    """The activation between the projections, whose widths must fit it: ``(name, columns, alpha, limit)``."""
+    activation = _activation(index, ev, first["out"], second["x_source"], first)
+    if isinstance(activation, Skip):
+        return activation
+    gate = activation[1]["gate"]
+    hidden, ffn = first["in_dim"], second["in_dim"]
+    if gate is None and first["out_dim"] != ffn:
+        return _fail(f"first projection width {first['out_dim']} differs from the down projection's {ffn}")
+    if gate is not None and first["out_dim"] != 2 * ffn:
+        return _fail(f"gated first projection width {first['out_dim']} is not twice the ffn {ffn}")
     if second["out_dim"] != hidden:
-        raise _NoMatch(f"down projection width {second['out_dim']} differs from the hidden size {hidden}")
+        return _fail(f"down projection width {second['out_dim']} differs from the hidden size {hidden}")
+    return activation
 
-    # -- the combine: y_e * rw[:, :, None] summed over the K axis
-    output_value, routing_value = _combine(index, ev, second["out"], top_k, hidden)
-    if routing_value == ids_value:
-        raise _NoMatch("the combine weights the experts by their ids")
 
-    def matrix(projection: dict, columns: str) -> StackedMatrix:
-        return StackedMatrix(projection["weight"], projection["layout"], columns=columns)
+def _block_name(index: GraphIndex, selections: list[onnx.NodeProto], first: dict) -> str:
+    """The exporter's module scope of the experts' parent, else a name read from the weights or the nodes."""
+    weights = {s.name: s for s in selections if len(index.initializer_shape(s.input[0])) == 3}
+    selection = next(iter(weights.values()))
+    return (
+        _torch_scope_block(index, selection)
+        or _weightscope_of(first["weight"])
+        or (scope_of(selection.name) if "/" in selection.name else "")
+        or f"moe.{first['weight']}"
+    )
 
-    def bias(projection: dict, columns: str) -> StackedBias | None:
-        return StackedBias(projection["bias"], columns) if projection["bias"] else None
 
-    if act_weights["gate"] is None:
+def _plan(block: BlockRegion, rule: str, first: dict, second: dict, activation: tuple) -> MoEBlockPlan:
+    """The plan stage: the region's fields plus the stacked weights read in the activation's columns."""
+    name, columns, alpha, limit = activation
+
+    def matrix(projection: dict, selected: str) -> StackedMatrix:
+        return StackedMatrix(projection["weight"], projection["layout"], columns=selected)
+
+    def bias(projection: dict, selected: str) -> StackedBias | None:
+        return StackedBias(projection["bias"], selected) if projection["bias"] else None
+
+    if columns["gate"] is None:
         expert_weights = ExpertWeights(
             up=matrix(first, "all"),
             down=matrix(second, "all"),
@@ -201,38 +271,20 @@ def _match_block(
         )
     else:
         expert_weights = ExpertWeights(
-            up=matrix(first, act_weights["up"]),
-            gate=matrix(first, act_weights["gate"]),
+            up=matrix(first, columns["up"]),
+            gate=matrix(first, columns["gate"]),
             down=matrix(second, "all"),
-            up_bias=bias(first, act_weights["up"]),
-            gate_bias=bias(first, act_weights["gate"]),
+            up_bias=bias(first, columns["up"]),
+            gate_bias=bias(first, columns["gate"]),
             down_bias=bias(second, "all"),
         )
-    stop = {hidden_value, ids_value, routing_value}
-    region = index.upstream(output_value, stop=stop)
-    region -= index.upstream(hidden_value) | index.upstream(ids_value) | index.upstream(routing_value)
-    replaced = _dead_after_rewrite(index, region, output_value)
-    selection = next(iter(weights.values()))
-    name = (
-        _torch_scope_block(index, selection)
-        or _weightscope_of(first["weight"])
-        or (scope_of(selection.name) if "/" in selection.name else "")
-        or f"moe.{first['weight']}"
-    )
     return MoEBlockPlan(
-        name=name,
+        name=block.where,
         rule=rule,
-        hidden_value=hidden_value,
-        expert_ids_value=ids_value,
-        routing_weights_value=routing_value,
-        output_value=output_value,
-        num_experts=num_experts,
-        top_k=top_k,
-        hidden=hidden,
-        ffn=ffn,
-        activation=activation,
+        **block.plan_fields(),
+        ffn=second["in_dim"],
+        activation=name,
         weights=expert_weights,
-        replaced_nodes=tuple(sorted(replaced)),
         activation_alpha=alpha,
         activation_limit=limit,
         notes=("TorchScript batched_mm export (Gather-selected stacked experts)",),
@@ -248,15 +300,19 @@ def _depends_on(index: GraphIndex, value: str, node: onnx.NodeProto) -> bool:
     return node.name in index.upstream(value)
 
 
-def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, onnx.NodeProto]) -> dict:
+def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, onnx.NodeProto]) -> dict | Skip:
     """``MatMul`` of a gathered ``[E, a, b]`` weight with the (un)squeezed activation, plus an optional bias."""
     weight = selection.input[0]
     _, rows, cols = index.initializer_shape(weight)
     matmul = _single(index, selection.output[0], ("MatMul",), f"gathered expert weight {weight}")
+    if isinstance(matmul, Skip):
+        return matmul
     other = _other_input(matmul, selection.output[0])
+    if isinstance(other, Skip):
+        return other
     unsqueeze = index.producer.get(other)
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
-        raise _NoMatch(f"{matmul.name}: the activation operand is not an unsqueezed [N, features] tensor")
+        return _fail(f"{matmul.name}: the activation operand is not an unsqueezed [N, features] tensor")
     if matmul.input[0] == selection.output[0]:  # W[e] @ x[:, None]: W is [out, in]
         layout, out_dim, in_dim, squeeze_axes = "out_in", rows, cols, (-1, 2)
     else:  # x[None, :] @ W[e]: W is [in, out]
@@ -264,23 +320,18 @@ def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, 
     evaluator = ShapeEvaluator(index)
     axes = evaluator.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
     if axes is None or len(axes) != 1 or axes[0] not in squeeze_axes:
-        raise _NoMatch(f"{matmul.name}: unexpected unsqueeze axes {axes} for a {layout} batched matmul")
+        return _fail(f"{matmul.name}: unexpected unsqueeze axes {axes} for a {layout} batched matmul")
     squeeze = _single(index, matmul.output[0], ("Squeeze",), f"{matmul.name} output")
+    if isinstance(squeeze, Skip):
+        return squeeze
     sq_axes = evaluator.ints(squeeze.input[1]) if len(squeeze.input) > 1 else index.attr(squeeze, "axes")
     if sq_axes is None or len(sq_axes) != 1 or sq_axes[0] not in squeeze_axes:
-        raise _NoMatch(f"{squeeze.name}: unexpected squeeze axes {sq_axes}")
-    out = squeeze.output[0]
-    out_node = squeeze
-    bias_name = ""
-    users = index.consumers.get(out, [])
-    if len(users) == 1 and users[0].op_type == "Add":
-        bias_value = _other_input(users[0], out)
-        if bias_value in biases:
-            bias_name = biases[bias_value].input[0]
-            if index.initializer_shape(bias_name)[1] != out_dim:
-                raise _NoMatch(f"bias {bias_name} width differs from the projection's {out_dim}")
-            out, out_node = users[0].output[0], users[0]
-    out, out_node = _skip_noop_unsqueeze_squeeze(index, evaluator, out, out_node)
+        return _fail(f"{squeeze.name}: unexpected squeeze axes {sq_axes}")
+    biased = _projection_bias(index, squeeze, biases, out_dim)
+    if isinstance(biased, Skip):
+        return biased
+    bias_name, out_node = biased
+    out, out_node = _skip_noop_unsqueeze_squeeze(index, evaluator, out_node.output[0], out_node)
     return {
         "weight": weight,
         "layout": layout,
@@ -292,6 +343,25 @@ def _projection(index: GraphIndex, selection: onnx.NodeProto, biases: dict[str, 
         "bias": bias_name,
         "matmul": matmul,
     }
+
+
+def _projection_bias(
+    index: GraphIndex, squeeze: onnx.NodeProto, biases: dict[str, onnx.NodeProto], out_dim: int
+) -> tuple[str, onnx.NodeProto] | Skip:
+    """``(bias initializer or "", node giving the projection's output)``: the ``Add`` of a gathered bias if any."""
+    out = squeeze.output[0]
+    users = index.consumers.get(out, [])
+    if len(users) != 1 or users[0].op_type != "Add":
+        return "", squeeze
+    bias_value = _other_input(users[0], out)
+    if isinstance(bias_value, Skip):
+        return bias_value
+    if bias_value not in biases:
+        return "", squeeze
+    bias_name = biases[bias_value].input[0]
+    if index.initializer_shape(bias_name)[1] != out_dim:
+        return _fail(f"bias {bias_name} width differs from the projection's {out_dim}")
+    return bias_name, users[0]
 
 
 def _skip_noop_unsqueeze_squeeze(
@@ -325,54 +395,56 @@ def _torch_scope_block(index: GraphIndex, node: onnx.NodeProto) -> str:
     return ""
 
 
-def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> str:
+def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> str | Skip:
     """``Flatten(Tile(Unsqueeze(x, 1), [1, K, 1]), 2)`` or ``Reshape(Expand(Unsqueeze(x, 1), [.., K, ..]))``."""
     node = index.producer.get(value)
     if node is None or node.op_type not in ("Flatten", "Reshape"):
-        raise _NoMatch(f"expert input {value} is not the hidden state repeated per top-k slot")
+        return _fail(f"expert input {value} is not the hidden state repeated per top-k slot")
     if node.op_type == "Flatten" and index.attr(node, "axis", 1) != 2:
-        raise _NoMatch(f"{node.name}: flatten axis is not 2")
+        return _fail(f"{node.name}: flatten axis is not 2")
     if node.op_type == "Reshape":
         target = ev.ints(node.input[1])
         if target is None or len(target) != 2 or target[0] not in (-1, 0):
-            raise _NoMatch(f"{node.name}: does not flatten the [T, K, H] repeat")
+            return _fail(f"{node.name}: does not flatten the [T, K, H] repeat")
     repeat = index.producer.get(node.input[0])
     if repeat is None or repeat.op_type not in ("Tile", "Expand"):
-        raise _NoMatch(f"expert input {value} is not a Tile/Expand repeat of the hidden state")
+        return _fail(f"expert input {value} is not a Tile/Expand repeat of the hidden state")
     pattern = ev.ints(repeat.input[1])
     if repeat.op_type == "Tile":
         if pattern != [1, top_k, 1]:
-            raise _NoMatch(f"{repeat.name}: repeats {pattern} are not [1, {top_k}, 1]")
+            return _fail(f"{repeat.name}: repeats {pattern} are not [1, {top_k}, 1]")
     elif pattern is None or len(pattern) != 3 or pattern[1] != top_k:
         out_shape = index.shape(repeat.output[0])
         if out_shape is None or len(out_shape) != 3 or out_shape[1] != top_k:
-            raise _NoMatch(f"{repeat.name}: does not repeat the hidden state {top_k} times")
+            return _fail(f"{repeat.name}: does not repeat the hidden state {top_k} times")
     unsqueeze = index.producer.get(repeat.input[0])
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
-        raise _NoMatch(f"{repeat.name}: input is not the unsqueezed hidden state")
+        return _fail(f"{repeat.name}: input is not the unsqueezed hidden state")
     axes = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
     if axes != [1]:
-        raise _NoMatch(f"{unsqueeze.name}: hidden state unsqueezed on axes {axes}, expected [1]")
+        return _fail(f"{unsqueeze.name}: hidden state unsqueezed on axes {axes}, expected [1]")
     hidden_value = unsqueeze.input[0]
     shape = index.shape(hidden_value)
     if shape is None or len(shape) != 2:
-        raise _NoMatch(f"hidden state {hidden_value} is not a [T, H] tensor")
+        return _fail(f"hidden state {hidden_value} is not a [T, H] tensor")
     return hidden_value
 
 
-def _slice_columns(index: GraphIndex, ev: ShapeEvaluator, node: onnx.NodeProto, width: int) -> tuple[int, int, int]:
+def _slice_columns(
+    index: GraphIndex, ev: ShapeEvaluator, node: onnx.NodeProto, width: int
+) -> tuple[int, int, int] | Skip:
     """``(start, stop, step)`` of a last-axis Slice over a ``width``-wide tensor."""
     if node.op_type != "Slice" or len(node.input) < 3:
-        raise _NoMatch(f"{node.name}: expected a Slice of the first projection")
+        return _fail(f"{node.name}: expected a Slice of the first projection")
     starts, ends = ev.ints(node.input[1]), ev.ints(node.input[2])
     axes = ev.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else [0]
     steps = ev.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
     if None in (starts, ends, axes, steps) or len(starts) != 1 or axes[0] not in (-1, 1):
-        raise _NoMatch(f"{node.name}: slice bounds are not constant on the feature axis")
+        return _fail(f"{node.name}: slice bounds are not constant on the feature axis")
     return slice(starts[0], ends[0], steps[0]).indices(width)
 
 
-def _split_halves(index: GraphIndex, ev: ShapeEvaluator, value: str, width: int) -> dict[str, str]:
+def _split_halves(index: GraphIndex, ev: ShapeEvaluator, value: str, width: int) -> dict[str, str] | Skip:
     """Map each value that is a column selection of ``value`` to its plan column name."""
     halves: dict[str, str] = {}
     for user in index.consumers.get(value, []):
@@ -381,29 +453,40 @@ def _split_halves(index: GraphIndex, ev: ShapeEvaluator, value: str, width: int)
         if user.op_type == "Split":
             axis = index.attr(user, "axis", 0)
             if axis not in (-1, 1) or len(user.output) != 2:
-                raise _NoMatch(f"{user.name}: not a two-way split of the feature axis")
+                return _fail(f"{user.name}: not a two-way split of the feature axis")
             sizes = ev.ints(user.input[1]) if len(user.input) > 1 and user.input[1] else [width // 2] * 2
             if sizes != [width // 2, width // 2] or width % 2:
-                raise _NoMatch(f"{user.name}: split sizes {sizes} are not two halves of {width}")
+                return _fail(f"{user.name}: split sizes {sizes} are not two halves of {width}")
             halves[user.output[0]] = "first_half"
             halves[user.output[1]] = "second_half"
         elif user.op_type == "Slice":
-            start, stop, step = _slice_columns(index, ev, user, width)
-            half = width // 2
-            reading = {
-                (0, half, 1): "first_half",
-                (half, width, 1): "second_half",
-                (0, width, 2): "even",
-                (1, width, 2): "odd",
-            }.get((start, stop if step == 1 else width, step))
-            if step == 2 and stop < width - 1:
-                reading = None
-            if reading is None:
-                raise _NoMatch(f"{user.name}: slice {start}:{stop}:{step} is not a gate/up half of {width}")
+            reading = _slice_half(index, ev, user, width)
+            if isinstance(reading, Skip):
+                return reading
             halves[user.output[0]] = reading
         else:
-            raise _NoMatch(f"first projection output feeds {user.op_type}, expected Split or Slice")
+            return _fail(f"first projection output feeds {user.op_type}, expected Split or Slice")
     return halves
+
+
+def _slice_half(index: GraphIndex, ev: ShapeEvaluator, node: onnx.NodeProto, width: int) -> str | Skip:
+    """The plan column name of a Slice reading one gate/up half of a ``width``-wide tensor."""
+    columns = _slice_columns(index, ev, node, width)
+    if isinstance(columns, Skip):
+        return columns
+    start, stop, step = columns
+    half = width // 2
+    reading = {
+        (0, half, 1): "first_half",
+        (half, width, 1): "second_half",
+        (0, width, 2): "even",
+        (1, width, 2): "odd",
+    }.get((start, stop if step == 1 else width, step))
+    if step == 2 and stop < width - 1:
+        reading = None
+    if reading is None:
+        return _fail(f"{node.name}: slice {start}:{stop}:{step} is not a gate/up half of {width}")
+    return reading
 
 
 def _producer(index: GraphIndex, value: str, op_type: str) -> onnx.NodeProto | None:
@@ -430,8 +513,16 @@ def _silu_of(index: GraphIndex, value: str) -> str | None:
     return None
 
 
-def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: dict):
+def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: dict) -> tuple | Skip:
     """Recognise ``act = f(h)``; returns (activation, {"gate", "up"} columns, alpha, limit)."""
+    plain = _plain_activation(index, h, act)
+    if plain is not None:
+        return plain
+    return _gated_activation(index, ev, h, act, first["out_dim"])
+
+
+def _plain_activation(index: GraphIndex, h: str, act: str) -> tuple | Skip | None:
+    """``act = f(h)`` for an ungated activation ``f``; None when ``act`` is not a function of ``h`` alone."""
     plain = {"gate": None, "up": None}
     relu = _producer(index, act, "Relu")
     if relu is not None and relu.input[0] == h:
@@ -448,19 +539,28 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
     if function is not None:
         name = _identify_plain(function)
         if name is None:
-            raise _NoMatch("unrecognised elementwise expert activation (not relu, silu, gelu or gelu_tanh)")
+            return _fail("unrecognised elementwise expert activation (not relu, silu, gelu or gelu_tanh)")
         return name, plain, SWIGLU_ALPHA, SWIGLU_LIMIT
-    halves = _split_halves(index, ev, h, first["out_dim"])
+    return None
+
+
+def _gated_activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, width: int) -> tuple | Skip:
+    """``act = f(gate, up)`` over two column halves of ``h``: silu/gelu GLU or the clamped SwiGLU."""
+    halves = _split_halves(index, ev, h, width)
+    if isinstance(halves, Skip):
+        return halves
     if len(halves) != 2:
-        raise _NoMatch("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
+        return _fail("unrecognised expert activation (neither a plain activation nor a gate/up pair)")
     mul = _producer(index, act, "Mul")
     if mul is None:
-        raise _NoMatch(f"expert activation output {act} is not a gated product")
+        return _fail(f"expert activation output {act} is not a gated product")
     for a, b in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
         gate = _silu_of(index, a)
         if gate in halves and b in halves and gate != b:  # silu(g) * u
             return "silu_glu", {"gate": halves[gate], "up": halves[b]}, SWIGLU_ALPHA, SWIGLU_LIMIT
         swiglu = _clamped_swiglu(index, a, b, halves)
+        if isinstance(swiglu, Skip):
+            return swiglu
         if swiglu is not None:
             return "swiglu_clamp", swiglu[0], swiglu[1], swiglu[2]
     first_half, second_half = sorted(halves, key=lambda v: halves[v])
@@ -468,7 +568,7 @@ def _activation(index: GraphIndex, ev: ShapeEvaluator, h: str, act: str, first: 
         function = _elementwise_function(index, [gate, up], act)
         if function is not None and _identify_gated(function) is not None:
             return _identify_gated(function), {"gate": halves[gate], "up": halves[up]}, SWIGLU_ALPHA, SWIGLU_LIMIT
-    raise _NoMatch("unrecognised gated expert activation (expected silu(g)*u, gelu(g)*u or clamped SwiGLU)")
+    return _fail("unrecognised gated expert activation (expected silu(g)*u, gelu(g)*u or clamped SwiGLU)")
 
 
 # elementwise ops an activation subgraph may use, evaluated with NumPy for numeric identification
@@ -584,7 +684,7 @@ def _identify_gated(function) -> str | None:
     return None
 
 
-def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[str, str]):
+def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[str, str]) -> tuple | Skip | None:
     """``(clip(u, -L, L) + 1) * (g' * sigmoid(alpha * g'))`` with ``g' = clip(g, max=L)``."""
     add = _producer(index, up_plus_one, "Add")
     glu_mul = _producer(index, glu, "Mul")
@@ -605,7 +705,10 @@ def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[
         scaled = _producer(index, sig.input[0], "Mul")
         if scaled is None or g_clipped not in scaled.input:
             continue
-        alpha = _scalar(index, _other_input(scaled, g_clipped))
+        alpha_value = _other_input(scaled, g_clipped)
+        if isinstance(alpha_value, Skip):
+            return alpha_value
+        alpha = _scalar(index, alpha_value)
         g_low = clip_g.input[1] if len(clip_g.input) > 1 else ""
         g_high = _scalar(index, clip_g.input[2] if len(clip_g.input) > 2 else "")
         if alpha is None or g_low or g_high is None:
@@ -619,25 +722,28 @@ def _clamped_swiglu(index: GraphIndex, glu: str, up_plus_one: str, halves: dict[
     return None
 
 
-def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int, hidden: int) -> tuple[str, str]:
+def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int, hidden: int) -> tuple[str, str] | Skip:
     """``ReduceSum_k(Reshape(expert_out * rw_col, [T, K, H]))``; returns (output value, routing weights [T,K])."""
-    try:
-        mul = _single(index, expert_out, ("Mul",), "expert output")
-    except _NoMatch as mismatch:
-        raise _NoMatch(f"combine is not the routing-weighted sum over the top-k slots: {mismatch}") from None
+    mul = _single(index, expert_out, ("Mul",), "expert output")
+    if isinstance(mul, Skip):
+        return _fail(f"combine is not the routing-weighted sum over the top-k slots: {mul.reason}")
     rw_col = _other_input(mul, expert_out)
+    if isinstance(rw_col, Skip):
+        return rw_col
     unsqueeze = _producer(index, rw_col, "Unsqueeze")
     flat = _producer(index, unsqueeze.input[0], "Reshape") if unsqueeze is not None else None
     if flat is None or ev.ints(flat.input[1]) != [-1]:
-        raise _NoMatch(
+        return _fail(
             "combine is not the routing-weighted sum: the expert outputs are not multiplied by the "
             "flattened [T, K] routing weights"
         )
     routing_value = through(index, flat.input[0], ("Cast",))
     rw_shape = index.shape(routing_value)
     if rw_shape is None or len(rw_shape) != 2 or rw_shape[-1] not in (top_k, None) and isinstance(rw_shape[-1], int):
-        raise _NoMatch(f"routing weights {routing_value} are not a [T, {top_k}] tensor")
+        return _fail(f"routing weights {routing_value} are not a [T, {top_k}] tensor")
     reshape = _single(index, mul.output[0], ("Reshape",), "weighted expert output")
+    if isinstance(reshape, Skip):
+        return reshape
     target = ev.ints(reshape.input[1])
     out_shape = index.shape(reshape.output[0])
     k_dim = (
@@ -646,11 +752,13 @@ def _combine(index: GraphIndex, ev: ShapeEvaluator, expert_out: str, top_k: int,
         else (out_shape[1] if out_shape is not None and len(out_shape) == 3 else None)
     )
     if k_dim != top_k:
-        raise _NoMatch(f"{reshape.name}: weighted outputs are not regrouped as [T, {top_k}, H]")
+        return _fail(f"{reshape.name}: weighted outputs are not regrouped as [T, {top_k}, H]")
     reduce = _single(index, reshape.output[0], ("ReduceSum",), "regrouped expert outputs")
+    if isinstance(reduce, Skip):
+        return reduce
     axes = ev.ints(reduce.input[1]) if len(reduce.input) > 1 and reduce.input[1] else index.attr(reduce, "axes")
     if axes not in ([1], [-2]) or index.attr(reduce, "keepdims", 1) != 0:
-        raise _NoMatch(f"{reduce.name}: does not sum over the top-k axis")
+        return _fail(f"{reduce.name}: does not sum over the top-k axis")
     # the block output is the sum itself: a following float->float Cast (TorchScript's ``.to(dtype)``) stays,
     # so that every rule names the same output value for the same block
     output_value = reduce.output[0]
