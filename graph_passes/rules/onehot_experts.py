@@ -397,6 +397,24 @@ def _torch_scope_block(index: GraphIndex, node: onnx.NodeProto) -> str:
 
 def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> str | Skip:
     """``Flatten(Tile(Unsqueeze(x, 1), [1, K, 1]), 2)`` or ``Reshape(Expand(Unsqueeze(x, 1), [.., K, ..]))``."""
+    repeat = _repeat(index, ev, value, top_k)
+    if isinstance(repeat, Skip):
+        return repeat
+    unsqueeze = index.producer.get(repeat.input[0])
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+        return _fail(f"{repeat.name}: input is not the unsqueezed hidden state")
+    axes = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
+    if axes != [1]:
+        return _fail(f"{unsqueeze.name}: hidden state unsqueezed on axes {axes}, expected [1]")
+    hidden_value = unsqueeze.input[0]
+    shape = index.shape(hidden_value)
+    if shape is None or len(shape) != 2:
+        return _fail(f"hidden state {hidden_value} is not a [T, H] tensor")
+    return hidden_value
+
+
+def _repeat(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: int) -> onnx.NodeProto | Skip:
+    """The ``Tile``/``Expand`` repeating ``[T, 1, H]`` ``top_k`` times whose ``[T*K, H]`` flattening is ``value``."""
     node = index.producer.get(value)
     if node is None or node.op_type not in ("Flatten", "Reshape"):
         return _fail(f"expert input {value} is not the hidden state repeated per top-k slot")
@@ -417,17 +435,7 @@ def _repeated_hidden(index: GraphIndex, ev: ShapeEvaluator, value: str, top_k: i
         out_shape = index.shape(repeat.output[0])
         if out_shape is None or len(out_shape) != 3 or out_shape[1] != top_k:
             return _fail(f"{repeat.name}: does not repeat the hidden state {top_k} times")
-    unsqueeze = index.producer.get(repeat.input[0])
-    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
-        return _fail(f"{repeat.name}: input is not the unsqueezed hidden state")
-    axes = ev.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else index.attr(unsqueeze, "axes")
-    if axes != [1]:
-        return _fail(f"{unsqueeze.name}: hidden state unsqueezed on axes {axes}, expected [1]")
-    hidden_value = unsqueeze.input[0]
-    shape = index.shape(hidden_value)
-    if shape is None or len(shape) != 2:
-        return _fail(f"hidden state {hidden_value} is not a [T, H] tensor")
-    return hidden_value
+    return repeat
 
 
 def _slice_columns(
