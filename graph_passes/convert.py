@@ -200,7 +200,7 @@ def _collect_candidates(index: GraphIndex, rules: list[MoERule]) -> tuple[list[M
     claimed_outputs: set[str] = set()
     claimed_nodes: set[str] = set()
     for rule in rules:
-        for found in rule.find(index):
+        for found in _find_fail_closed(rule, index):
             if isinstance(found, Skip):
                 if not claimed_nodes.intersection(found.nodes):
                     skipped.append(found)
@@ -216,6 +216,16 @@ def _collect_candidates(index: GraphIndex, rules: list[MoERule]) -> tuple[list[M
             claimed_nodes.update(candidate.readings[0].replaced_nodes)
             candidates.append(candidate)
     return candidates, skipped
+
+
+def _find_fail_closed(rule: MoERule, index: GraphIndex) -> list:
+    """The rule's findings; a rule that fails on a graph it was not written for finds nothing there (one ``Skip``
+    saying so), so a broken or hostile graph is never rewritten and never ends the conversion with a traceback."""
+    try:
+        return list(rule.find(index))
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        name = getattr(rule, "name", type(rule).__name__)
+        return [Skip(name, f"rule {name} could not read this graph ({type(exc).__name__}: {exc}); nothing rewritten")]
 
 
 def _with_unique_name(candidate: MoECandidate, taken: set[str]) -> MoECandidate:

@@ -53,8 +53,8 @@ class ShapeEvaluator:
             return None
         try:
             return self._apply(node, name, depth)
-        except (TypeError, ValueError, IndexError):
-            return None
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError, OverflowError):
+            return None  # inputs this op cannot take (a hostile or broken graph): the value is unknown
 
     def _apply(self, node: onnx.NodeProto, name: str, depth: int) -> np.ndarray | None:
         op = node.op_type

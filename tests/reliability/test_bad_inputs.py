@@ -10,6 +10,7 @@ import builtins
 import errno
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,6 +22,8 @@ from ndp_ep import InferenceSession, convert_model
 from ndp_ep.cli import main
 from ndp_ep.errors import ModelLoadError, NdpEpError
 from tests.reliability.conftest import digest, save_external, tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _value(name, dims=(2,)):
@@ -290,3 +293,24 @@ def test_feeds_that_are_not_a_mapping_are_a_feed_error(feeds):
     session = InferenceSession(tiny_model(), shards=2)
     with pytest.raises(FeedError, match="mapping"):
         session.run(None, feeds)
+
+
+def test_a_graph_the_rules_cannot_read_converts_nothing_and_fails_no_rule(tmp_path, capsys):
+    """A swapped-input mutation of an exported block once crashed the one-hot rule's constant folder with an
+    AttributeError traceback (found by mutating every node of the sample exports)."""
+    source = REPO / "sample_models" / "hf" / "extra" / "deepseek_v3_block_torchscript.onnx"
+    model = onnx.load(str(source))
+    node = model.graph.node[59]
+    swapped = [node.input[1], node.input[0], *node.input[2:]]
+    del node.input[:]
+    node.input.extend(swapped)
+    mutated = tmp_path / "mutated.onnx"
+    mutated.write_bytes(model.SerializeToString())
+    code = main(["convert", str(mutated), "-o", str(tmp_path / "out.onnx"), "--json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 2) and "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1
+    else:  # whatever could not be read is reported as skipped, with the reason
+        report = json.loads(out)
+        assert report["moe_blocks"] or report["skipped"]
