@@ -64,27 +64,12 @@ def make_plots(
     fig.suptitle("512 prompt + 512 generated tokens, batch 1", y=1.03)
     save(fig, "latency_bars.png")
 
-    # 2. Gantt timelines of one MoE layer (prefill and a mid-stream decode step)
+    # 2. Gantt timelines of one MoE layer (prefill and a mid-stream decode step), one time axis per phase
+    from hw_model.gantt import gantt_figure
+
     for model, per_policy in gantt.items():
-        phases = [p for p in ("prefill", "decode") if any(p in g for g in per_policy.values())]
-        pols = [p for p in GANTT_POLICIES if p in per_policy]
-        fig, axes = plt.subplots(len(pols), len(phases), figsize=(7 * len(phases), 2.2 * len(pols)), squeeze=False)
-        for row, policy in enumerate(pols):
-            for col, phase in enumerate(phases):
-                ax = axes[row][col]
-                events = per_policy[policy].get(phase, [])
-                resources = sorted({e[0] for e in events}, key=_resource_rank)
-                for y, resource in enumerate(resources):
-                    spans = [(s * 1e3, (e - s) * 1e3) for res, s, e, _ in events if res == resource]
-                    ax.broken_barh(spans, (y - 0.4, 0.8), color=_resource_colour(resource))
-                ax.set_yticks(range(len(resources)))
-                ax.set_yticklabels(resources, fontsize=7)
-                ax.invert_yaxis()
-                ax.set_xlabel("ms")
-                ax.set_title(f"{policy}: layer 0, {phase}", fontsize=9)
-        fig.suptitle(f"{model}, {default_units} NDP units: one MoE layer's timeline")
-        fig.tight_layout()
-        save(fig, f"gantt_{model}.png")
+        title = f"{model}, {default_units} NDP units: one MoE layer's timeline"
+        save(gantt_figure(per_policy, title, rows=[p for p in GANTT_POLICIES if p in per_policy]), f"gantt_{model}.png")
 
     # 3. utilisation at the default NDP count
     util = [r for r in rows if r["ndp_units"] == default_units]
@@ -117,37 +102,3 @@ def make_plots(
         ax.legend(fontsize=7)
         save(fig, "skew_sweep.png")
     return written
-
-
-def _resource_rank(resource: str) -> tuple[int, int]:
-    order = {"gpu": 0, "pcie": 1, "pcie_d2h": 2, "ndp_link": 99}
-    if resource.startswith("ndp") and resource[3:].isdigit():
-        return (3, int(resource[3:]))
-    return (order.get(resource, 50), 0)
-
-
-def _resource_colour(resource: str) -> str:
-    if resource == "gpu":
-        return "tab:green"
-    if resource.startswith("pcie"):
-        return "tab:orange"
-    if resource == "ndp_link":
-        return "tab:purple"
-    return "tab:blue"
-
-
-def _resource_rank(resource: str) -> tuple[int, int]:
-    order = {"gpu": 0, "pcie": 1, "pcie_d2h": 2, "ndp_link": 99}
-    if resource.startswith("ndp") and resource[3:].isdigit():
-        return (3, int(resource[3:]))
-    return (order.get(resource, 50), 0)
-
-
-def _resource_colour(resource: str) -> str:
-    if resource == "gpu":
-        return "tab:green"
-    if resource.startswith("pcie"):
-        return "tab:orange"
-    if resource == "ndp_link":
-        return "tab:purple"
-    return "tab:blue"
