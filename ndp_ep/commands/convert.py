@@ -54,6 +54,18 @@ def sharded_node_count(model: str | Path) -> int:
     return sum(1 for node in proto.graph.node if is_sharded_node(node))
 
 
+def describe_block(block) -> str:
+    """One block of a conversion report in words (``convert`` and ``inspect`` print it)."""
+    from ndp_ep.text import plural
+
+    quant = f" (blocks of {block.quant_block_size})" if block.quant_block_size else ""
+    return (
+        f"{plural(block.num_experts, 'expert')}, top-{block.top_k}, hidden {block.hidden}, ffn {block.ffn}, "
+        f"{block.weight_dtype}{quant} weights, {block.activation}, {plural(block.shards, 'shard')}, "
+        f"{plural(block.replaced_nodes, 'node')} replaced"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from graph_passes.sharded_op import DOMAIN, OP_TYPE
     from ndp_ep.convert import convert_model
@@ -97,11 +109,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"no MoE block converted: {plural(len(report.skipped), 'candidate')} skipped (--strict makes this fail):")
     for block in report.blocks:
-        print(
-            f"  {block.name}: {plural(block.num_experts, 'expert')}, top-{block.top_k}, hidden {block.hidden}, "
-            f"ffn {block.ffn}, {block.activation}, {plural(block.shards, 'shard')}, "
-            f"{plural(block.replaced_nodes, 'node')} replaced"
-        )
+        print(f"  {block.name}: {describe_block(block)}")
     for skip in report.skipped:
         print(f"  skipped {skip.where}: {skip.reason}")
     for note in report.notes:

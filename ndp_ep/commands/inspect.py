@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.convert import DEFAULT_SHARDS, plan_conversion
+    from ndp_ep.commands.convert import describe_block
     from ndp_ep.errors import graph_pass_errors
     from ndp_ep.text import plural
 
@@ -39,18 +40,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.model}: {plural(len(report.blocks), 'MoE block')} would be rewritten, {len(report.skipped)} skipped")
     for block in report.blocks:
-        quant = f" (blocks of {block.quant_block_size})" if block.quant_block_size else ""
         if block.checked_in_isolation:
             proof = "proven on its own region"
         elif block.checked_numerically:
             proof = "proven on a whole-model run"
         else:
             proof = "accepted on structure (too large to run)"
-        print(
-            f"  rewrite {block.name}: {block.num_experts} experts, top-{block.top_k}, hidden {block.hidden}, "
-            f"ffn {block.ffn}, {block.weight_dtype}{quant} weights, {block.activation}, {block.shards} shards, "
-            f"rule {block.rule}, {plural(block.replaced_nodes, 'node')} replaced, {proof}"
-        )
+        print(f"  rewrite {block.name}: {describe_block(block)}, rule {block.rule}, {proof}")
     for skip in report.skipped:
         print(f"  skip {skip.where}: {skip.reason}")
     for note in report.notes:
