@@ -43,24 +43,27 @@ def make_plots(
         units_list = sorted({r["ndp_units"] for r in rows if r["model"] == model})
         width = 0.8 / max(1, len(policies))
         for i, policy in enumerate(policies):
-            values = [
-                next(
-                    (
-                        r["latency_s"]
-                        for r in rows
-                        if r["model"] == model and r["ndp_units"] == u and r["policy"] == policy
-                    ),
-                    np.nan,
-                )
+            cells = [
+                next((r for r in rows if r["model"] == model and r["ndp_units"] == u and r["policy"] == policy), None)
                 for u in units_list
             ]
+            # a configuration that does not fit the DIMMs has no bar (its latency would be a fiction)
+            values = [c["latency_s"] if c is not None and c.get("feasible", True) else np.nan for c in cells]
             ax.bar(np.arange(len(units_list)) + i * width, values, width, label=policy, color=colours[policy])
         ax.set_xticks(np.arange(len(units_list)) + 0.4 - width / 2)
-        ax.set_xticklabels([f"{u} NDP" for u in units_list])
+        ax.set_xticklabels(
+            [
+                f"{u} NDP"
+                if any(r.get("feasible", True) for r in rows if r["model"] == model and r["ndp_units"] == u)
+                else f"{u} NDP\n(does not fit)"
+                for u in units_list
+            ]
+        )
         ax.set_yscale("log")
         ax.set_title(model)
         ax.set_ylabel("end-to-end latency, s (log)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 6), bbox_to_anchor=(0.5, -0.12))
     fig.suptitle("512 prompt + 512 generated tokens, batch 1", y=1.03)
     save(fig, "latency_bars.png")
 
