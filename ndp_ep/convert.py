@@ -16,10 +16,12 @@ import onnx
 
 from graph_passes.convert import ConversionReport, convert
 from graph_passes.model_io import output_files, save_rewritten
+from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
 from hw_model.hardware import SystemSpec, load_system
 from hw_model.policies import DEFAULT_POLICY
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
+from ndp_ep.text import plural
 from ndp_io import FileSafetyError, atomic_write, check_no_clobber, check_output_path, write_text
 
 
@@ -29,6 +31,7 @@ class ConversionResult:
     files: tuple[Path, ...]
     system: SystemSpec
     shards: int
+    already_converted: int = 0  # sharded expert ops the input already held (nothing left to convert)
 
     def to_json(self) -> dict:
         return {
@@ -70,8 +73,15 @@ def convert_model(
     requested = shards if shards is not None else max(system.num_ndp_units, 1)
     with graph_pass_errors():
         rewritten, report = convert(source, shards=requested, strict=strict)
+    already = 0 if report.blocks else sum(1 for node in rewritten.model.graph.node if is_sharded_node(node))
     if strict and not report.blocks:
-        raise ConversionError("strict: nothing to convert: no MoE block found")
+        name = "the model" if isinstance(source, onnx.ModelProto) else str(source)
+        found = (
+            f"{name} is already converted ({plural(already, f'{DOMAIN}::{OP_TYPE} node')})"
+            if already
+            else ("no MoE block found")
+        )
+        raise ConversionError(f"strict: nothing to convert: {found}")
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     data_files = rewritten.store.data_files if rewritten.store is not None else []
     try:
@@ -81,7 +91,7 @@ def convert_model(
         raise ConversionError(str(exc)) from None
     if genai is not None:
         files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
-    return ConversionResult(report, tuple(files), system, requested)
+    return ConversionResult(report, tuple(files), system, requested, already)
 
 
 GENAI_CONFIG = "genai_config.json"

@@ -41,19 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_args(parser, what="the conversion report")
 
 
-def sharded_node_count(model: str | Path) -> int:
-    """How many sharded expert ops ``model`` already holds (0 when it cannot be read: the conversion says why)."""
-    from graph_passes.errors import GraphPassError
-    from graph_passes.model_io import load_model
-    from graph_passes.sharded_op import is_sharded_node
-
-    try:
-        proto, _ = load_model(model, check=False)
-    except GraphPassError:  # unreadable or not ONNX: convert_model raises the typed error with the reason
-        return 0
-    return sum(1 for node in proto.graph.node if is_sharded_node(node))
-
-
 def describe_block(block) -> str:
     """One block of a conversion report in words (``convert`` and ``inspect`` print it)."""
     from ndp_ep.text import plural
@@ -69,16 +56,9 @@ def describe_block(block) -> str:
 def run(args: argparse.Namespace) -> int:
     from graph_passes.sharded_op import DOMAIN, OP_TYPE
     from ndp_ep.convert import convert_model
-    from ndp_ep.errors import ConversionError
     from ndp_ep.text import plural
 
     output = Path(args.output)
-    already = sharded_node_count(args.model)
-    if already and args.strict:
-        raise ConversionError(
-            f"strict: nothing to convert: {args.model} is already converted "
-            f"({plural(already, f'{DOMAIN}::{OP_TYPE} node')})"
-        )
     result = convert_model(
         args.model,
         output,
@@ -96,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
     system = f"{result.system.name} with {plural(result.system.num_ndp_units, 'NDP unit')}"
     if report.blocks:
         print(f"converted {plural(len(report.blocks), 'MoE block')} into sharded expert ops (placed for {system}):")
-    elif already:
+    elif result.already_converted:
+        ops = plural(result.already_converted, f"{DOMAIN}::{OP_TYPE} node")
         print(
-            f"nothing to do: {args.model} is already converted ({plural(already, f'{DOMAIN}::{OP_TYPE} node')}); "
+            f"nothing to do: {args.model} is already converted ({ops}); "
             "the copy is unchanged (--strict would make this an error)"
         )
     elif not report.skipped:
