@@ -130,12 +130,13 @@ def _with_overrides(data: Mapping[str, Any], overrides: Iterable[tuple[str, floa
     return out
 
 
-def _flatten_tables(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"gpu": {"peak_flops_per_s": {"bf16": [..]}}}`` -> ``{"gpu.peak_flops_per_s.bf16": [..]}``."""
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys (grid axes, result records):
+    ``{"gpu": {"peak_flops_per_s": {"bf16": [..]}}}`` -> ``{"gpu.peak_flops_per_s.bf16": [..]}``."""
     out: dict[str, Any] = {}
     for key, value in table.items():
-        if isinstance(value, dict):
-            out.update(_flatten_tables(value, f"{prefix}{key}."))
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -289,7 +290,7 @@ def grid_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> Sweep
         if key == "hardware":
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SweepGridError("hardware: expected tables [hardware.SECTION] of field = [values]")
-            kwargs[key] = _flatten_tables(value)
+            kwargs[key] = _flatten(value)
         elif key in ("models", "hw", "ndp_units", "policies", "skew", "traces", "seeds", "residency_fractions"):
             values = list(value) if isinstance(value, list) else [value]
             if key in ("hw", "traces"):
@@ -430,16 +431,6 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
 # per worker process: routing traces by (trace, seed, tokens, knobs), the most recently used few only
 _TRACE_CACHES: OrderedDict[tuple, dict] = OrderedDict()
 TRACE_CACHE_ENTRIES = 8
-
-
-def _flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in record.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def run_point(point: SweepPoint) -> dict[str, Any]:
