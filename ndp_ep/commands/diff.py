@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.diff import diff_models, render_html, render_json, render_text, to_json_document
     from ndp_io import check_no_clobber, write_text
 
-    # never clobber an input (either model or their data files), checked before any work
-    check_no_clobber([args.html, args.json_out], [*model_files(args.model_a), *model_files(args.model_b)])
+    outputs = [args.html, args.json_out]
+    if any(outputs):  # never clobber an input (either model or their data files), checked before any work
+        check_no_clobber(outputs, [*model_files(args.model_a), *model_files(args.model_b)])
     result = diff_models(args.model_a, args.model_b)
     if args.html:
         write_text(args.html, render_html(result, to_json_document(result)))

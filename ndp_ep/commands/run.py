@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.session import InferenceSession
     from ndp_io import check_no_clobber
 
-    check_no_clobber([args.outputs], [*model_files(args.model), args.inputs, args.hw])  # before any write
+    outputs = [args.outputs, args.trace]
+    if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
+        check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
     mismatch = shard_mismatch(session.converted_model, session.system.num_ndp_units)

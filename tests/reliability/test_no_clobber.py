@@ -76,11 +76,20 @@ def test_run_refuses_outputs_over_model_data_or_feeds(workdir, capsys, target):
     assert _snapshot(workdir) == before
 
 
+@pytest.mark.parametrize("target", ["moe.onnx", "weights.bin", "feeds.npz"])
+def test_run_refuses_a_trace_over_model_data_or_feeds(workdir, capsys, target):
+    before = _snapshot(workdir)
+    argv = ["run", str(workdir / "moe.onnx"), "--inputs", str(workdir / "feeds.npz"), "--trace", str(workdir / target)]
+    _one_line_exit_2(capsys, argv, "run")
+    assert _snapshot(workdir) == before
+
+
 @pytest.mark.parametrize("target", ["moe.onnx", "weights.bin", "other.onnx"])
-def test_diff_refuses_html_over_either_model(workdir, capsys, target):
+@pytest.mark.parametrize("option", ["--html", "--json-out"])
+def test_diff_refuses_html_over_either_model(workdir, capsys, target, option):
     (workdir / "other.onnx").write_bytes((workdir / "moe.onnx").read_bytes())
     before = _snapshot(workdir)
-    argv = ["diff", str(workdir / "moe.onnx"), str(workdir / "other.onnx"), "--html", str(workdir / target)]
+    argv = ["diff", str(workdir / "moe.onnx"), str(workdir / "other.onnx"), option, str(workdir / target)]
     _one_line_exit_2(capsys, argv, "diff")
     assert _snapshot(workdir) == before
 
