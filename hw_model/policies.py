@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -51,16 +50,15 @@ import numpy as np
 from hw_model.cost import expert_shard_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
+from hw_model.layout import InvocationLayout, LayoutPlan, LayoutSummary, PolicyOutcome, shape_class
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
 from hw_model.scheduler import PlacementProblem, pack
-from hw_model.timeline import GpuJob, LayerTimeline, TimelineEvent, build_layer_timeline
+from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
 
 DEFAULT_POLICY = "tp+lb+prefetch"
 ROLES = ("baseline", "ours", "extension", "ablation", "bound")
 LAYOUTS = ("sliced", "whole", "host", "dual")
-LAYOUT_MEMO_SIZE = 4096  # memoised layouts per run (cleared when full)
-LAYOUT_MEMO_TRIAL = 512  # lookups before the layout memo is dropped for a run if under a quarter of them hit
 
 
 class ExpertCosts:
@@ -181,24 +179,15 @@ class PolicyState:
     plan_cache: dict[tuple[int, str], tuple[np.ndarray, frozenset[int]]] = field(default_factory=dict)
     smoothed: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
-    layout_memo: dict[tuple, tuple] = field(default_factory=dict)
+    layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
     layer_classes: dict[int, tuple[MoELayerShape, int]] = field(default_factory=dict)
     shape_classes: dict[tuple[ExpertShape, int], int] = field(default_factory=dict)
-    layout_lookups: int = 0
-    layout_hits: int = 0
     recomputations: int = 0
     reuses: int = 0
     decode_recomputations: int = 0
     decision_times_s: list[float] = field(default_factory=list)
     on_demand_bytes: float = 0.0
     staged_ahead: dict[int, set[int]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PolicyOutcome:
-    timeline: LayerTimeline
-    placement: dict[int, str]
-    extra: dict[str, float]
 
 
 class Policy(ABC):
@@ -268,148 +257,6 @@ def policy_names(role: str | None = None) -> tuple[str, ...]:
     return tuple(name for name, p in _REGISTRY.items() if role is None or p.role == role)
 
 
-def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
-    return max(1, -(-int(counts.sum()) // layer.top_k))
-
-
-_SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
-
-
-class _Layout:
-    """Collects one invocation's jobs per resource, then lays out the timeline."""
-
-    def __init__(self, ctx: RunContext, policy: Policy, layer: MoELayerShape, counts: np.ndarray) -> None:
-        self.ctx = ctx
-        self.costs = ctx.costs
-        self.layer = layer
-        self.expert = layer.expert
-        self.counts = counts
-        self.units = ctx.system.num_ndp_units
-        self.tokens = tokens_in_invocation(layer, counts)
-        self.sources = policy.copy_sources(self.units)
-        self.tensor_parallel = policy.tensor_parallel
-        self.unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(self.units)]
-        self.unit_dram_s = [0.0] * self.units
-        self.unit_tokens = [0] * self.units
-        self.gpu_jobs: list[GpuJob] = []
-        self.placement: dict[int, str] = {}
-        self.extra: dict[str, float] = {}
-        # sliced experts put the same shard on every unit: kept once, spread over the units in finish()
-        self.shared_jobs: list[tuple[str, float]] = []
-        self.shared_dram_s = 0.0
-        self.shared_tokens = 0
-
-    def home(self, e: int) -> int:
-        return e % self.units
-
-    def to_gpu(self, state: PolicyState, e: int, resident: bool) -> None:
-        expert = self.expert
-        costs = self.costs
-        if resident:
-            self.gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, int(self.counts[e])), 0.0))
-        else:
-            transfer = costs.transfer_s(expert, self.sources)
-            weight_bytes = costs.weight_bytes(expert)
-            self.gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, int(self.counts[e])), weight_bytes))
-            state.on_demand_bytes += weight_bytes
-            read_s = self.costs.copy_read_s(expert, self.sources)
-            if self.sources == 1 and self.units:
-                self.unit_dram_s[self.home(e)] += read_s
-            elif self.sources > 1:
-                for u in range(self.units):
-                    self.unit_dram_s[u] += read_s
-        self.placement[e] = "gpu"
-
-    def whole_on_unit(self, e: int) -> None:
-        unit = self.home(e)
-        tokens = int(self.counts[e])
-        self.unit_jobs[unit].append((f"e{e}", self.costs.ndp_s(self.expert, tokens, 1)))
-        self.unit_dram_s[unit] += self.costs.ndp_dram_s(self.expert, tokens, 1)
-        self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + tokens)
-        self.placement[e] = f"ndp{unit}"
-
-    def sliced(self, e: int) -> None:
-        tokens = int(self.counts[e])
-        ndp_s, dram_s = self.costs.ndp_pair(self.expert, tokens, self.units)
-        label = _SHARD_LABELS[e] if e < len(_SHARD_LABELS) else f"e{e} shard"
-        self.shared_jobs.append((label, ndp_s))
-        self.shared_dram_s += dram_s
-        self.shared_tokens += tokens
-        self.placement[e] = "ndp"
-
-    def split(self, state: PolicyState, e: int, k: int) -> None:
-        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
-        expert, units, tokens = self.expert, self.units, int(self.counts[e])
-        part_bytes = expert.weight_bytes() / k
-        transfer = self.ctx.system.host_link.latency_s + part_bytes / self.costs.copy_bandwidth(self.sources)
-        gpu_s = expert_shard_time_s(self.ctx.system.gpu, expert, tokens, k)
-        self.gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
-        state.on_demand_bytes += part_bytes
-        rest = units * k / (k - 1)
-        self.shared_jobs.append((f"e{e} shard", self.costs.ndp_s(expert, tokens, rest)))
-        self.shared_dram_s += (
-            self.costs.ndp_dram_s(expert, tokens, rest) + self.costs.copy_read_s(expert, self.sources) / k
-        )
-        self.shared_tokens += tokens
-        self.placement[e] = "split"
-
-    def on_ndp(self, e: int) -> None:
-        if self.tensor_parallel:
-            self.sliced(e)
-        else:
-            self.whole_on_unit(e)
-
-    def finish(self) -> PolicyOutcome:
-        if self.shared_jobs:
-            shared = self.shared_jobs
-            for unit in range(self.units):
-                own = self.unit_jobs[unit]
-                self.unit_jobs[unit] = shared + own if own else shared  # one list for the units without own jobs
-                self.unit_dram_s[unit] += self.shared_dram_s
-                self.unit_tokens[unit] = min(self.tokens, self.unit_tokens[unit] + self.shared_tokens)
-        timeline = build_layer_timeline(
-            self.ctx.system,
-            self.layer,
-            self.tokens,
-            self.unit_jobs,
-            self.unit_tokens,
-            self.gpu_jobs,
-            self.tensor_parallel,
-            self.unit_dram_s,
-        )
-        return PolicyOutcome(timeline, self.placement, self.extra)
-
-    # -- the per-item view the balancing rules and the packer use ----------------------------------------
-    def item_arrays(
-        self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
-        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes.
-        ``whole[i]`` (dual layout) runs expert ``i`` whole on its home unit instead of sliced."""
-        units, expert = self.units, self.expert
-        n = active.size
-        ndp = np.zeros((n, units))
-        copy = np.zeros((n, units))
-        tokens = self.counts[active]
-        read_s = self.costs.copy_read_s(expert, self.sources)
-        for i, (e, c) in enumerate(zip(active.tolist(), tokens.tolist(), strict=True)):
-            if self.tensor_parallel and not (whole is not None and whole[i]):
-                ndp[i, :] = max(self.costs.ndp_s(expert, c, units), self.costs.ndp_dram_s(expert, c, units))
-            else:
-                ndp[i, self.home(e)] = max(self.costs.ndp_s(expert, c, 1), self.costs.ndp_dram_s(expert, c, 1))
-            if not resident[i]:
-                if self.sources == 1:
-                    copy[i, self.home(e)] = read_s
-                elif self.sources > 1:
-                    copy[i, :] = read_s
-        transfer = np.where(resident, 0.0, self.costs.transfer_s(expert, self.sources))
-        gpu = np.array([self.costs.gpu_s(expert, c) for c in tokens.tolist()])
-        staged = np.where(resident, 0.0, expert.weight_bytes())
-        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
-
-    def activation_s(self) -> float:
-        return self.ctx.system.host_link.transfer_time_s(self.tokens * self.expert.hidden * self.expert.dtype_bytes)
-
-
 def load_aware_order(ndp: np.ndarray, tokens: np.ndarray, resident: np.ndarray) -> np.ndarray:
     """MoNDE's order of moving experts to the GPU: resident ones first (no copy), hottest first; then,
     repeatedly, the hottest remaining expert of the currently busiest unit (ties: lower index)."""
@@ -475,13 +322,13 @@ class GpuOffload(Policy):
         return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         assert state.prefetcher is not None and state.lru is not None
         resident = state.prefetcher.resident_mask(layer_index, layer.num_experts)
         weight_bytes = layer.expert.weight_bytes()
         for e in np.flatnonzero(counts).tolist():
             hit = bool(resident[e]) or state.lru.use((layer_index, e), weight_bytes)
-            out.to_gpu(state, e, hit)
+            out.to_gpu(e, hit)
             if not hit:
                 state.prefetcher.adopt_staged(layer_index, e)
         return out.finish()
@@ -495,7 +342,7 @@ class NdpExpertPerUnit(Policy):
     source = "the NDP-only design point of NDP-DIMM papers (Hermes, HPCA 2025)"
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         for e in np.flatnonzero(counts).tolist():
             out.whole_on_unit(e)
         return out.finish()
@@ -505,13 +352,13 @@ class _Balanced(Policy):
     """MoNDE's rule: move experts to the GPU in load-aware order, as many as balance GPU and NDP time."""
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, active)
         # the choice depends only on (home unit, tokens, residency) per active expert: memoise it (a pure
         # speed-up of the simulation; the decision is identical)
         homes = b"" if self.tensor_parallel else (active % max(1, out.units)).tobytes()
-        key = (_shape_class(state, layer), out.units, homes, counts[active].tobytes(), resident.tobytes())
+        key = (shape_class(state, layer), out.units, homes, counts[active].tobytes(), resident.tobytes())
         mask = state.pack_memo.get(key)
         if mask is None:
             items = out.item_arrays(active, resident)
@@ -527,7 +374,7 @@ class _Balanced(Policy):
         chosen = set(active[mask].tolist())
         for i, e in enumerate(active.tolist()):
             if e in chosen:
-                out.to_gpu(state, e, bool(resident[i]))
+                out.to_gpu(e, bool(resident[i]))
                 self._keep(state, layer_index, e, layer.expert.weight_bytes())
             else:
                 out.on_ndp(e)
@@ -585,7 +432,7 @@ class Duplex(Policy):
     layout = "sliced"
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         expert = layer.expert
         unit = ctx.system.ndp_unit
         ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
@@ -595,7 +442,7 @@ class Duplex(Policy):
             op_per_byte = expert.flops(int(counts[e])) / expert.weight_bytes()
             fits = staged + expert.weight_bytes() <= ctx.staging_cap_bytes
             if op_per_byte > ridge and fits:
-                out.to_gpu(state, e, resident=False)
+                out.to_gpu(e, resident=False)
                 staged += expert.weight_bytes()
             else:
                 out.sliced(e)
@@ -628,59 +475,26 @@ class TensorParallelLoadBalanced(Policy):
         return np.zeros(num_experts, dtype=bool)
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        made: list[_Layout] = []  # the layout, built only when needed (not on a memoised decision and layout)
-
-        def layout() -> _Layout:
-            if not made:
-                made.append(_Layout(ctx, self, layer, counts))
-            return made[0]
-
+        out = InvocationLayout(ctx, self, state, layer, counts)
         active = counts.nonzero()[0]  # counts is one-dimensional
         resident = self._resident(state, layer_index, layer.num_experts)
-        on_gpu = _scheduled_gpu_set(ctx, state, layout, layer_index, counts, active, resident, phase)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
         weight_bytes = ctx.costs.weight_bytes(layer.expert)
-        active_list = active.tolist()
-        res_active = resident[active]
-        # The layout (timeline, placement, on-demand copies) is a pure function of the layer, the token counts,
-        # the GPU set and the residency of its members: memoised (a pure speed-up; the result is identical).
-        gpu_key = tuple((e, bool(resident[e])) for e in active_list if e in on_gpu)
-        use_memo = state.layout_lookups < LAYOUT_MEMO_TRIAL or state.layout_hits * 4 >= state.layout_lookups
-        key = memo = None
-        if use_memo:  # kept only while it hits (many distinct routings, e.g. 8 of 128 experts, rarely repeat)
-            state.layout_lookups += 1
-            key = (layer_index, counts.tobytes(), gpu_key)
-            memo = state.layout_memo.get(key)
-            if memo is not None:
-                state.layout_hits += 1
-        elif state.layout_memo:
-            state.layout_memo.clear()
-        if memo is None:
-            out = layout()
-            before = state.on_demand_bytes
-            state.on_demand_bytes = 0.0
-            for e in active_list:
-                if e in on_gpu:
-                    out.to_gpu(state, e, bool(resident[e]))
-                else:
-                    out.sliced(e)
-            copies = sum(1 for _, res in gpu_key if not res)
-            state.on_demand_bytes = before
-            outcome = out.finish()
-            memo = (outcome.timeline, outcome.placement, copies)
-            if use_memo:
-                if len(state.layout_memo) > LAYOUT_MEMO_SIZE:
-                    state.layout_memo.clear()
-                state.layout_memo[key] = memo
-        timeline, placement, copies = memo
-        for _ in range(copies):  # the same float additions to_gpu makes, in the same order
-            state.on_demand_bytes += weight_bytes
-        for e, res in gpu_key:
+        resident_selected = 0
+        for e in active.tolist():
+            res = bool(resident[e])
+            resident_selected += res
+            if e not in on_gpu:
+                out.sliced(e)
+                continue
+            out.to_gpu(e, res)
             adopted = False
             if not res and state.prefetcher is not None:
                 adopted = state.prefetcher.adopt_staged(layer_index, e)
             if state.lru is not None and not adopted:  # keep the staged copy until its space is needed
                 state.lru.use((layer_index, e), weight_bytes)
-        return PolicyOutcome(timeline, placement, {"resident_selected": float(np.count_nonzero(res_active))})
+        out.extra["resident_selected"] = float(resident_selected)
+        return out.finish()
 
 
 @register
@@ -739,7 +553,7 @@ class OursSplit(Ours):
     source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, layer.num_experts)
         on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
@@ -748,14 +562,14 @@ class OursSplit(Ours):
         weight_bytes = layer.expert.weight_bytes()
         for e in active.tolist():
             if e in on_gpu:
-                out.to_gpu(state, e, bool(resident[e]))
+                out.to_gpu(e, bool(resident[e]))
                 adopted = False
                 if not resident[e] and state.prefetcher is not None:
                     adopted = state.prefetcher.adopt_staged(layer_index, e)
                 if state.lru is not None and not adopted:
                     state.lru.use((layer_index, e), weight_bytes)
             elif split is not None and e == split[0]:
-                out.split(state, e, split[1])
+                out.split(e, split[1])
             else:
                 out.sliced(e)
         out.extra["resident_selected"] = float(resident[active].sum())
@@ -764,7 +578,7 @@ class OursSplit(Ours):
 
 
 def _best_split(
-    out: _Layout, active: np.ndarray, resident: np.ndarray, on_gpu: set[int], on_ndp: list[int]
+    out: InvocationLayout, active: np.ndarray, resident: np.ndarray, on_gpu: set[int], on_ndp: list[int]
 ) -> tuple[int, int] | None:
     """(expert, k) when running 1/k of the hottest NDP expert on the GPU shortens the layer, else None."""
     costs, expert, units = out.costs, out.expert, out.units
@@ -813,7 +627,7 @@ class OursVariableDegree(Ours):
     layout = "dual"
 
     def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = _Layout(ctx, self, layer, counts)
+        out = InvocationLayout(ctx, self, state, layer, counts)
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, layer.num_experts)
         res = resident[active]
@@ -837,7 +651,7 @@ class OursVariableDegree(Ours):
         weight_bytes = layer.expert.weight_bytes()
         for i, e in enumerate(active.tolist()):
             if on_gpu[i]:
-                out.to_gpu(state, e, bool(res[i]))
+                out.to_gpu(e, bool(res[i]))
                 adopted = False
                 if not res[i] and state.prefetcher is not None:
                     adopted = state.prefetcher.adopt_staged(layer_index, e)
@@ -852,7 +666,7 @@ class OursVariableDegree(Ours):
         return out.finish()
 
 
-def choose_whole(out: _Layout, active: np.ndarray) -> np.ndarray:
+def choose_whole(out: InvocationLayout, active: np.ndarray) -> np.ndarray:
     """Per active expert, whether to run it whole on its home unit (per-unit bins): every unit takes the same
     number ``m`` of its own coldest experts whole (``m`` = the fewest active experts any unit is home to), which
     keeps the units balanced while each whole expert saves the fixed costs of N - 1 shards; kept only if the
@@ -911,7 +725,7 @@ def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
 def _scheduled_gpu_set(
     ctx: RunContext,
     state: PolicyState,
-    out: _Layout | Callable[[], _Layout],
+    out: InvocationLayout,
     layer_index: int,
     counts: np.ndarray,
     active: np.ndarray,
@@ -919,7 +733,7 @@ def _scheduled_gpu_set(
     phase: str,
 ) -> set[int]:
     """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's.
-    ``out`` is the invocation's layout or a function building it (called only when a plan is made)."""
+    ``out`` is the invocation's layout (the packer reads its per-item view when a plan is made)."""
     histogram = counts / max(1, counts.sum())
     key = (layer_index, phase)
     smoothed = state.smoothed.get(key)
@@ -936,14 +750,12 @@ def _scheduled_gpu_set(
             state.reuses += 1
             # respect residency: resident active experts run on the GPU (no copy); others as planned
             return {e for e in active.tolist() if resident[e] or e in planned_gpu}
-    if not isinstance(out, _Layout):
-        out = out()
     res = resident[active]
     # Items differ only by token count and residency, so equal signatures get the same decision; the packer
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
     tokens_per = counts[active]
     canonical = np.lexsort((res, tokens_per))
-    signature = (_shape_class(state, out.layer), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
+    signature = (shape_class(state, out.layer), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
     memo = state.pack_memo.get(signature)
     if memo is None:
         items = out.item_arrays(active, res)
@@ -970,16 +782,6 @@ def _scheduled_gpu_set(
     chosen = frozenset(active[on_gpu].tolist())
     state.plan_cache[key] = (smoothed.copy(), chosen)
     return set(chosen)
-
-
-def _shape_class(state: PolicyState, layer: MoELayerShape) -> int:
-    """A small id shared by the layers whose placement decisions coincide for equal item signatures: equal
-    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
-    entry = state.layer_classes.get(id(layer))
-    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
-        classes = state.shape_classes
-        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
-    return entry[1]
 
 
 def gpu_expert_slots(ctx: RunContext, layer: MoELayerShape) -> float:
@@ -1039,7 +841,8 @@ def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, acti
         TimelineEvent(f"ndp{u}", 0.0, ndp_load, "expert work (fractional)") for u in range(units) if ndp_load > 0
     ]
     timeline = LayerTimeline(tuple(events), latency, 0.0, 0.0, "none")
-    return PolicyOutcome(timeline, {int(e): "split" for e in active}, {"memory_bound_s": memory_bound})
+    plan = LayoutPlan.of_timeline(timeline, {int(e): "split" for e in active})
+    return PolicyOutcome(plan, {"memory_bound_s": memory_bound})
 
 
 __all__ = [

@@ -18,7 +18,7 @@ take can hand that time over with :meth:`advance_time_s`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
+from hw_model.layout import LayoutPlan, LayoutSummary
 from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
@@ -58,30 +59,63 @@ class CapacityCheck:
     gpu_pool_bytes: float
 
 
-@dataclass(frozen=True)
 class LayerResult:
     """What one MoE layer invocation cost and where its experts ran.
 
     ``placement`` maps expert id to ``"gpu"``, ``"ndp"`` (tensor-parallel over all units), ``"ndpU"`` (whole on
     unit U) or ``"split"`` (lower bound). ``extra`` holds ``recomputed`` (1 if the placement was recomputed),
     ``prefetch_hits``/``prefetch_misses`` of this call, ``prefetch_bytes`` copied in its idle PCIe time.
+    The timeline and the placement are built on first read (simulating needs neither).
     """
 
-    layer_index: int
-    phase: str
-    tokens: int
-    latency_s: float
-    placement: Mapping[int, str]
-    timeline: LayerTimeline
-    bytes_over_host_link: float = 0.0
-    extra: Mapping[str, float] = field(default_factory=dict)
-    policy: str = DEFAULT_POLICY
-    reduction: str = "none"
-    added_events: tuple[TimelineEvent, ...] = ()
+    __slots__ = (
+        "layer_index",
+        "phase",
+        "tokens",
+        "latency_s",
+        "bytes_over_host_link",
+        "extra",
+        "policy",
+        "reduction",
+        "added_events",
+        "_plan",
+    )
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
-        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+    def __init__(
+        self,
+        layer_index: int,
+        phase: str,
+        tokens: int,
+        plan: LayoutPlan,
+        extra: Mapping[str, float],
+        policy: str,
+        added_events: tuple[TimelineEvent, ...] = (),
+    ) -> None:
+        summary = plan.summary
+        self.layer_index = layer_index
+        self.phase = phase
+        self.tokens = tokens
+        self.latency_s = summary.latency_s
+        self.bytes_over_host_link = summary.host_to_gpu_bytes + summary.gpu_to_host_bytes
+        self.extra = MappingProxyType(extra)
+        self.policy = policy
+        self.reduction = summary.reduction
+        self.added_events = added_events
+        self._plan = plan
+
+    def __repr__(self) -> str:
+        return (
+            f"LayerResult(layer_index={self.layer_index}, phase={self.phase!r}, tokens={self.tokens}, "
+            f"latency_s={self.latency_s!r}, policy={self.policy!r})"
+        )
+
+    @property
+    def timeline(self) -> LayerTimeline:
+        return self._plan.timeline
+
+    @property
+    def placement(self) -> Mapping[int, str]:
+        return MappingProxyType(self._plan.placement)
 
     @property
     def events(self) -> tuple[TimelineEvent, ...]:
@@ -93,8 +127,8 @@ class LayerResult:
         return self.busy_by_resource().get(resource, 0.0)
 
     def busy_by_resource(self) -> dict[str, float]:
-        """Busy seconds per resource (without building the NDP units' events)."""
-        busy = self.timeline.busy_by_resource()
+        """Busy seconds per resource (without building the timeline's events)."""
+        busy = dict(self._plan.summary.busy)
         for event in self.added_events:
             busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
         return busy
@@ -173,6 +207,7 @@ class MoESimulator:
         self._invocations = {phase: 0 for phase in PHASES}
         self._latency_s = {phase: 0.0 for phase in PHASES}
         self._busy_s: dict[str, float] = {}
+        self._busy_counts: dict[int, list] = {}  # id(summary) -> [summary, invocations]: see _count_busy
         self._host_to_gpu_bytes = 0.0
         self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
         self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
@@ -228,40 +263,48 @@ class MoESimulator:
             hits_before, misses_before = prefetcher.hits, prefetcher.misses
             resident_before = prefetcher.resident_mask(layer_index, layer.num_experts)
         recomputed_before = state.recomputations
-        outcome = self.policy_impl.place(self.context, state, layer_index, layer, counts, phase)
-        timeline = outcome.timeline
+        plan, policy_extra = self.policy_impl.place(self.context, state, layer_index, layer, counts, phase)
+        summary = plan.summary
         added: list[TimelineEvent] = []
-        extra = dict(outcome.extra)
+        extra = dict(policy_extra)
         extra["recomputed"] = float(state.recomputations - recomputed_before)
         if prefetcher is not None:
             prefetcher.observe(layer_index, counts, phase, resident_before)
             extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
             extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
-        extra["prefetch_bytes"] = self._drain_in_gaps(timeline, added)
-        latency = timeline.latency_s
+        extra["prefetch_bytes"] = self._drain_in_gaps(summary, added) if self._copies_queued() else 0.0
+        latency = summary.latency_s
         if phase == "decode":
             self._last_latency_s[layer_index] = latency
         self._invocations[phase] += 1
         self._latency_s[phase] += latency
-        busy = self._busy_s
-        for resource, seconds in timeline.busy_map().items():
-            busy[resource] = busy.get(resource, 0.0) + seconds
+        self._count_busy(summary)
         for event in added:
-            busy[event.resource] = busy.get(event.resource, 0.0) + (event.end_s - event.start_s)
-        self._host_to_gpu_bytes += timeline.host_to_gpu_bytes
-        return LayerResult(
-            layer_index=layer_index,
-            phase=phase,
-            tokens=-(-int(counts.sum()) // layer.top_k),
-            latency_s=latency,
-            placement=outcome.placement,
-            timeline=timeline,
-            added_events=tuple(added),
-            bytes_over_host_link=timeline.host_to_gpu_bytes + timeline.gpu_to_host_bytes,
-            extra=extra,
-            policy=self.policy,
-            reduction=timeline.reduction,
-        )
+            self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
+        self._host_to_gpu_bytes += summary.host_to_gpu_bytes
+        tokens = -(-int(counts.sum()) // layer.top_k)
+        return LayerResult(layer_index, phase, tokens, plan, extra, self.policy, tuple(added))
+
+    def _count_busy(self, summary: LayoutSummary) -> None:
+        """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed."""
+        entry = self._busy_counts.get(id(summary))
+        if entry is None:
+            if len(self._busy_counts) >= 4096:
+                self._fold_busy()
+            self._busy_counts[id(summary)] = [summary, 1]  # keeps the summary alive, so its id stays unique
+        else:
+            entry[1] += 1
+
+    def _fold_busy(self) -> None:
+        busy = self._busy_s
+        for summary, count in self._busy_counts.values():
+            for resource, seconds in summary.busy.items():
+                busy[resource] = busy.get(resource, 0.0) + count * seconds
+        self._busy_counts.clear()
+
+    def _copies_queued(self) -> bool:
+        prefetcher = self._state.prefetcher
+        return bool(self._ahead_queue) or (prefetcher is not None and prefetcher.queued_bytes > 0)
 
     def predict_next(self, layer_index: int, predicted_counts: Sequence[int]) -> None:
         """Look-ahead hint (policies with ``lookahead``): the experts the next router is predicted to pick for
@@ -315,35 +358,13 @@ class MoESimulator:
                 self._ahead_queue[0] = (layer, expert, left - step)
         return copied
 
-    def _drain_in_gaps(self, timeline: LayerTimeline, events: list[TimelineEvent]) -> float:
+    def _drain_in_gaps(self, summary: LayoutSummary, events: list[TimelineEvent]) -> float:
         """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
-        the NDP units are done (a copy reads the DIMMs, so it never overlaps NDP work on them); returns bytes
-        copied."""
+        the NDP units are done (``summary.idle_pcie``); returns bytes copied."""
         prefetcher = self._state.prefetcher
-        if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
-            return 0.0
-        latency_s = timeline.latency_s
-        ndp_done = 0.0  # timeline.ndp_done_s, then any later NDP-side base event
-        for _, end_s in timeline.ndp_end_s:
-            if end_s > ndp_done:
-                ndp_done = end_s
-        busy = []
-        for resource, start_s, end_s, _ in timeline.base_events:
-            if resource == "pcie":
-                busy.append((start_s, end_s))
-            elif resource.startswith("ndp") and end_s > ndp_done:
-                ndp_done = end_s
-        busy.sort()
-        gaps, clock = [], ndp_done
-        for start, end in busy:
-            if start > clock:
-                gaps.append((clock, start))
-            clock = max(clock, end)
-        if latency_s > clock:
-            gaps.append((clock, latency_s))
         bandwidth = self._copy_bandwidth
         copied_total = 0.0
-        for start, end in gaps:  # the prefetcher's queue first (a resident expert helps every later token)
+        for start, end in summary.idle_pcie:  # the prefetcher's queue first (a resident expert helps every later token)
             if prefetcher is not None and prefetcher.queued_bytes:
                 copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
                 if copied:
@@ -354,7 +375,7 @@ class MoESimulator:
             if ahead:
                 events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
                 copied_total += ahead
-            if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
+            if not self._copies_queued():
                 break
         return copied_total
 
@@ -370,6 +391,10 @@ class MoESimulator:
         if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
             copied = sum(step for _, _, step in prefetcher.drain(seconds, self._copy_bandwidth))
         return copied + self._drain_ahead(seconds - copied / self._copy_bandwidth)
+
+    def _busy_totals(self) -> dict[str, float]:
+        self._fold_busy()
+        return dict(sorted(self._busy_s.items()))
 
     def summary(self) -> dict[str, Any]:
         """Run counters: invocations, expert latency per phase, placement recomputations and reuses,
@@ -398,7 +423,7 @@ class MoESimulator:
             "staging_cap_bytes": self.staging_cap_bytes,
             "feasible": self.capacity.feasible,
             "infeasible_reason": self.capacity.reason,
-            "busy_s": dict(sorted(self._busy_s.items())),
+            "busy_s": self._busy_totals(),
         }
         if state.prefetcher is not None:
             out.update(state.prefetcher.stats())

@@ -1,0 +1,315 @@
+"""One MoE layer invocation's placement decisions turned into its timeline, memoised.
+
+A policy records, per active expert, one decision on an :class:`InvocationLayout`: on the GPU (resident, or
+with its weights copied over PCIe first), sliced over all NDP units (tensor parallel), whole on its home unit,
+or split between the GPU and the units. :meth:`InvocationLayout.finish` turns the decisions into a
+:class:`LayoutPlan`:
+
+- its :class:`LayoutSummary` (latency, busy seconds per resource, bytes over the host link, the idle PCIe
+  windows after the NDP work), memoised per run by the decisions *without expert ids*: experts of one layer
+  shape with the same token count and the same decision cost the same, so in decode (one token, top-k of
+  many experts) nearly every invocation is a memo hit although the same experts rarely recur;
+- its :class:`~hw_model.timeline.LayerTimeline` (every busy interval, labelled with this invocation's expert
+  ids), laid out only when read.
+
+Decisions are laid out in one canonical order, sorted by (kind, tokens, detail, expert id), so a memoised
+summary is exactly what laying out any invocation with the same id-free decisions gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from hw_model.cost import expert_shard_time_s
+from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
+from hw_model.workload import MoELayerShape
+
+if TYPE_CHECKING:  # the policies module imports this one
+    from hw_model.policies import Policy, PolicyState, RunContext
+
+GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical order
+MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
+_SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
+
+# (kind, tokens, detail_a, detail_b, expert): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
+# WHOLE (home unit, 0); SPLIT (k, 0)
+Decision = tuple[int, int, int, int, int]
+
+
+class LayoutSummary(NamedTuple):
+    """What the simulator needs of one invocation's timeline, without its events. ``busy`` is shared between
+    invocations: read it, do not change it. ``idle_pcie`` are the host-to-GPU link's idle windows after the
+    NDP units are done (a copy reads the DIMMs, so it never overlaps NDP work on them)."""
+
+    latency_s: float
+    busy: Mapping[str, float]
+    host_to_gpu_bytes: float
+    gpu_to_host_bytes: float
+    reduction: str
+    idle_pcie: tuple[tuple[float, float], ...]
+
+
+def summarize(timeline: LayerTimeline) -> LayoutSummary:
+    """The summary of a laid-out timeline."""
+    latency_s = timeline.latency_s
+    ndp_done = 0.0
+    for _, end_s in timeline.ndp_end_s:
+        ndp_done = max(ndp_done, end_s)
+    busy = []
+    for resource, start_s, end_s, _ in timeline.base_events:
+        if resource == "pcie":
+            busy.append((start_s, end_s))
+        elif resource.startswith("ndp"):
+            ndp_done = max(ndp_done, end_s)
+    busy.sort()
+    gaps, clock = [], ndp_done
+    for start, end in busy:
+        if start > clock:
+            gaps.append((clock, start))
+        clock = max(clock, end)
+    if latency_s > clock:
+        gaps.append((clock, latency_s))
+    return LayoutSummary(
+        latency_s,
+        timeline.busy_map(),
+        timeline.host_to_gpu_bytes,
+        timeline.gpu_to_host_bytes,
+        timeline.reduction,
+        tuple(gaps),
+    )
+
+
+class PolicyOutcome(NamedTuple):
+    """What a policy's ``place`` returns: the invocation's plan and policy-specific numbers."""
+
+    plan: LayoutPlan
+    extra: dict[str, float]
+
+
+class LayoutPlan:
+    """One invocation's summary, and its timeline and placement built on first read."""
+
+    __slots__ = ("summary", "_lay_out", "_timeline", "_decisions", "_placement")
+
+    def __init__(
+        self,
+        summary: LayoutSummary,
+        decisions: tuple[Decision, ...] = (),
+        lay_out: _Builder | None = None,
+        timeline: LayerTimeline | None = None,
+        placement: Mapping[int, str] | None = None,
+    ) -> None:
+        self.summary = summary
+        self._decisions = decisions
+        self._lay_out = lay_out
+        self._timeline = timeline
+        self._placement = placement
+
+    @classmethod
+    def of_timeline(cls, timeline: LayerTimeline, placement: Mapping[int, str]) -> LayoutPlan:
+        """A plan a policy laid out itself (not from decisions)."""
+        return cls(summarize(timeline), timeline=timeline, placement=placement)
+
+    @property
+    def timeline(self) -> LayerTimeline:
+        if self._timeline is None:
+            assert self._lay_out is not None
+            self._timeline = self._lay_out.lay_out(self._decisions)
+        return self._timeline
+
+    @property
+    def placement(self) -> Mapping[int, str]:
+        """Expert id to ``"gpu"``, ``"ndp"`` (sliced), ``"ndpU"`` (whole on unit U) or ``"split"``."""
+        if self._placement is None:
+            names = {GPU: "gpu", SLICED: "ndp", SPLIT: "split"}
+            self._placement = {
+                d[4]: f"ndp{d[2]}" if d[0] == WHOLE else names[d[0]] for d in sorted(self._decisions, key=_by_id)
+            }
+        return self._placement
+
+
+def _by_id(decision: Decision) -> int:
+    return decision[4]
+
+
+class _Builder:
+    """Lays decisions out as jobs per resource and builds the timeline (what a memo miss and a read do)."""
+
+    __slots__ = ("ctx", "layer", "tokens", "units", "sources", "tensor_parallel")
+
+    def __init__(
+        self, ctx: RunContext, layer: MoELayerShape, tokens: int, units: int, sources: int, tensor_parallel: bool
+    ) -> None:
+        self.ctx = ctx
+        self.layer = layer
+        self.tokens = tokens
+        self.units = units
+        self.sources = sources
+        self.tensor_parallel = tensor_parallel
+
+    def lay_out(self, decisions: tuple[Decision, ...]) -> LayerTimeline:
+        ctx, costs, expert, units = self.ctx, self.ctx.costs, self.layer.expert, self.units
+        sources, tokens_all = self.sources, self.tokens
+        unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(units)]
+        unit_dram_s = [0.0] * units
+        unit_tokens = [0] * units
+        gpu_jobs: list[GpuJob] = []
+        # sliced experts put the same shard on every unit: kept once, spread over the units at the end
+        shared_jobs: list[tuple[str, float]] = []
+        shared_dram_s = 0.0
+        shared_tokens = 0
+        for kind, tokens, a, b, e in decisions:
+            if kind == GPU:
+                if a:  # resident
+                    gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, tokens), 0.0))
+                    continue
+                transfer = costs.transfer_s(expert, sources)
+                gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, tokens), costs.weight_bytes(expert)))
+                read_s = costs.copy_read_s(expert, sources)
+                if sources == 1 and units:
+                    unit_dram_s[b] += read_s
+                elif sources > 1:
+                    for u in range(units):
+                        unit_dram_s[u] += read_s
+            elif kind == SLICED:
+                ndp_s, dram_s = costs.ndp_pair(expert, tokens, units)
+                shared_jobs.append((_SHARD_LABELS[e] if e < len(_SHARD_LABELS) else f"e{e} shard", ndp_s))
+                shared_dram_s += dram_s
+                shared_tokens += tokens
+            elif kind == WHOLE:
+                unit_jobs[a].append((f"e{e}", costs.ndp_s(expert, tokens, 1)))
+                unit_dram_s[a] += costs.ndp_dram_s(expert, tokens, 1)
+                unit_tokens[a] = min(tokens_all, unit_tokens[a] + tokens)
+            else:  # SPLIT: 1/k of the FFN columns on the GPU (that part of the weights copied), the rest sliced
+                k = a
+                part_bytes = expert.weight_bytes() / k
+                transfer = ctx.system.host_link.latency_s + part_bytes / costs.copy_bandwidth(sources)
+                gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, k)
+                gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
+                rest = units * k / (k - 1)
+                shared_jobs.append((f"e{e} shard", costs.ndp_s(expert, tokens, rest)))
+                shared_dram_s += costs.ndp_dram_s(expert, tokens, rest) + costs.copy_read_s(expert, sources) / k
+                shared_tokens += tokens
+        if shared_jobs:
+            for unit in range(units):
+                own = unit_jobs[unit]
+                unit_jobs[unit] = shared_jobs + own if own else shared_jobs  # one list for units without own jobs
+                unit_dram_s[unit] += shared_dram_s
+                unit_tokens[unit] = min(tokens_all, unit_tokens[unit] + shared_tokens)
+        return build_layer_timeline(
+            ctx.system, self.layer, tokens_all, unit_jobs, unit_tokens, gpu_jobs, self.tensor_parallel, unit_dram_s
+        )
+
+
+def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
+    return max(1, -(-int(counts.sum()) // layer.top_k))
+
+
+def shape_class(state: PolicyState, layer: MoELayerShape) -> int:
+    """A small id shared by the layers whose placement decisions and layouts coincide for equal decisions: equal
+    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
+    entry = state.layer_classes.get(id(layer))
+    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
+        classes = state.shape_classes
+        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
+    return entry[1]
+
+
+class InvocationLayout:
+    """Collects one invocation's decisions (see the module docstring), and the per-item view of its active
+    experts the balancing rules and the packer use."""
+
+    def __init__(
+        self, ctx: RunContext, policy: Policy, state: PolicyState, layer: MoELayerShape, counts: np.ndarray
+    ) -> None:
+        self.ctx = ctx
+        self.costs = ctx.costs
+        self.state = state
+        self.layer = layer
+        self.expert = layer.expert
+        self.counts = counts
+        self.units = ctx.system.num_ndp_units
+        self.tokens = tokens_in_invocation(layer, counts)
+        self.sources = policy.copy_sources(self.units)
+        self.tensor_parallel = policy.tensor_parallel
+        self.decisions: list[Decision] = []
+        self.extra: dict[str, float] = {}
+
+    def home(self, e: int) -> int:
+        return e % self.units
+
+    def to_gpu(self, e: int, resident: bool) -> None:
+        """Expert ``e`` on the GPU; unless ``resident``, its weights are copied first (counted as on-demand)."""
+        if resident:
+            self.decisions.append((GPU, int(self.counts[e]), 1, 0, e))
+            return
+        self.state.on_demand_bytes += self.costs.weight_bytes(self.expert)
+        home = e % self.units if self.sources == 1 and self.units else 0
+        self.decisions.append((GPU, int(self.counts[e]), 0, home, e))
+
+    def whole_on_unit(self, e: int) -> None:
+        self.decisions.append((WHOLE, int(self.counts[e]), e % self.units, 0, e))
+
+    def sliced(self, e: int) -> None:
+        self.decisions.append((SLICED, int(self.counts[e]), 0, 0, e))
+
+    def split(self, e: int, k: int) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+        self.state.on_demand_bytes += self.expert.weight_bytes() / k
+        self.decisions.append((SPLIT, int(self.counts[e]), k, 0, e))
+
+    def on_ndp(self, e: int) -> None:
+        if self.tensor_parallel:
+            self.sliced(e)
+        else:
+            self.whole_on_unit(e)
+
+    def finish(self) -> PolicyOutcome:
+        """The plan of the recorded decisions (its summary from the run's memo, laid out on a miss) and
+        :attr:`extra`."""
+        decisions = tuple(sorted(self.decisions))
+        key = (shape_class(self.state, self.layer), tuple(d[:4] for d in decisions))
+        memo = self.state.layout_memo
+        builder = _Builder(self.ctx, self.layer, self.tokens, self.units, self.sources, self.tensor_parallel)
+        summary = memo.get(key)
+        if summary is not None:
+            return PolicyOutcome(LayoutPlan(summary, decisions, builder), self.extra)
+        timeline = builder.lay_out(decisions)
+        summary = summarize(timeline)
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[key] = summary
+        return PolicyOutcome(LayoutPlan(summary, decisions, builder, timeline), self.extra)
+
+    # -- the per-item view the balancing rules and the packer use ----------------------------------------
+    def item_arrays(
+        self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes.
+        ``whole[i]`` (dual layout) runs expert ``i`` whole on its home unit instead of sliced."""
+        units, expert = self.units, self.expert
+        n = active.size
+        ndp = np.zeros((n, units))
+        copy = np.zeros((n, units))
+        tokens = self.counts[active]
+        read_s = self.costs.copy_read_s(expert, self.sources)
+        for i, (e, c) in enumerate(zip(active.tolist(), tokens.tolist(), strict=True)):
+            if self.tensor_parallel and not (whole is not None and whole[i]):
+                ndp[i, :] = max(self.costs.ndp_s(expert, c, units), self.costs.ndp_dram_s(expert, c, units))
+            else:
+                ndp[i, self.home(e)] = max(self.costs.ndp_s(expert, c, 1), self.costs.ndp_dram_s(expert, c, 1))
+            if not resident[i]:
+                if self.sources == 1:
+                    copy[i, self.home(e)] = read_s
+                elif self.sources > 1:
+                    copy[i, :] = read_s
+        transfer = np.where(resident, 0.0, self.costs.transfer_s(expert, self.sources))
+        gpu = np.array([self.costs.gpu_s(expert, c) for c in tokens.tolist()])
+        staged = np.where(resident, 0.0, expert.weight_bytes())
+        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+
+    def activation_s(self) -> float:
+        return self.ctx.system.host_link.transfer_time_s(self.tokens * self.expert.hidden * self.expert.dtype_bytes)
