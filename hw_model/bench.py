@@ -167,12 +167,11 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     dense = model.dense_layers * attention + model.dense_ffn_time_s(system, prompt)
     prefill_s = dense + model.lm_head_time_s(system, 1)
     sim.advance_time_s(dense)
-    for layer in range(layers):
-        sim.advance_time_s(per_layer_other)
-        result = sim.simulate_layer(layer, trace.prefill_counts(layer), "prefill")
-        prefill_s += per_layer_other + result.latency_s
-        if job.want_gantt and layer == 0:
-            gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in result.events]
+    prefill_counts = np.stack([trace.prefill_counts(layer) for layer in range(layers)])
+    step = sim.simulate_step("prefill", prefill_counts, gap_before_layer_s=per_layer_other)
+    prefill_s += layers * per_layer_other + step.latency_s
+    if job.want_gantt:
+        gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
 
     decode_s = 0.0
     step_times: list[float] = []
@@ -184,18 +183,21 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         attention = model.attention_time_s(system, 1, context)
         per_layer_other = attention + model.shared_expert_time_s(system, 1)
         dense = model.dense_layers * attention + model.dense_ffn_time_s(system, 1)
-        step_s = dense + model.lm_head_time_s(system, 1)
         sim.advance_time_s(dense)
-        for layer in range(layers):
-            sim.advance_time_s(per_layer_other)
-            if lookahead and layer + 1 < layers:  # pre-gating: layer l's hidden state predicts layer l+1
-                sim.predict_next(
-                    layer + 1, predicted_counts(trace, layer + 1, token, config.lookahead_accuracy, predictor)
-                )
-            result = sim.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode")
-            step_s += per_layer_other + result.latency_s
-            if job.want_gantt and layer == 0 and token == gantt_step:
-                gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in result.events]
+        predictions = None
+        if lookahead:  # pre-gating: layer l's hidden state predicts layer l+1
+            predictions = [
+                predicted_counts(trace, layer + 1, token, config.lookahead_accuracy, predictor)
+                if layer + 1 < layers
+                else None
+                for layer in range(layers)
+            ]
+        step = sim.simulate_step(
+            "decode", trace.token_counts(token, layers), gap_before_layer_s=per_layer_other, predictions=predictions
+        )
+        step_s = dense + model.lm_head_time_s(system, 1) + layers * per_layer_other + step.latency_s
+        if job.want_gantt and token == gantt_step:
+            gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
         decode_s += step_s
         step_times.append(step_s)
 

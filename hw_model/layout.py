@@ -12,8 +12,9 @@ or split between the GPU and the units. :meth:`InvocationLayout.finish` turns th
 - its :class:`~hw_model.timeline.LayerTimeline` (every busy interval, labelled with this invocation's expert
   ids), laid out only when read.
 
-Decisions are laid out in one canonical order, sorted by (kind, tokens, detail, expert id), so a memoised
-summary is exactly what laying out any invocation with the same id-free decisions gives.
+Decisions are laid out in one canonical order, sorted by (kind, tokens, detail, expert id); decisions equal
+but for the expert cost exactly the same, so a memoised summary is exactly what laying out any invocation
+with the same id-free decisions gives.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical ord
 MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
 _SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
 
-# (kind, tokens, detail_a, detail_b, expert): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
-# WHOLE (home unit, 0); SPLIT (k, 0)
-Decision = tuple[int, int, int, int, int]
+# (kind, tokens, detail_a, detail_b): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
+# WHOLE (home unit, 0); SPLIT (k, 0). The expert it is about is kept beside it.
+Decision = tuple[int, int, int, int]
 
 
 class LayoutSummary(NamedTuple):
@@ -92,19 +93,17 @@ class PolicyOutcome(NamedTuple):
 class LayoutPlan:
     """One invocation's summary, and its timeline and placement built on first read."""
 
-    __slots__ = ("summary", "_lay_out", "_timeline", "_decisions", "_placement")
+    __slots__ = ("summary", "_layout", "_timeline", "_placement")
 
     def __init__(
         self,
         summary: LayoutSummary,
-        decisions: tuple[Decision, ...] = (),
-        lay_out: _Builder | None = None,
+        layout: InvocationLayout | None = None,
         timeline: LayerTimeline | None = None,
         placement: Mapping[int, str] | None = None,
     ) -> None:
         self.summary = summary
-        self._decisions = decisions
-        self._lay_out = lay_out
+        self._layout = layout
         self._timeline = timeline
         self._placement = placement
 
@@ -116,42 +115,111 @@ class LayoutPlan:
     @property
     def timeline(self) -> LayerTimeline:
         if self._timeline is None:
-            assert self._lay_out is not None
-            self._timeline = self._lay_out.lay_out(self._decisions)
+            assert self._layout is not None
+            self._timeline = self._layout.lay_out()
         return self._timeline
 
     @property
     def placement(self) -> Mapping[int, str]:
         """Expert id to ``"gpu"``, ``"ndp"`` (sliced), ``"ndpU"`` (whole on unit U) or ``"split"``."""
         if self._placement is None:
+            assert self._layout is not None
             names = {GPU: "gpu", SLICED: "ndp", SPLIT: "split"}
-            self._placement = {
-                d[4]: f"ndp{d[2]}" if d[0] == WHOLE else names[d[0]] for d in sorted(self._decisions, key=_by_id)
-            }
+            decisions = sorted(zip(self._layout.ids, self._layout.decisions, strict=True))
+            self._placement = {e: f"ndp{d[2]}" if d[0] == WHOLE else names[d[0]] for e, d in decisions}
         return self._placement
 
 
-def _by_id(decision: Decision) -> int:
-    return decision[4]
+def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
+    return max(1, -(-int(counts.sum()) // layer.top_k))
 
 
-class _Builder:
-    """Lays decisions out as jobs per resource and builds the timeline (what a memo miss and a read do)."""
+def shape_class(state: PolicyState, layer: MoELayerShape) -> int:
+    """A small id shared by the layers whose placement decisions and layouts coincide for equal decisions: equal
+    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
+    entry = state.layer_classes.get(id(layer))
+    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
+        classes = state.shape_classes
+        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
+    return entry[1]
 
-    __slots__ = ("ctx", "layer", "tokens", "units", "sources", "tensor_parallel")
+
+class InvocationLayout:
+    """Collects one invocation's decisions (see the module docstring), and the per-item view of its active
+    experts the balancing rules and the packer use."""
 
     def __init__(
-        self, ctx: RunContext, layer: MoELayerShape, tokens: int, units: int, sources: int, tensor_parallel: bool
+        self, ctx: RunContext, policy: Policy, state: PolicyState, layer: MoELayerShape, counts: np.ndarray
     ) -> None:
         self.ctx = ctx
+        self.costs = ctx.costs
+        self.state = state
         self.layer = layer
-        self.tokens = tokens
-        self.units = units
-        self.sources = sources
-        self.tensor_parallel = tensor_parallel
+        self.expert = layer.expert
+        self.counts = counts
+        self.units = ctx.system.num_ndp_units
+        self.sources = policy.copy_sources(self.units)
+        self.tensor_parallel = policy.tensor_parallel
+        self.decisions: list[Decision] = []  # id-free, in the order recorded
+        self.ids: list[int] = []  # the expert of each decision
+        self.extra: dict[str, float] = {}
 
-    def lay_out(self, decisions: tuple[Decision, ...]) -> LayerTimeline:
-        ctx, costs, expert, units = self.ctx, self.ctx.costs, self.layer.expert, self.units
+    @property
+    def tokens(self) -> int:
+        """Token rows in the invocation."""
+        return tokens_in_invocation(self.layer, self.counts)
+
+    def home(self, e: int) -> int:
+        return e % self.units
+
+    def to_gpu(self, e: int, resident: bool) -> None:
+        """Expert ``e`` on the GPU; unless ``resident``, its weights are copied first (counted as on-demand)."""
+        self.ids.append(e)
+        if resident:
+            self.decisions.append((GPU, int(self.counts[e]), 1, 0))
+            return
+        self.state.on_demand_bytes += self.costs.weight_bytes(self.expert)
+        home = e % self.units if self.sources == 1 and self.units else 0
+        self.decisions.append((GPU, int(self.counts[e]), 0, home))
+
+    def whole_on_unit(self, e: int) -> None:
+        self.ids.append(e)
+        self.decisions.append((WHOLE, int(self.counts[e]), e % self.units, 0))
+
+    def sliced(self, e: int) -> None:
+        self.ids.append(e)
+        self.decisions.append((SLICED, int(self.counts[e]), 0, 0))
+
+    def split(self, e: int, k: int) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+        self.ids.append(e)
+        self.state.on_demand_bytes += self.expert.weight_bytes() / k
+        self.decisions.append((SPLIT, int(self.counts[e]), k, 0))
+
+    def on_ndp(self, e: int) -> None:
+        if self.tensor_parallel:
+            self.sliced(e)
+        else:
+            self.whole_on_unit(e)
+
+    def finish(self) -> PolicyOutcome:
+        """The plan of the recorded decisions (its summary from the run's memo, laid out on a miss) and
+        :attr:`extra`."""
+        key = (shape_class(self.state, self.layer), tuple(sorted(self.decisions)))
+        memo = self.state.layout_memo
+        summary = memo.get(key)
+        if summary is not None:
+            return PolicyOutcome(LayoutPlan(summary, self), self.extra)
+        timeline = self.lay_out()
+        summary = summarize(timeline)
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[key] = summary
+        return PolicyOutcome(LayoutPlan(summary, self, timeline), self.extra)
+
+    def lay_out(self) -> LayerTimeline:
+        """The timeline of the recorded decisions, laid out in the canonical order (see the module docstring)."""
+        ctx, costs, expert, units = self.ctx, self.costs, self.expert, self.units
         sources, tokens_all = self.sources, self.tokens
         unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(units)]
         unit_dram_s = [0.0] * units
@@ -161,7 +229,7 @@ class _Builder:
         shared_jobs: list[tuple[str, float]] = []
         shared_dram_s = 0.0
         shared_tokens = 0
-        for kind, tokens, a, b, e in decisions:
+        for (kind, tokens, a, b), e in sorted(zip(self.decisions, self.ids, strict=True)):
             if kind == GPU:
                 if a:  # resident
                     gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, tokens), 0.0))
@@ -202,87 +270,6 @@ class _Builder:
         return build_layer_timeline(
             ctx.system, self.layer, tokens_all, unit_jobs, unit_tokens, gpu_jobs, self.tensor_parallel, unit_dram_s
         )
-
-
-def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
-    return max(1, -(-int(counts.sum()) // layer.top_k))
-
-
-def shape_class(state: PolicyState, layer: MoELayerShape) -> int:
-    """A small id shared by the layers whose placement decisions and layouts coincide for equal decisions: equal
-    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
-    entry = state.layer_classes.get(id(layer))
-    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
-        classes = state.shape_classes
-        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
-    return entry[1]
-
-
-class InvocationLayout:
-    """Collects one invocation's decisions (see the module docstring), and the per-item view of its active
-    experts the balancing rules and the packer use."""
-
-    def __init__(
-        self, ctx: RunContext, policy: Policy, state: PolicyState, layer: MoELayerShape, counts: np.ndarray
-    ) -> None:
-        self.ctx = ctx
-        self.costs = ctx.costs
-        self.state = state
-        self.layer = layer
-        self.expert = layer.expert
-        self.counts = counts
-        self.units = ctx.system.num_ndp_units
-        self.tokens = tokens_in_invocation(layer, counts)
-        self.sources = policy.copy_sources(self.units)
-        self.tensor_parallel = policy.tensor_parallel
-        self.decisions: list[Decision] = []
-        self.extra: dict[str, float] = {}
-
-    def home(self, e: int) -> int:
-        return e % self.units
-
-    def to_gpu(self, e: int, resident: bool) -> None:
-        """Expert ``e`` on the GPU; unless ``resident``, its weights are copied first (counted as on-demand)."""
-        if resident:
-            self.decisions.append((GPU, int(self.counts[e]), 1, 0, e))
-            return
-        self.state.on_demand_bytes += self.costs.weight_bytes(self.expert)
-        home = e % self.units if self.sources == 1 and self.units else 0
-        self.decisions.append((GPU, int(self.counts[e]), 0, home, e))
-
-    def whole_on_unit(self, e: int) -> None:
-        self.decisions.append((WHOLE, int(self.counts[e]), e % self.units, 0, e))
-
-    def sliced(self, e: int) -> None:
-        self.decisions.append((SLICED, int(self.counts[e]), 0, 0, e))
-
-    def split(self, e: int, k: int) -> None:
-        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
-        self.state.on_demand_bytes += self.expert.weight_bytes() / k
-        self.decisions.append((SPLIT, int(self.counts[e]), k, 0, e))
-
-    def on_ndp(self, e: int) -> None:
-        if self.tensor_parallel:
-            self.sliced(e)
-        else:
-            self.whole_on_unit(e)
-
-    def finish(self) -> PolicyOutcome:
-        """The plan of the recorded decisions (its summary from the run's memo, laid out on a miss) and
-        :attr:`extra`."""
-        decisions = tuple(sorted(self.decisions))
-        key = (shape_class(self.state, self.layer), tuple(d[:4] for d in decisions))
-        memo = self.state.layout_memo
-        builder = _Builder(self.ctx, self.layer, self.tokens, self.units, self.sources, self.tensor_parallel)
-        summary = memo.get(key)
-        if summary is not None:
-            return PolicyOutcome(LayoutPlan(summary, decisions, builder), self.extra)
-        timeline = builder.lay_out(decisions)
-        summary = summarize(timeline)
-        if len(memo) >= MEMO_SIZE:
-            memo.clear()
-        memo[key] = summary
-        return PolicyOutcome(LayoutPlan(summary, decisions, builder, timeline), self.extra)
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------
     def item_arrays(

@@ -170,14 +170,66 @@ class RunContext:
             raise WorkloadError(f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}")
 
 
+def row_selector(layers: list[int]) -> slice | list[int]:
+    """Index rows ``layers`` of a per-layer array: a slice (a view) when they are consecutive and ascending."""
+    first = layers[0]
+    if layers == list(range(first, first + len(layers))):
+        return slice(first, first + len(layers))
+    return layers
+
+
+class DriftTracker:
+    """Per layer: the exponentially smoothed activation histogram, the one the current plan was made on, and
+    the plan (the GPU set). :meth:`update` smooths several layers' histograms in one array operation and
+    returns their L1 drift from the plans' (infinite where no plan was made yet)."""
+
+    def __init__(self, num_layers: int, width: int, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self.smoothed = np.zeros((num_layers, width))
+        self.planned_on = np.zeros((num_layers, width))
+        self.seen = np.zeros(num_layers, dtype=bool)
+        self.has_plan = np.zeros(num_layers, dtype=bool)
+        self.plans: list[frozenset[int]] = [frozenset()] * num_layers
+        self.drift: dict[int, float] = {}  # layer -> drift of its pending invocation (set by update)
+
+    def update(self, layers: list[int], counts: np.ndarray) -> None:
+        """Smooth ``counts[i]`` (layer ``layers[i]``'s token counts) into the histograms; record each drift."""
+        alpha = self.smoothing
+        totals = np.maximum(counts.sum(axis=1), 1)
+        rows = row_selector(layers)
+        smoothed = self.smoothed[rows]  # a view for a slice; fancy indexing copies (written back below)
+        seen = self.seen[rows]
+        width = counts.shape[1]
+        if seen.all():  # in place: (1 - alpha) * smoothed + alpha * histogram, the histogram being counts / total
+            smoothed *= 1 - alpha
+            smoothed[:, :width] += counts * (alpha / totals)[:, None]
+        else:
+            fresh = np.zeros_like(smoothed)
+            fresh[:, :width] = counts / totals[:, None]
+            smoothed *= 1 - alpha
+            smoothed[:, :width] += counts * (alpha / totals)[:, None]
+            smoothed[~seen] = fresh[~seen]
+        if not isinstance(rows, slice):
+            self.smoothed[rows] = smoothed
+        self.seen[rows] = True
+        drift = np.abs(smoothed - self.planned_on[rows]).sum(axis=1)
+        drift[~self.has_plan[rows]] = np.inf
+        self.drift.update(zip(layers, drift.tolist(), strict=True))
+
+    def replan(self, layer: int, gpu_set: frozenset[int]) -> None:
+        """A plan was made for ``layer`` on its current smoothed histogram."""
+        self.planned_on[layer] = self.smoothed[layer]
+        self.has_plan[layer] = True
+        self.plans[layer] = gpu_set
+
+
 @dataclass
 class PolicyState:
     """Mutable per-run state of a policy: residency (prefetcher / LRU), cached plans, counters."""
 
     prefetcher: ExpertPrefetcher | None = None
     lru: ExpertLRUCache | None = None
-    plan_cache: dict[tuple[int, str], tuple[np.ndarray, frozenset[int]]] = field(default_factory=dict)
-    smoothed: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    histograms: dict[str, DriftTracker] = field(default_factory=dict)  # per phase
     pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
     layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
     layer_classes: dict[int, tuple[MoELayerShape, int]] = field(default_factory=dict)
@@ -206,6 +258,13 @@ class Policy(ABC):
     def new_state(self, ctx: RunContext) -> PolicyState:
         """Fresh per-run state (called once per simulator)."""
         return PolicyState()
+
+    def begin_step(
+        self, ctx: RunContext, state: PolicyState, layers: list[int], counts: np.ndarray, phase: str
+    ) -> None:
+        """Called before the invocations of ``layers`` (in that order, ``counts[i]`` for ``layers[i]``): work
+        a policy can do for all of them at once. Default: nothing."""
+        return None
 
     @abstractmethod
     def place(
@@ -474,6 +533,13 @@ class TensorParallelLoadBalanced(Policy):
     def _resident(self, state: PolicyState, layer_index: int, num_experts: int) -> np.ndarray:
         return np.zeros(num_experts, dtype=bool)
 
+    def begin_step(self, ctx, state, layers, counts, phase):
+        tracker = state.histograms.get(phase)
+        if tracker is None:
+            width = max(layer.num_experts for layer in ctx.layers)
+            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.drift_smoothing)
+        tracker.update(layers, counts)
+
     def place(self, ctx, state, layer_index, layer, counts, phase):
         out = InvocationLayout(ctx, self, state, layer, counts)
         active = counts.nonzero()[0]  # counts is one-dimensional
@@ -734,22 +800,12 @@ def _scheduled_gpu_set(
 ) -> set[int]:
     """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's.
     ``out`` is the invocation's layout (the packer reads its per-item view when a plan is made)."""
-    histogram = counts / max(1, counts.sum())
-    key = (layer_index, phase)
-    smoothed = state.smoothed.get(key)
-    alpha = ctx.drift_smoothing
-    if smoothed is None:
-        smoothed = state.smoothed[key] = histogram.copy()
-    else:  # in place: the same element-wise operations as (1 - alpha) * smoothed + alpha * histogram
-        smoothed *= 1 - alpha
-        smoothed += alpha * histogram
-    cached = state.plan_cache.get(key)
-    if cached is not None:
-        planned_on, planned_gpu = cached
-        if float(np.abs(smoothed - planned_on).sum()) <= ctx.drift_threshold:
-            state.reuses += 1
-            # respect residency: resident active experts run on the GPU (no copy); others as planned
-            return {e for e in active.tolist() if resident[e] or e in planned_gpu}
+    tracker = state.histograms[phase]
+    if tracker.drift.pop(layer_index) <= ctx.drift_threshold:
+        state.reuses += 1
+        # respect residency: resident active experts run on the GPU (no copy); others as planned
+        planned_gpu = tracker.plans[layer_index]
+        return {e for e in active.tolist() if resident[e] or e in planned_gpu}
     res = resident[active]
     # Items differ only by token count and residency, so equal signatures get the same decision; the packer
     # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
@@ -780,7 +836,7 @@ def _scheduled_gpu_set(
     if phase == "decode":
         state.decode_recomputations += 1
     chosen = frozenset(active[on_gpu].tolist())
-    state.plan_cache[key] = (smoothed.copy(), chosen)
+    tracker.replan(layer_index, chosen)
     return set(chosen)
 
 

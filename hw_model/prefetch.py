@@ -89,12 +89,28 @@ class ExpertPrefetcher:
         """Count this invocation's selections (and, in decode, its hits and misses against ``resident``, the
         residency the invocation was scheduled with; default: the current one)."""
         if phase == "decode":
-            active = counts > 0
-            resident = self.resident[layer, : counts.size] if resident is None else resident
-            hit = int(np.count_nonzero(active & resident))
-            self.hits += hit
-            self.misses += int(np.count_nonzero(active)) - hit
-        self.scores[layer, : counts.size] += counts
+            active = np.flatnonzero(counts)
+            if resident is None:
+                self.count_hits(layer, active)
+            else:
+                hit = int(np.count_nonzero(resident[active]))
+                self.hits += hit
+                self.misses += active.size - hit
+        self.add_scores(layer, counts)
+
+    def count_hits(self, layer: int, active: np.ndarray) -> tuple[int, int]:
+        """Count a decode invocation's selected experts ``active`` as hits (resident now) or misses."""
+        hit = int(np.count_nonzero(self.resident[layer, active]))
+        self.hits += hit
+        self.misses += active.size - hit
+        return hit, active.size - hit
+
+    def add_scores(self, layers: int | slice | np.ndarray, counts: np.ndarray) -> None:
+        """Add selection counts to the scores: one layer's ``counts``, or rows of ``counts`` for ``layers``."""
+        if counts.ndim == 1:
+            self.scores[layers, : counts.size] += counts
+        else:
+            self.scores[layers, : counts.shape[1]] += counts
 
     def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> list[tuple[int, int, float]]:
         """Copy queued experts for ``seconds`` of idle PCIe time; returns (layer, expert, bytes) copied."""

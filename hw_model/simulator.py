@@ -28,7 +28,7 @@ from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import LayoutPlan, LayoutSummary
-from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy
+from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy, row_selector
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
 
@@ -134,6 +134,48 @@ class LayerResult:
         return busy
 
 
+class StepResult:
+    """The invocations of one :meth:`MoESimulator.simulate_step`: their latencies, and each invocation as a
+    :class:`LayerResult` (``step[i]``, built on request)."""
+
+    __slots__ = ("phase", "latencies_s", "latency_s", "_tokens", "_records", "_policy", "_prefetch", "_results")
+
+    def __init__(
+        self, phase: str, latencies_s: list[float], tokens: list[int], records: list, policy: str, prefetch: bool
+    ) -> None:
+        self.phase = phase
+        self.latencies_s = latencies_s
+        self.latency_s = sum(latencies_s)
+        self._tokens = tokens
+        self._records = records
+        self._policy = policy
+        self._prefetch = prefetch
+        self._results: dict[int, LayerResult] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i: int) -> LayerResult:
+        if i < 0:
+            i += len(self._records)
+        result = self._results.get(i)
+        if result is None:
+            layer_index, plan, policy_extra, recomputed, hits, misses, copied, added = self._records[i]
+            extra = dict(policy_extra)
+            extra["recomputed"] = float(recomputed)
+            if self._prefetch:
+                extra["prefetch_hits"] = float(hits)
+                extra["prefetch_misses"] = float(misses)
+            extra["prefetch_bytes"] = copied
+            result = self._results[i] = LayerResult(
+                layer_index, self.phase, self._tokens[i], plan, extra, self._policy, tuple(added)
+            )
+        return result
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._records)))
+
+
 class MoESimulator:
     """Simulates MoE layers one invocation at a time under a scheduling policy (see :mod:`hw_model.policies`).
 
@@ -207,6 +249,7 @@ class MoESimulator:
         self._invocations = {phase: 0 for phase in PHASES}
         self._latency_s = {phase: 0.0 for phase in PHASES}
         self._busy_s: dict[str, float] = {}
+        self._width = max(layer.num_experts for layer in self.layers)
         self._busy_counts: dict[int, list] = {}  # id(summary) -> [summary, invocations]: see _count_busy
         self._host_to_gpu_bytes = 0.0
         self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
@@ -246,44 +289,103 @@ class MoESimulator:
         return CapacityCheck(not reasons, "; ".join(reasons), needed, capacity, self.gpu_pool_bytes)
 
     def simulate_layer(self, layer_index: int, expert_token_counts: Sequence[int], phase: str) -> LayerResult:
-        if phase not in PHASES:
-            raise WorkloadError(f"phase must be one of {PHASES}, got {phase!r}")
+        """One MoE layer invocation: ``expert_token_counts[e]`` tokens were routed to expert ``e``."""
         if not 0 <= layer_index < len(self.layers):
             raise WorkloadError(f"layer_index {layer_index} out of range (model has {len(self.layers)})")
         layer = self.layers[layer_index]
         counts = np.asarray(expert_token_counts, dtype=np.int64)
-        if counts.shape != (layer.num_experts,) or counts.min() < 0:
+        if counts.shape != (layer.num_experts,):
             raise WorkloadError(
                 f"{layer.name}: expected {layer.num_experts} non-negative expert token counts, got {counts.tolist()}"
             )
+        return self.simulate_step(phase, counts[None, :], layers=[layer_index])[0]
+
+    def simulate_step(
+        self,
+        phase: str,
+        expert_token_counts: np.ndarray,
+        *,
+        layers: Sequence[int] | None = None,
+        gap_before_layer_s: float = 0.0,
+        predictions: Sequence[np.ndarray | None] | None = None,
+    ) -> StepResult:
+        """The MoE layer invocations of one forward step, in order: row ``i`` of ``expert_token_counts`` holds
+        the tokens routed to each expert of layer ``layers[i]`` (default: every layer, in order; rows are as
+        wide as the widest layer, zero beyond a layer's experts). Before each invocation the non-expert ops
+        take ``gap_before_layer_s`` (see :meth:`advance_time_s`) and, for look-ahead policies,
+        ``predictions[i]`` (when given and not None) is the predicted routing of layer ``layers[i] + 1``
+        (see :meth:`predict_next`). The same as calling those methods and :meth:`simulate_layer` layer by
+        layer, with the per-layer bookkeeping done for all of them at once."""
+        if phase not in PHASES:
+            raise WorkloadError(f"phase must be one of {PHASES}, got {phase!r}")
+        indices = list(range(len(self.layers))) if layers is None else [int(i) for i in layers]
+        counts = np.asarray(expert_token_counts, dtype=np.int64)
+        self._check_step(indices, counts)
+        if predictions is not None and len(predictions) != len(indices):
+            raise WorkloadError(f"expected {len(indices)} predictions (one per layer), got {len(predictions)}")
         state = self._state
+        context = self.context
+        policy = self.policy_impl
         prefetcher = state.prefetcher
+        policy.begin_step(context, state, indices, counts, phase)
+        records = []
+        latencies = []
+        for i, layer_index in enumerate(indices):
+            if gap_before_layer_s > 0:
+                self.advance_time_s(gap_before_layer_s)
+            if predictions is not None and predictions[i] is not None:
+                self.predict_next(layer_index + 1, predictions[i])
+            layer = self.layers[layer_index]
+            row = counts[i, : layer.num_experts]
+            hits = misses = 0
+            if prefetcher is not None:
+                prefetcher.before_invocation(layer_index, phase)
+                if phase == "decode":  # against the residency the invocation is scheduled with
+                    hits, misses = prefetcher.count_hits(layer_index, row.nonzero()[0])
+            recomputed_before = state.recomputations
+            plan, policy_extra = policy.place(context, state, layer_index, layer, row, phase)
+            summary = plan.summary
+            added: list[TimelineEvent] = []
+            copied = self._drain_in_gaps(summary, added) if self._copies_queued() else 0.0
+            latency = summary.latency_s
+            latencies.append(latency)
+            if phase == "decode":
+                self._last_latency_s[layer_index] = latency
+            self._count_busy(summary)
+            for event in added:
+                self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
+            self._host_to_gpu_bytes += summary.host_to_gpu_bytes
+            records.append(
+                (layer_index, plan, policy_extra, state.recomputations - recomputed_before, hits, misses, copied, added)
+            )
         if prefetcher is not None:
-            prefetcher.before_invocation(layer_index, phase)
-            hits_before, misses_before = prefetcher.hits, prefetcher.misses
-            resident_before = prefetcher.resident_mask(layer_index, layer.num_experts)
-        recomputed_before = state.recomputations
-        plan, policy_extra = self.policy_impl.place(self.context, state, layer_index, layer, counts, phase)
-        summary = plan.summary
-        added: list[TimelineEvent] = []
-        extra = dict(policy_extra)
-        extra["recomputed"] = float(state.recomputations - recomputed_before)
-        if prefetcher is not None:
-            prefetcher.observe(layer_index, counts, phase, resident_before)
-            extra["prefetch_hits"] = float(prefetcher.hits - hits_before)
-            extra["prefetch_misses"] = float(prefetcher.misses - misses_before)
-        extra["prefetch_bytes"] = self._drain_in_gaps(summary, added) if self._copies_queued() else 0.0
-        latency = summary.latency_s
-        if phase == "decode":
-            self._last_latency_s[layer_index] = latency
-        self._invocations[phase] += 1
-        self._latency_s[phase] += latency
-        self._count_busy(summary)
-        for event in added:
-            self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
-        self._host_to_gpu_bytes += summary.host_to_gpu_bytes
-        tokens = -(-int(counts.sum()) // layer.top_k)
-        return LayerResult(layer_index, phase, tokens, plan, extra, self.policy, tuple(added))
+            prefetcher.add_scores(row_selector(indices), counts)
+        self._invocations[phase] += len(indices)
+        self._latency_s[phase] += sum(latencies)
+        totals = counts.sum(axis=1).tolist()
+        tokens = [
+            -(-total // self.layers[layer_index].top_k) for total, layer_index in zip(totals, indices, strict=True)
+        ]
+        return StepResult(phase, latencies, tokens, records, self.policy, prefetcher is not None)
+
+    def _check_step(self, indices: list[int], counts: np.ndarray) -> None:
+        width = self._width
+        if not indices:
+            raise WorkloadError("a step needs at least one layer")
+        if min(indices) < 0 or max(indices) >= len(self.layers):
+            raise WorkloadError(f"layer index out of range (model has {len(self.layers)} MoE layers): {indices}")
+        if len(set(indices)) != len(indices):
+            raise WorkloadError(f"a step simulates each layer at most once, got {indices}")
+        if counts.ndim != 2 or counts.shape[0] != len(indices) or counts.shape[1] > width:
+            raise WorkloadError(
+                f"expected expert token counts of shape ({len(indices)}, {width}), got {list(counts.shape)}"
+            )
+        if counts.size and counts.min() < 0:
+            raise WorkloadError("expert token counts must be non-negative")
+        for i, layer_index in enumerate(indices):
+            experts = self.layers[layer_index].num_experts
+            if experts < counts.shape[1] and counts[i, experts:].any():
+                raise WorkloadError(f"{self.layers[layer_index].name}: tokens routed beyond its {experts} experts")
 
     def _count_busy(self, summary: LayoutSummary) -> None:
         """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed."""

@@ -122,6 +122,13 @@ class RoutingTrace:
     def prefill_counts(self, layer: int) -> np.ndarray:
         return self.counts(layer, 0, self.prompt_tokens)
 
+    def token_counts(self, token: int, num_layers: int | None = None) -> np.ndarray:
+        """``[layers, experts]``: 1 where ``token`` selected the expert in that layer (the first ``num_layers``)."""
+        ids = self.expert_ids[: self.num_layers if num_layers is None else num_layers, token]
+        counts = np.zeros((ids.shape[0], self.num_experts), dtype=np.int64)
+        counts[np.arange(ids.shape[0])[:, None], ids] = 1
+        return counts
+
     def save(self, path: str | Path) -> None:
         """Write the trace (``.npz`` or ``.json``) atomically."""
         from ndp_io import atomic_write
