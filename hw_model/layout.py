@@ -190,6 +190,12 @@ class InvocationLayout:
         self.ids.append(e)
         self.decisions.append((SLICED, int(self.counts[e]), 0, 0))
 
+    def sliced_many(self, experts: list[int]) -> None:
+        """:meth:`sliced` for each of ``experts``."""
+        if experts:
+            self.ids += experts
+            self.decisions += [(SLICED, c, 0, 0) for c in self.counts[experts].tolist()]
+
     def split(self, e: int, k: int) -> None:
         """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
         self.ids.append(e)

@@ -190,37 +190,43 @@ class DriftTracker:
         self.seen = np.zeros(num_layers, dtype=bool)
         self.has_plan = np.zeros(num_layers, dtype=bool)
         self.plans: list[frozenset[int]] = [frozenset()] * num_layers
+        self._all_seen = False
+        self._all_planned = False
         self.drift: dict[int, float] = {}  # layer -> drift of its pending invocation (set by update)
 
     def update(self, layers: list[int], counts: np.ndarray) -> None:
         """Smooth ``counts[i]`` (layer ``layers[i]``'s token counts) into the histograms; record each drift."""
         alpha = self.smoothing
-        totals = np.maximum(counts.sum(axis=1), 1)
+        totals = counts.sum(axis=1)
+        np.maximum(totals, 1, out=totals)
         rows = row_selector(layers)
         smoothed = self.smoothed[rows]  # a view for a slice; fancy indexing copies (written back below)
-        seen = self.seen[rows]
         width = counts.shape[1]
-        if seen.all():  # in place: (1 - alpha) * smoothed + alpha * histogram, the histogram being counts / total
-            smoothed *= 1 - alpha
-            smoothed[:, :width] += counts * (alpha / totals)[:, None]
-        else:
-            fresh = np.zeros_like(smoothed)
-            fresh[:, :width] = counts / totals[:, None]
-            smoothed *= 1 - alpha
-            smoothed[:, :width] += counts * (alpha / totals)[:, None]
-            smoothed[~seen] = fresh[~seen]
+        fresh = None if self._all_seen else ~self.seen[rows]
+        # in place: (1 - alpha) * smoothed + alpha * histogram, the histogram being counts / total
+        smoothed *= 1 - alpha
+        smoothed[:, :width] += counts * (alpha / totals)[:, None]
+        if fresh is not None and fresh.any():  # a layer's first invocation: its histogram as it is
+            smoothed[fresh] = 0.0
+            smoothed[fresh, :width] = counts[fresh] / totals[fresh, None]
         if not isinstance(rows, slice):
             self.smoothed[rows] = smoothed
-        self.seen[rows] = True
-        drift = np.abs(smoothed - self.planned_on[rows]).sum(axis=1)
-        drift[~self.has_plan[rows]] = np.inf
+        if not self._all_seen:
+            self.seen[rows] = True
+            self._all_seen = bool(self.seen.all())
+        difference = smoothed - self.planned_on[rows]
+        drift = np.abs(difference, out=difference).sum(axis=1)
+        if not self._all_planned:
+            drift[~self.has_plan[rows]] = np.inf
         self.drift.update(zip(layers, drift.tolist(), strict=True))
 
     def replan(self, layer: int, gpu_set: frozenset[int]) -> None:
         """A plan was made for ``layer`` on its current smoothed histogram."""
         self.planned_on[layer] = self.smoothed[layer]
-        self.has_plan[layer] = True
         self.plans[layer] = gpu_set
+        if not self._all_planned:
+            self.has_plan[layer] = True
+            self._all_planned = bool(self.has_plan.all())
 
 
 @dataclass
@@ -546,20 +552,19 @@ class TensorParallelLoadBalanced(Policy):
         resident = self._resident(state, layer_index, layer.num_experts)
         on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
         weight_bytes = ctx.costs.weight_bytes(layer.expert)
-        resident_selected = 0
-        for e in active.tolist():
-            res = bool(resident[e])
-            resident_selected += res
+        prefetcher, lru = state.prefetcher, state.lru
+        res_active = resident[active].tolist()
+        on_ndp = []
+        for e, res in zip(active.tolist(), res_active, strict=True):
             if e not in on_gpu:
-                out.sliced(e)
+                on_ndp.append(e)
                 continue
             out.to_gpu(e, res)
-            adopted = False
-            if not res and state.prefetcher is not None:
-                adopted = state.prefetcher.adopt_staged(layer_index, e)
-            if state.lru is not None and not adopted:  # keep the staged copy until its space is needed
-                state.lru.use((layer_index, e), weight_bytes)
-        out.extra["resident_selected"] = float(resident_selected)
+            adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
+            if lru is not None and not adopted:  # keep the staged copy until its space is needed
+                lru.use((layer_index, e), weight_bytes)
+        out.sliced_many(on_ndp)
+        out.extra["resident_selected"] = float(sum(res_active))
         return out.finish()
 
 

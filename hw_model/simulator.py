@@ -138,18 +138,29 @@ class StepResult:
     """The invocations of one :meth:`MoESimulator.simulate_step`: their latencies, and each invocation as a
     :class:`LayerResult` (``step[i]``, built on request)."""
 
-    __slots__ = ("phase", "latencies_s", "latency_s", "_tokens", "_records", "_policy", "_prefetch", "_results")
+    __slots__ = (
+        "phase",
+        "latencies_s",
+        "latency_s",
+        "_counts",
+        "_records",
+        "_layers",
+        "_policy",
+        "_prefetch",
+        "_results",
+    )
 
     def __init__(
-        self, phase: str, latencies_s: list[float], tokens: list[int], records: list, policy: str, prefetch: bool
+        self, phase: str, latencies_s: list[float], counts: np.ndarray, records: list, simulator: MoESimulator
     ) -> None:
         self.phase = phase
         self.latencies_s = latencies_s
         self.latency_s = sum(latencies_s)
-        self._tokens = tokens
+        self._counts = counts
         self._records = records
-        self._policy = policy
-        self._prefetch = prefetch
+        self._layers = simulator.layers
+        self._policy = simulator.policy
+        self._prefetch = simulator.has_prefetcher
         self._results: dict[int, LayerResult] = {}
 
     def __len__(self) -> int:
@@ -167,8 +178,9 @@ class StepResult:
                 extra["prefetch_hits"] = float(hits)
                 extra["prefetch_misses"] = float(misses)
             extra["prefetch_bytes"] = copied
+            tokens = -(-int(self._counts[i].sum()) // self._layers[layer_index].top_k)
             result = self._results[i] = LayerResult(
-                layer_index, self.phase, self._tokens[i], plan, extra, self._policy, tuple(added)
+                layer_index, self.phase, tokens, plan, extra, self._policy, tuple(added)
             )
         return result
 
@@ -362,11 +374,11 @@ class MoESimulator:
             prefetcher.add_scores(row_selector(indices), counts)
         self._invocations[phase] += len(indices)
         self._latency_s[phase] += sum(latencies)
-        totals = counts.sum(axis=1).tolist()
-        tokens = [
-            -(-total // self.layers[layer_index].top_k) for total, layer_index in zip(totals, indices, strict=True)
-        ]
-        return StepResult(phase, latencies, tokens, records, self.policy, prefetcher is not None)
+        return StepResult(phase, latencies, counts, records, self)
+
+    @property
+    def has_prefetcher(self) -> bool:
+        return self._state.prefetcher is not None
 
     def _check_step(self, indices: list[int], counts: np.ndarray) -> None:
         width = self._width
@@ -473,11 +485,12 @@ class MoESimulator:
                     events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
                     copied_total += copied
                     start += copied / bandwidth
-            ahead = self._drain_ahead(end - start)
-            if ahead:
-                events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
-                copied_total += ahead
-            if not self._copies_queued():
+            if self._ahead_queue:
+                ahead = self._drain_ahead(end - start)
+                if ahead:
+                    events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
+                    copied_total += ahead
+            if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
                 break
         return copied_total
 

@@ -15,10 +15,19 @@ class LayerReport:
     tokens: int
     expert_tokens: tuple[int, ...]
     latency_s: float
-    placement: dict[int, str]
-    busy_s: dict[str, float]
     timeline: Any = None
-    """The simulator's :class:`hw_model.simulator.LayerResult` (not in JSON); its events are built on first read."""
+    """The simulator's :class:`hw_model.simulator.LayerResult` (not in JSON); what the properties below read,
+    built on first read."""
+
+    @property
+    def placement(self) -> dict[int, str]:
+        """Expert id to where it ran: ``"gpu"``, ``"ndp"`` (sliced over the units), ``"ndpU"`` or ``"split"``."""
+        return dict(self.timeline.placement) if self.timeline is not None else {}
+
+    @property
+    def busy_s(self) -> dict[str, float]:
+        """Busy seconds per simulated resource during this invocation."""
+        return dict(sorted(self.timeline.busy_by_resource().items())) if self.timeline is not None else {}
 
     @property
     def events(self) -> tuple[tuple[str, float, float, str], ...]:

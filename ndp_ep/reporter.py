@@ -237,27 +237,28 @@ class SessionReporter:
             tokens = _tokens_of(input_shapes, self._unconverted_moe[0].hidden)
         phase = ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
         layers: list[LayerReport] = []
-        per_layer_gap = gpu_s / len(routing) if routing else 0.0
-        for index in sorted(routing):
-            shape = self.layers[index]
-            counts = np.bincount(routing[index].reshape(-1), minlength=shape.num_experts)
-            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
-            self.simulator.advance_time_s(per_layer_gap)
-            expert_tokens = tuple(counts.tolist())
-            result = self.simulator.simulate_layer(index, counts, phase)
-            busy = result.busy_by_resource()
-            layers.append(
-                LayerReport(
-                    index=index,
-                    name=shape.name,
-                    tokens=int(routing[index].shape[0]),
-                    expert_tokens=expert_tokens,
-                    latency_s=result.latency_s,
-                    placement=dict(result.placement),
-                    busy_s=dict(sorted(busy.items())),
-                    timeline=result,
+        if routing:
+            indices = sorted(routing)
+            counts = np.zeros((len(indices), max(self.layers[i].num_experts for i in indices)), dtype=np.int64)
+            for row, index in enumerate(indices):
+                ids = routing[index].reshape(-1)
+                counts[row, : self.layers[index].num_experts] = np.bincount(
+                    ids, minlength=self.layers[index].num_experts
                 )
-            )
+            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
+            step = self.simulator.simulate_step(phase, counts, layers=indices, gap_before_layer_s=gpu_s / len(routing))
+            for row, (index, result) in enumerate(zip(indices, step, strict=True)):
+                shape = self.layers[index]
+                layers.append(
+                    LayerReport(
+                        index=index,
+                        name=shape.name,
+                        tokens=int(routing[index].shape[0]),
+                        expert_tokens=tuple(counts[row, : shape.num_experts].tolist()),
+                        latency_s=result.latency_s,
+                        timeline=result,
+                    )
+                )
         return RunReport(
             run_index=self.aggregates.runs,
             hardware=self.system.name,
