@@ -361,6 +361,7 @@ class MoESimulator:
             copied = self._drain_in_gaps(summary, added) if self._copies_queued() else 0.0
             latency = summary.latency_s
             latencies.append(latency)
+            self._latency_s[phase] += latency  # one by one: the same sum as layer-by-layer calls give
             if phase == "decode":
                 self._last_latency_s[layer_index] = latency
             self._count_busy(summary)
@@ -373,7 +374,6 @@ class MoESimulator:
         if prefetcher is not None:
             prefetcher.add_scores(row_selector(indices), counts)
         self._invocations[phase] += len(indices)
-        self._latency_s[phase] += sum(latencies)
         return StepResult(phase, latencies, counts, records, self)
 
     @property

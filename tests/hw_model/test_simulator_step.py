@@ -1,0 +1,98 @@
+"""``MoESimulator.simulate_step`` (a forward step's layers at once) against the same calls made layer by layer,
+and memoised layer summaries against the timelines laid out for them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hw_model import load_system
+from hw_model.errors import WorkloadError
+from hw_model.policies import policy_names
+from hw_model.simulator import MoESimulator
+from hw_model.traces import TraceKnobs, predicted_counts, synthetic_trace
+from hw_model.workload import ExpertShape, MoELayerShape
+
+LAYERS = [MoELayerShape(f"l{i}", 16, 4, ExpertShape(hidden=1024, ffn=512)) for i in range(4)]
+GAP_S = 20e-6
+
+
+def _trace():
+    return synthetic_trace(len(LAYERS), 16, 4, 24, 40, TraceKnobs(skew=0.8, seed=5))
+
+
+def _sim(policy: str) -> MoESimulator:
+    # a small GPU pool so that residency, staging and prefetch copies all come into play
+    return MoESimulator(load_system("paper", 4), LAYERS, policy, gpu_reserved_bytes=0.899 * 16e9)
+
+
+def _without_wall_times(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "decision_time_median_s"}
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_a_step_equals_the_same_invocations_made_layer_by_layer(policy):
+    trace = _trace()
+    stepped, single = _sim(policy), _sim(policy)
+    rng_stepped, rng_single = np.random.default_rng(1), np.random.default_rng(1)
+    prefill = np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))])
+    latencies_stepped = list(stepped.simulate_step("prefill", prefill, gap_before_layer_s=GAP_S).latencies_s)
+    latencies_single = []
+    for layer in range(len(LAYERS)):
+        single.advance_time_s(GAP_S)
+        latencies_single.append(single.simulate_layer(layer, prefill[layer], "prefill").latency_s)
+    for token in range(trace.prompt_tokens, trace.num_tokens):
+        predictions = [
+            predicted_counts(trace, layer + 1, token, 0.7, rng_stepped) if layer + 1 < len(LAYERS) else None
+            for layer in range(len(LAYERS))
+        ]
+        step = stepped.simulate_step(
+            "decode", trace.token_counts(token), gap_before_layer_s=GAP_S, predictions=predictions
+        )
+        latencies_stepped += step.latencies_s
+        for layer in range(len(LAYERS)):
+            single.advance_time_s(GAP_S)
+            if layer + 1 < len(LAYERS):
+                single.predict_next(layer + 1, predicted_counts(trace, layer + 1, token, 0.7, rng_single))
+            latencies_single.append(
+                single.simulate_layer(layer, trace.counts(layer, token, token + 1), "decode").latency_s
+            )
+    assert latencies_stepped == latencies_single
+    assert _without_wall_times(stepped.summary()) == _without_wall_times(single.summary())
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_memoised_layer_summaries_match_their_laid_out_timelines(policy):
+    trace = _trace()
+    sim = _sim(policy)
+    sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))]))
+    for token in range(trace.prompt_tokens, trace.num_tokens):
+        for result in sim.simulate_step("decode", trace.token_counts(token)):
+            timeline = result.timeline  # laid out now, with this invocation's experts
+            assert result.latency_s == timeline.latency_s
+            busy: dict[str, float] = {}
+            for resource, start_s, end_s, _ in timeline.events:
+                busy[resource] = busy.get(resource, 0.0) + (end_s - start_s)
+            expected = result.busy_by_resource()
+            for event in result.added_events:  # prefetch copies are not part of the layer's own timeline
+                expected[event.resource] -= event.end_s - event.start_s
+            assert busy.keys() == {r for r, s in expected.items() if s > 0 or r in busy}
+            for resource, seconds in busy.items():
+                assert seconds == pytest.approx(expected[resource], rel=1e-12, abs=1e-18), resource
+            active = set(np.flatnonzero(trace.counts(result.layer_index, token, token + 1)).tolist())
+            assert set(result.placement) == active
+
+
+def test_step_rejects_bad_counts_and_layers():
+    sim = _sim("tp+lb+prefetch")
+    ones = np.ones((2, 16), dtype=np.int64)
+    with pytest.raises(WorkloadError, match="at most once"):
+        sim.simulate_step("decode", ones, layers=[1, 1])
+    with pytest.raises(WorkloadError, match="out of range"):
+        sim.simulate_step("decode", ones, layers=[3, 4])
+    with pytest.raises(WorkloadError, match="shape"):
+        sim.simulate_step("decode", np.ones((2, 17), dtype=np.int64), layers=[0, 1])
+    with pytest.raises(WorkloadError, match="non-negative"):
+        sim.simulate_step("decode", -ones, layers=[0, 1])
+    with pytest.raises(WorkloadError, match="phase"):
+        sim.simulate_step("warmup", ones, layers=[0, 1])
