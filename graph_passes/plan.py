@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graph_passes.activations import ACTIVATIONS, GATED_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
-from graph_passes.sharded_op import QUANT_BITS, WEIGHT_DTYPES
+from graph_passes.activations import ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
+from graph_passes.sharded_op import WEIGHT_DTYPES, ExpertForm
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class ExpertWeights:
 
 
 @dataclass(frozen=True)
-class MoEBlockPlan:
+class MoEBlockPlan(ExpertForm):
     """One provable MoE block, ready to be rewritten."""
 
     name: str  # human name, e.g. "model.layers.0.mlp" (from metadata) or "moe0"
@@ -117,23 +117,10 @@ class MoEBlockPlan:
         quantized_matrices = [bool(m.scales) for m in (self.weights.up, self.weights.down, self.weights.gate) if m]
         if self.quantized != all(quantized_matrices) or (self.quantized and self.quant_block_size < 1):
             raise ValueError(f"{self.name}: weight_dtype {self.weight_dtype} and the matrices' scales disagree")
-        gated = self.activation in GATED_ACTIVATIONS
-        if gated != (self.weights.gate is not None):
+        if self.gated != (self.weights.gate is not None):
             raise ValueError(f"{self.name}: activation {self.activation} and gate weights disagree")
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"{self.name}: top_k {self.top_k} not in 1..{self.num_experts}")
-
-    @property
-    def gated(self) -> bool:
-        return self.activation in GATED_ACTIVATIONS
-
-    @property
-    def quantized(self) -> bool:
-        return self.weight_dtype in QUANT_BITS
-
-    @property
-    def bits(self) -> int:
-        return QUANT_BITS.get(self.weight_dtype, 0)
 
     def summary(self, shards: int) -> dict:
         """What the conversion report and the sharded node's ``ndp_ep.block`` metadata say about the block."""

@@ -107,8 +107,27 @@ class ShardedOpError(ValueError):
     """A node claims to be a sharded expert op but breaks the contract (tampered attributes or inputs)."""
 
 
+class ExpertForm:
+    """What an ``activation`` and a ``weight_dtype`` say about the experts (a block plan's, a node's)."""
+
+    activation: str
+    weight_dtype: str
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_dtype in QUANTIZED_WEIGHT_DTYPES
+
+    @property
+    def bits(self) -> int:
+        return QUANT_BITS.get(self.weight_dtype, 0)
+
+
 @dataclass(frozen=True)
-class ShardedOpSpec:
+class ShardedOpSpec(ExpertForm):
     """The attributes of one sharded expert node, validated."""
 
     layer: str
@@ -155,18 +174,6 @@ class ShardedOpSpec:
                 )
         elif self.quant_block_size or self.has_zero_points:
             raise ShardedOpError(f"{self.layer}: quantization attributes on {self.weight_dtype} weights")
-
-    @property
-    def gated(self) -> bool:
-        return self.activation in GATED_ACTIVATIONS
-
-    @property
-    def quantized(self) -> bool:
-        return self.weight_dtype in QUANTIZED_WEIGHT_DTYPES
-
-    @property
-    def bits(self) -> int:
-        return QUANT_BITS.get(self.weight_dtype, 0)
 
     @property
     def shard_width(self) -> int:

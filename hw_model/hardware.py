@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -254,32 +254,23 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-_COMPUTE_REQUIRED = (
-    "name",
-    "peak_flops_per_s",
-    "memory_bandwidth_bytes_per_s",
-    "memory_capacity_bytes",
-    "kernel_overhead_s",
-)
-_COMPUTE_OPTIONAL = (
-    "achievable_flops_fraction",
-    "achievable_bandwidth_fraction",
-    "reduction_latency_s",
-    "gemm_tile_m",
-    "gemm_fixed_k_elements",
-    "launch_overhead_eager_s",
-    "sync_overhead_s",
-)
+def _section_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A TOML section's required and optional field names: its dataclass's fields without, then with, a default."""
+    required = tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    return required, tuple(f.name for f in fields(cls) if f.name not in required)
+
+
+# The cost form's constants beyond the roofline (every preset sets them; a user file may omit them).
+COMPUTE_OPTIONAL_FIELDS = _section_fields(ComputeSpec)[1]
 # section -> (class, required fields, optional fields)
 _SECTIONS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
-    "gpu": (GpuSpec, _COMPUTE_REQUIRED, _COMPUTE_OPTIONAL),
-    "ndp_unit": (
-        NdpUnitSpec,
-        _COMPUTE_REQUIRED,
-        (*_COMPUTE_OPTIONAL, "buffer_bytes", "dram", "ranks", "control_overhead_s"),
-    ),
-    "host_link": (HostLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ("pageable_bandwidth_bytes_per_s",)),
-    "ndp_link": (NdpLinkSpec, ("bandwidth_bytes_per_s", "latency_s"), ()),
+    key: (cls, *_section_fields(cls))
+    for key, cls in (
+        ("gpu", GpuSpec),
+        ("ndp_unit", NdpUnitSpec),
+        ("host_link", HostLinkSpec),
+        ("ndp_link", NdpLinkSpec),
+    )
 }
 
 

@@ -109,37 +109,24 @@ class ModelConfig:
         return kernel_time_s(system.gpu, flops, self.vocab * self.hidden * b + tokens * self.vocab * 4, self.dtype, 2)
 
 
+def gqa_model(row: tuple[str, int, int, int, int, int, int, int, int, int, str]) -> ModelConfig:
+    """A grouped-query-attention model from its table row: name, MoE layers, hidden, routed experts, top-k,
+    expert FFN, heads, KV heads, head dim, vocab and the hub repository whose ``config.json`` it summarises.
+    Q and O projections are ``hidden x heads*head_dim``, K and V ``hidden x kv_heads*head_dim``; the KV cache
+    holds a key and a value per KV head and token."""
+    name, layers, hidden, experts, top_k, ffn, heads, kv_heads, head_dim, vocab, repo = row
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    kv = 2 * kv_heads * head_dim
+    return ModelConfig(
+        name, layers, hidden, experts, top_k, ffn, attention, kv, heads, head_dim, vocab, source=f"{repo} config.json"
+    )
+
+
 MODELS: dict[str, ModelConfig] = {
     m.name: m
     for m in (
-        ModelConfig(
-            name="mixtral-8x7b",
-            moe_layers=32,
-            hidden=4096,
-            num_experts=8,
-            top_k=2,
-            expert_ffn=14336,
-            attention_params=4096 * 4096 * 2 + 4096 * 1024 * 2,  # 32 query heads, 8 KV heads of 128
-            kv_elements_per_token=2 * 8 * 128,
-            num_heads=32,
-            head_dim=128,
-            vocab=32000,
-            source="mistralai/Mixtral-8x7B-v0.1 config.json",
-        ),
-        ModelConfig(
-            name="qwen3-30b-a3b",
-            moe_layers=48,
-            hidden=2048,
-            num_experts=128,
-            top_k=8,
-            expert_ffn=768,
-            attention_params=2048 * 4096 * 2 + 2048 * 512 * 2,  # 32 query heads, 4 KV heads of 128
-            kv_elements_per_token=2 * 4 * 128,
-            num_heads=32,
-            head_dim=128,
-            vocab=151936,
-            source="Qwen/Qwen3-30B-A3B config.json",
-        ),
+        gqa_model(("mixtral-8x7b", 32, 4096, 8, 2, 14336, 32, 8, 128, 32000, "mistralai/Mixtral-8x7B-v0.1")),
+        gqa_model(("qwen3-30b-a3b", 48, 2048, 128, 8, 768, 32, 4, 128, 151936, "Qwen/Qwen3-30B-A3B")),
         ModelConfig(
             name="deepseek-v2-lite",
             moe_layers=26,
@@ -159,20 +146,7 @@ MODELS: dict[str, ModelConfig] = {
             dense_ffn=10944,
             source="deepseek-ai/DeepSeek-V2-Lite config.json (first layer dense)",
         ),
-        ModelConfig(
-            name="olmoe-1b-7b",
-            moe_layers=16,
-            hidden=2048,
-            num_experts=64,
-            top_k=8,
-            expert_ffn=1024,
-            attention_params=4 * 2048 * 2048,  # 16 heads of 128, no grouped KV
-            kv_elements_per_token=2 * 16 * 128,
-            num_heads=16,
-            head_dim=128,
-            vocab=50304,
-            source="allenai/OLMoE-1B-7B-0924 config.json",
-        ),
+        gqa_model(("olmoe-1b-7b", 16, 2048, 64, 8, 1024, 16, 16, 128, 50304, "allenai/OLMoE-1B-7B-0924")),
     )
 }
 

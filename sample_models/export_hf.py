@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -58,63 +59,49 @@ class Family:
     extra: bool = False  # a generalisation fixture: block only, saved under hf/extra/
 
 
-def mixtral_config() -> transformers.PretrainedConfig:
-    return transformers.MixtralConfig(
+def decoder_config(config_class: type[transformers.PretrainedConfig], **own: Any) -> transformers.PretrainedConfig:
+    """A tiny decoder-only config of ``config_class``: what the stacked-expert decoders share, then ``own``."""
+    return config_class(
         vocab_size=VOCAB,
         hidden_size=32,
-        intermediate_size=48,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        num_local_experts=4,
         num_experts_per_tok=2,
         max_position_embeddings=64,
         attn_implementation="eager",
         experts_implementation="batched_mm",
         tie_word_embeddings=False,
+        **own,
     )
 
 
+def mixtral_config() -> transformers.PretrainedConfig:
+    return decoder_config(transformers.MixtralConfig, intermediate_size=48, num_local_experts=4)
+
+
 def qwen2_moe_config() -> transformers.PretrainedConfig:
-    return transformers.Qwen2MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
+    return decoder_config(
+        transformers.Qwen2MoeConfig,
         intermediate_size=64,
         moe_intermediate_size=40,
         shared_expert_intermediate_size=56,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_experts=6,
-        num_experts_per_tok=2,
         norm_topk_prob=False,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        max_position_embeddings=64,
-        attn_implementation="eager",
-        experts_implementation="batched_mm",
-        tie_word_embeddings=False,
     )
 
 
 def gpt_oss_config() -> transformers.PretrainedConfig:
-    return transformers.GptOssConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
+    return decoder_config(
+        transformers.GptOssConfig,
         intermediate_size=32,
         head_dim=8,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_local_experts=4,
-        num_experts_per_tok=2,
         sliding_window=8,
-        max_position_embeddings=64,
         # a small limit so that the random weights really exercise the clamp
         swiglu_limit=1.5,
-        attn_implementation="eager",
-        experts_implementation="batched_mm",
-        tie_word_embeddings=False,
     )
 
 

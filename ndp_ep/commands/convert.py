@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ndp_ep.cli_args import add_hardware_args, add_json_args, add_shards_arg, output_file
 
@@ -53,6 +55,17 @@ def describe_block(block) -> str:
     )
 
 
+def print_report_lines(report, block_line: Callable[[Any], str], skipped: str) -> None:
+    """The indented lines of a conversion report (``convert`` and ``inspect`` print them): ``block_line`` of each
+    rewritten block, each skipped candidate (introduced by the word ``skipped``) with its reason, each note."""
+    for block in report.blocks:
+        print(f"  {block_line(block)}")
+    for skip in report.skipped:
+        print(f"  {skipped} {skip.where}: {skip.reason}")
+    for note in report.notes:
+        print(f"  note: {note}")
+
+
 def run(args: argparse.Namespace) -> int:
     from graph_passes.sharded_op import DOMAIN, OP_TYPE
     from ndp_ep.convert import convert_model
@@ -89,10 +102,5 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(f"no MoE block converted: {plural(len(report.skipped), 'candidate')} skipped (--strict makes this fail):")
-    for block in report.blocks:
-        print(f"  {block.name}: {describe_block(block)}")
-    for skip in report.skipped:
-        print(f"  skipped {skip.where}: {skip.reason}")
-    for note in report.notes:
-        print(f"  note: {note}")
+    print_report_lines(report, lambda block: f"{block.name}: {describe_block(block)}", "skipped")
     return 0

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.convert import DEFAULT_SHARDS, plan_conversion
-    from ndp_ep.commands.convert import describe_block
+    from ndp_ep.commands.convert import print_report_lines
     from ndp_ep.errors import graph_pass_errors
     from ndp_ep.text import plural
 
@@ -39,16 +39,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"model": args.model, "shards": shards, **report.to_json()}))
         return 0
     print(f"{args.model}: {plural(len(report.blocks), 'MoE block')} would be rewritten, {len(report.skipped)} skipped")
-    for block in report.blocks:
-        if block.checked_in_isolation:
-            proof = "proven on its own region"
-        elif block.checked_numerically:
-            proof = "proven on a whole-model run"
-        else:
-            proof = "accepted on structure (too large to run)"
-        print(f"  rewrite {block.name}: {describe_block(block)}, rule {block.rule}, {proof}")
-    for skip in report.skipped:
-        print(f"  skip {skip.where}: {skip.reason}")
-    for note in report.notes:
-        print(f"  note: {note}")
+    print_report_lines(report, _rewrite_line, "skip")
     return 0
+
+
+def _rewrite_line(block) -> str:
+    """A block ``convert`` would rewrite, with the rule that found it and how its reading was proven."""
+    from ndp_ep.commands.convert import describe_block
+
+    if block.checked_in_isolation:
+        proof = "proven on its own region"
+    elif block.checked_numerically:
+        proof = "proven on a whole-model run"
+    else:
+        proof = "accepted on structure (too large to run)"
+    return f"rewrite {block.name}: {describe_block(block)}, rule {block.rule}, {proof}"

@@ -25,17 +25,13 @@ from types import MappingProxyType
 
 from graph_passes.sharded_op import parse_shard_name
 from ndp_ep.diff.loading import ContentHasher, InitializerRecord, ModelSnapshot
-from ndp_ep.diff.result import InitializerDiff, TensorRef
+from ndp_ep.diff.result import InitializerDiff, TensorRef, shape_text
 
 SPLIT_SEPARATORS = (".", "_", "/", ":")
 
 
 def tensor_ref(record: InitializerRecord) -> TensorRef:
     return TensorRef(record.name, record.dtype, record.shape, record.size_bytes)
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def normalise_name(name: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from graph_passes.errors import InvalidModelError
 from graph_passes.model_check import check_text
 from graph_passes.model_io import external_data_path
 from ndp_ep.diff.moe import ShardedOpInfo, read_sharded_ops
-from ndp_ep.diff.result import NodeRef
+from ndp_ep.diff.result import NodeRef, TensorRef, shape_text
 from ndp_ep.errors import ModelLoadError
 
 HASH_CHUNK_BYTES = 1 << 20
@@ -51,13 +52,10 @@ class ExternalLocation:
 
 
 @dataclass(frozen=True)
-class InitializerRecord:
-    """One initializer's header: what a comparison by shape, dtype and size needs (no weight bytes)."""
+class InitializerRecord(TensorRef):
+    """One initializer's header (what a comparison by shape, dtype and size needs; no weight bytes), where its
+    bytes live, and its position among the graph's initializers."""
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    size_bytes: int
     external: ExternalLocation | None
     index: int
 
@@ -67,13 +65,10 @@ class InitializerRecord:
 
     @property
     def element_count(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
+        return math.prod(self.shape)
 
     def describe(self) -> str:
-        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+        return f"{self.dtype}{self.shape_text()}"
 
 
 @dataclass(frozen=True)
@@ -95,9 +90,7 @@ class ValueRecord:
     shape: tuple[str, ...] | None
 
     def describe(self) -> str:
-        if self.shape is None:
-            return self.dtype
-        return f"{self.dtype}[{', '.join(self.shape)}]"
+        return self.dtype if self.shape is None else f"{self.dtype}{shape_text(self.shape)}"
 
 
 @dataclass(frozen=True)
@@ -191,7 +184,7 @@ def _attribute_text(attribute: onnx.AttributeProto) -> str:
 
 
 def _tensor_digest_text(tensor: TensorProto) -> str:
-    header = f"{_dtype_name(tensor.data_type)}[{', '.join(str(d) for d in tensor.dims)}]"
+    header = f"{_dtype_name(tensor.data_type)}{shape_text(tensor.dims)}"
     payload = tensor.raw_data if tensor.HasField("raw_data") else _typed_payload(tensor)
     return f"tensor {header} #{hashlib.blake2b(payload, digest_size=8).hexdigest()}"
 
@@ -247,9 +240,6 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
     data_files: dict[str, tuple[Path, int]] = {}
     for index, tensor in enumerate(graph.initializer):
         shape = tuple(int(d) for d in tensor.dims)
-        elements = 1
-        for dim in shape:
-            elements *= dim
         external = None
         if tensor.data_location == TensorProto.EXTERNAL:
             external = _external_location(tensor, base_dir, model_path, data_files)
@@ -259,7 +249,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> ModelSnapshot:
             size = len(tensor.raw_data)
         else:
             embedded_typed[tensor.name] = tensor
-            size = (elements * _itemsize_bits(tensor.data_type) + 7) // 8
+            size = (math.prod(shape) * _itemsize_bits(tensor.data_type) + 7) // 8
         initializers[tensor.name] = InitializerRecord(
             tensor.name, _dtype_name(tensor.data_type), shape, size, external, index
         )

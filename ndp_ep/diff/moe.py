@@ -34,6 +34,7 @@ from graph_passes.sharded_op import (
     parse_node,
     parse_shard_name,
 )
+from ndp_ep.diff.result import shape_text
 from ndp_ep.text import plural
 
 if TYPE_CHECKING:  # loading.py imports this module to read the nodes while it loads a model
@@ -138,13 +139,13 @@ def weight_lines(snapshot: ModelSnapshot, node_index: int) -> tuple[str, ...]:
         if shard is not None:
             groups.setdefault(shard.kind, []).append((shard.expert, shard.shard, record.shape))
         elif len(record.shape) >= 2:
-            others.append(f"{name} [{', '.join(str(d) for d in record.shape)}]")
+            others.append(f"{name} {shape_text(record.shape)}")
     lines = []
     for kind, members in groups.items():
         experts = len({e for e, _, _ in members})
         shards = len({s for _, s, _ in members if s is not None})
         shapes = {shape for _, _, shape in members}
-        shape = f"[{', '.join(str(d) for d in next(iter(shapes)))}]" if len(shapes) == 1 else "mixed shapes"
+        shape = shape_text(next(iter(shapes))) if len(shapes) == 1 else "mixed shapes"
         count = plural(experts, "expert") + (f" × {plural(shards, 'shard')}" if shards else "")
         lines.append(f"{kind}: {count} of {shape}")
     lines += others

@@ -7,7 +7,7 @@ changed regions (connected sets of changed nodes, with one node of context) to d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,11 @@ INITIALIZER_STATUSES = (
 EQUIVALENT_NODE_STATUSES = frozenset({"unchanged", "renamed"})
 EQUIVALENT_INITIALIZER_STATUSES = frozenset({"unchanged", "renamed"})
 DRAW_STATUSES = ("removed", "added", "changed", "renamed", "context")
+
+
+def shape_text(shape: Iterable[int | str]) -> str:
+    """A tensor shape as the diff writes it: ``[d0, d1, ...]``."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -102,7 +107,7 @@ class TensorRef:
             raise ValueError("size_bytes must be non-negative")
 
     def shape_text(self) -> str:
-        return "[" + ", ".join(str(d) for d in self.shape) + "]"
+        return shape_text(self.shape)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,12 @@ def build_case(
         if down_bias:
             groups["down_bias"].append(b2.astype(np.float32))
         reference.append((firsts, downs, b2.astype(np.float32).astype(np.float64) if down_bias else 0.0))
+    return sharded_model(spec, groups), reference, spec
+
+
+def sharded_model(spec: ShardedOpSpec, groups: dict[str, list]) -> onnx.ModelProto:
+    """One sharded node of ``spec`` on inputs x [T, H], ids and w [T, K], output y [T, H], its weight inputs
+    the arrays (or ready tensors) of ``groups``, one list per input group."""
     names = spec.weight_names()
     flat = [a for g, _ in spec.input_groups() for a in groups[g]]
     initializers = [a if isinstance(a, onnx.TensorProto) else numpy_helper.from_array(a) for a in flat]
@@ -163,15 +169,14 @@ def build_case(
         [node],
         "sharded",
         [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", hidden]),
-            helper.make_tensor_value_info("ids", TensorProto.INT64, ["T", top_k]),
-            helper.make_tensor_value_info("w", TensorProto.FLOAT, ["T", top_k]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", spec.hidden]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["T", spec.top_k]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, ["T", spec.top_k]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", spec.hidden])],
         initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ndp_ep", 1)])
-    return model, reference, spec
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ndp_ep", 1)])
 
 
 def _bf16_round(values: np.ndarray) -> np.ndarray:
@@ -321,15 +326,7 @@ def test_quantized_experts_match_onnx_runtime_qmoe_on_the_same_weights(bits, sha
     )[0]
 
     spec = ShardedOpSpec(
-        layer="moe",
-        num_experts=experts,
-        top_k=top_k,
-        hidden=hidden,
-        ffn=ffn,
-        shards=shards,
-        activation="relu",
-        weight_dtype=f"int{bits}",
-        quant_block_size=block,
+        "moe", experts, top_k, hidden, ffn, shards, "relu", weight_dtype=f"int{bits}", quant_block_size=block
     )
     width = ffn // shards
     groups: dict[str, list[np.ndarray]] = {g: [] for g, _ in spec.input_groups()}
@@ -340,18 +337,7 @@ def test_quantized_experts_match_onnx_runtime_qmoe_on_the_same_weights(bits, sha
             groups["down"].append(pack(q2[e][:, rows]))
             groups["first_scales"].append(s1[e, rows])
             groups["down_scales"].append(s2[e][:, s * width // block : (s + 1) * width // block])
-    names = spec.weight_names()
-    inits = [
-        numpy_helper.from_array(a, n)
-        for n, a in zip(names, [a for g, _ in spec.input_groups() for a in groups[g]], strict=True)
-    ]
-    sharded, _, _ = build_case()  # reuse the input signature of the hand-made cases
-    del sharded.graph.node[:]
-    del sharded.graph.initializer[:]
-    sharded.graph.node.append(sharded_op.make_node(spec, "x", "ids", "w", "y", names))
-    sharded.graph.initializer.extend(inits)
-    sharded.graph.input[0].type.tensor_type.shape.dim[1].dim_value = hidden
-    sharded.graph.output[0].type.tensor_type.shape.dim[1].dim_value = hidden
+    sharded = sharded_model(spec, groups)
     probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
     probabilities /= probabilities.sum(axis=1, keepdims=True)
     ids = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]

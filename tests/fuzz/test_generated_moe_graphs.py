@@ -50,7 +50,15 @@ def _options() -> ort.SessionOptions:
     return options
 
 
-def _check(model, feeds, shards: int, precision: str, family: str) -> None:
+def _check(build, drawn, family: str) -> None:
+    """Build the drawn case of ``family`` and compare; counts the graph once it passed."""
+    case, shards, precision = drawn
+    model, feeds = build(case)
+    _compare(model, feeds, shards, precision, family)
+    TALLY["graphs"] += 1
+
+
+def _compare(model, feeds, shards: int, precision: str, family: str) -> None:
     if precision == "float16":
         model, feeds = to_float16(model, feeds)
     try:
@@ -123,19 +131,13 @@ def fused_cases(draw):
 @FUZZ
 @given(drawn=stacked_cases())
 def test_stacked_gather_graphs_convert_exactly_or_skip_with_a_reason(drawn):
-    case, shards, precision = drawn
-    model, feeds = build_stacked(case)
-    _check(model, feeds, shards, precision, "stacked")
-    TALLY["graphs"] += 1
+    _check(build_stacked, drawn, "stacked")
 
 
 @FUZZ
 @given(drawn=fused_cases())
 def test_fused_moe_graphs_convert_exactly_or_skip_with_a_reason(drawn):
-    case, shards, precision = drawn
-    model, feeds = build_fused(case)
-    _check(model, feeds, shards, precision, "fused")
-    TALLY["graphs"] += 1
+    _check(build_fused, drawn, "fused")
 
 
 def test_the_fuzz_ran_its_examples_and_converted_most(request):

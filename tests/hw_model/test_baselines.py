@@ -46,28 +46,16 @@ def test_every_registered_policy_declares_its_protocol_fields():
         get_policy("fastest")
 
 
-def test_registering_a_duplicate_or_roleless_policy_is_refused():
-    class Again(Policy):
-        name = "monde"
-        role = "baseline"
-        description = "x"
-
-        def place(self, *args):  # pragma: no cover - never called
-            raise AssertionError
-
-    with pytest.raises(TypeError, match="twice"):
-        register(Again)
-
-    class NoRole(Policy):
-        name = "no-role-policy"
-        role = "favourite"
-        description = "x"
-
-        def place(self, *args):  # pragma: no cover - never called
-            raise AssertionError
-
-    with pytest.raises(TypeError, match="role"):
-        register(NoRole)
+@pytest.mark.parametrize(
+    ("name", "role", "error"),
+    [("monde", "baseline", "twice"), ("no-role-policy", "favourite", "role")],
+    ids=["duplicate-name", "unknown-role"],
+)
+def test_registering_a_duplicate_or_roleless_policy_is_refused(name, role, error):
+    policy = type(name, (Policy,), {"name": name, "role": role, "description": "x", "place": lambda self, *a: None})
+    with pytest.raises(TypeError, match=error):
+        register(policy)
+    assert name not in policy_names() or not isinstance(get_policy(name), policy)  # nothing was registered
 
 
 def test_monde_moves_the_hottest_expert_of_the_busiest_dimm_first():

@@ -8,22 +8,12 @@ from pathlib import Path
 import pytest
 
 from hw_model.errors import HardwareConfigError
-from hw_model.hardware import DRAM_DERIVED_FIELDS, PRESET_DIR, list_presets, load_system
+from hw_model.hardware import COMPUTE_OPTIONAL_FIELDS, DRAM_DERIVED_FIELDS, PRESET_DIR, list_presets, load_system
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-NEW_FORM_FIELDS = (
-    "achievable_flops_fraction",
-    "achievable_bandwidth_fraction",
-    "reduction_latency_s",
-    "gemm_tile_m",
-    "gemm_fixed_k_elements",
-    "launch_overhead_eager_s",
-    "sync_overhead_s",
-)
 
 
 def _numbers_without_source(table: dict, where: str) -> list[str]:
@@ -50,7 +40,7 @@ def test_every_preset_sets_the_shared_cost_form_for_gpu_and_ndp_unit(name):
     data = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text(encoding="utf-8"))
     for section in ("gpu", "ndp_unit"):
         derived = DRAM_DERIVED_FIELDS if "dram" in data[section] else ()
-        assert [f for f in NEW_FORM_FIELDS if f not in data[section] and f not in derived] == []
+        assert [f for f in COMPUTE_OPTIONAL_FIELDS if f not in data[section] and f not in derived] == []
 
 
 def test_presets_load_and_ndp_override_applies():
@@ -121,7 +111,7 @@ def test_user_file_may_omit_optional_form_fields(tmp_path):
     lines = [
         line
         for line in text.splitlines()
-        if not any(line.startswith(f"{f} ") or line.startswith(f"{f}_source") for f in NEW_FORM_FIELDS)
+        if not any(line.startswith(f"{f} ") or line.startswith(f"{f}_source") for f in COMPUTE_OPTIONAL_FIELDS)
     ]
     path = tmp_path / "minimal.toml"
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -48,6 +48,14 @@ def _old_pair(directory, conversions):
     return out
 
 
+def _old_pair_per_step(tmp_path, conversions, mutation_count):
+    """``(step, directory, out)`` for every mutation step (1-based): a fresh directory holding the old pair."""
+    for step in range(1, mutation_count + 1):
+        directory = tmp_path / f"step{step}"
+        directory.mkdir()
+        yield step, directory, _old_pair(directory, conversions)
+
+
 def _state(out, expected) -> int:
     """The shard count of the model at ``out``, after checking it runs and computes the original outputs."""
     model = onnx.load(str(out), load_external_data=False)
@@ -98,10 +106,7 @@ def mutation_count(tmp_path_factory, conversions):
 
 def test_an_error_at_any_step_leaves_the_old_or_the_new_pair(tmp_path, conversions, expected, mutation_count):
     outcomes = []
-    for step in range(1, mutation_count + 1):
-        directory = tmp_path / f"step{step}"
-        directory.mkdir()
-        out = _old_pair(directory, conversions)
+    for step, directory, out in _old_pair_per_step(tmp_path, conversions, mutation_count):
         with pytest.MonkeyPatch.context() as monkeypatch:
             _Faults(monkeypatch, step, _raise_eio)
             try:
@@ -135,10 +140,7 @@ def _in_child(action_at_step, step, conversions, out) -> int:
 
 def test_a_kill_at_any_step_leaves_the_old_or_the_new_pair(tmp_path, conversions, expected, mutation_count):
     outcomes = []
-    for step in range(1, mutation_count + 1):
-        directory = tmp_path / f"step{step}"
-        directory.mkdir()
-        out = _old_pair(directory, conversions)
+    for step, directory, out in _old_pair_per_step(tmp_path, conversions, mutation_count):
         status = _in_child(lambda: os._exit(137), step, conversions, out)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 137
         outcomes.append(_state(out, expected))

@@ -61,26 +61,16 @@ def test_convert_refuses_an_output_whose_data_file_is_the_inputs_weights(tmp_pat
     assert _snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("target", ["moe.onnx", "weights.bin", "feeds.npz"])
-def test_run_refuses_outputs_over_model_data_or_feeds(workdir, capsys, target):
-    before = _snapshot(workdir)
-    argv = [
-        "run",
-        str(workdir / "moe.onnx"),
-        "--inputs",
-        str(workdir / "feeds.npz"),
-        "--outputs",
-        str(workdir / target),
-    ]
-    _one_line_exit_2(capsys, argv, "run")
-    assert _snapshot(workdir) == before
+def _run_argv(workdir, option: str, target: str) -> list[str]:
+    """``ndp-ep run`` of the work directory's model on its feeds, writing ``option`` to ``target``."""
+    return ["run", str(workdir / "moe.onnx"), "--inputs", str(workdir / "feeds.npz"), option, str(workdir / target)]
 
 
 @pytest.mark.parametrize("target", ["moe.onnx", "weights.bin", "feeds.npz"])
-def test_run_refuses_a_trace_over_model_data_or_feeds(workdir, capsys, target):
+@pytest.mark.parametrize("option", ["--outputs", "--trace"])
+def test_run_refuses_outputs_or_a_trace_over_model_data_or_feeds(workdir, capsys, option, target):
     before = _snapshot(workdir)
-    argv = ["run", str(workdir / "moe.onnx"), "--inputs", str(workdir / "feeds.npz"), "--trace", str(workdir / target)]
-    _one_line_exit_2(capsys, argv, "run")
+    _one_line_exit_2(capsys, _run_argv(workdir, option, target), "run")
     assert _snapshot(workdir) == before
 
 
@@ -95,14 +85,7 @@ def test_diff_refuses_html_over_either_model(workdir, capsys, target, option):
 
 
 def test_run_writes_outputs_next_to_inputs_when_the_name_differs(workdir, capsys):
-    argv = [
-        "run",
-        str(workdir / "moe.onnx"),
-        "--inputs",
-        str(workdir / "feeds.npz"),
-        "--outputs",
-        str(workdir / "o.npz"),
-    ]
+    argv = _run_argv(workdir, "--outputs", "o.npz")
     assert main(argv) == 0
     capsys.readouterr()
     names = [o.name for o in onnx.load(str(workdir / "moe.onnx"), load_external_data=False).graph.output]
