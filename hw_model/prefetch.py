@@ -179,12 +179,8 @@ class ExpertPrefetcher:
                 self._queued_bytes += float(self.expert_bytes[layer])
 
     def stats(self) -> dict[str, float]:
-        selections = self.hits + self.misses
         return {
-            "prefetch_hits": self.hits,
-            "prefetch_misses": self.misses,
-            "prefetch_hit_rate": self.hits / selections if selections else 0.0,
-            "prefetch_bytes_moved": self.bytes_moved,
+            **hit_stats("prefetch", self.hits, self.misses, self.bytes_moved),
             "prefetch_loads_completed": self.loads_completed,
             "prefetch_evictions": self.evictions,
             "prefetch_replans": self.replans,
@@ -231,10 +227,15 @@ class ExpertLRUCache:
         return self._by_layer.get(layer, set())
 
     def stats(self) -> dict[str, float]:
-        selections = self.hits + self.misses
-        return {
-            "cache_hits": self.hits,
-            "cache_misses": self.misses,
-            "cache_hit_rate": self.hits / selections if selections else 0.0,
-            "cache_bytes_moved": self.bytes_moved,
-        }
+        return hit_stats("cache", self.hits, self.misses, self.bytes_moved)
+
+
+def hit_stats(prefix: str, hits: int, misses: int, bytes_moved: float) -> dict[str, float]:
+    """Hits, misses, hit rate and bytes moved, keyed ``{prefix}_hits`` etc."""
+    selections = hits + misses
+    return {
+        f"{prefix}_hits": hits,
+        f"{prefix}_misses": misses,
+        f"{prefix}_hit_rate": hits / selections if selections else 0.0,
+        f"{prefix}_bytes_moved": bytes_moved,
+    }
