@@ -35,7 +35,11 @@ Output 0: ``[..., H]`` of the hidden state's dtype (and shape).
 A quantized value dequantizes as ``(q - zero_point) * scale`` with ``q`` unsigned; without a zero-point
 tensor the zero point is ``2**(bits-1)`` (8 for int4, 128 for int8), as ONNX Runtime's ``com.microsoft.QMoE``
 does. ``quant_block_size`` is the number of consecutive input elements sharing one scale; a per-channel
-quantized source is written with ``quant_block_size`` equal to the shard's input width.
+quantized source is written with ``quant_block_size`` equal to the shard's input width. The provider multiplies
+quantized shards as the ONNX Runtime it runs in multiplies ``QMoE`` experts, so a converted model gives what
+stock ONNX Runtime gives on the original: from onnxruntime 1.31 that means activations quantized to int8 per
+block for 8-bit weights (4-bit too under ``ORT_QMOE_CPU_QNBIT_GEMM=int8``), see native/src/moe_kernel.h
+(``QuantComputeFor``) and docs/genai.md.
 
 Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_experts``, ``top_k``, ``hidden``,
 ``ffn`` (I), ``shards`` (S), ``activation`` (a name in :mod:`graph_passes.activations`' catalog),

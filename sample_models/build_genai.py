@@ -4,6 +4,8 @@ Needs the ``export`` extra (torch, transformers, onnxruntime-genai, tokenizers):
 
     python sample_models/build_genai.py                  # writes sample_models/genai/<name>/ + MANIFEST.json
     python sample_models/build_genai.py --held-out DIR   # the held-out configurations, into DIR (tests only)
+    python sample_models/build_genai.py --outputs-only   # recomputes inputs.npz / outputs.npz of the committed
+                                                         # fixtures with this onnxruntime (no export; no torch)
 
 For every fixture it builds a Hugging Face checkpoint from its transformers config class with seeded random
 weights (no download), saves a tiny word-level tokenizer beside it (the builder needs one), and runs
@@ -17,10 +19,11 @@ so its checkpoints also carry random MXFP4 blocks and scales. Each output folder
     outputs.npz   what stock ONNX Runtime (CPU) computes on them — absent when stock ORT cannot run the model
                   on CPU (LFM2 fp16: its GroupQueryAttention q/k norm has only CUDA/WebGPU kernels)
 
-Expected outputs are computed with ``ORT_QMOE_CPU_QNBIT_GEMM=fp32``: ONNX Runtime's CPU QMoE otherwise runs
-8-bit experts with int8-quantized activations, while the sharded op (and this setting) dequantizes and
-multiplies in float32. ``MANIFEST.json`` lists each fixture's architecture, precision, expert count, top-k,
-MoE layer count and widths. Export failures are written to ``genai/EXPORT_NOTES.md``.
+Expected outputs are stock ONNX Runtime's default path: ``ORT_QMOE_CPU_QNBIT_GEMM`` is unset while they are
+computed. That path depends on the onnxruntime version (from 1.31 its CPU QMoE runs 8-bit experts with
+int8-quantized activations, docs/genai.md), so ``MANIFEST.json`` records the version that computed them
+(``outputs_onnxruntime``) beside each fixture's architecture, precision, expert count, top-k, MoE layer count
+and widths. Export failures are written to ``genai/EXPORT_NOTES.md``.
 """
 
 from __future__ import annotations
@@ -231,8 +234,12 @@ def _dead_moe_ops(path: Path) -> int:
     return sum(n.op_type in fused for n in model.graph.node) - sum(n.op_type in fused for n in live)
 
 
+QNBIT_GEMM_ENV = "ORT_QMOE_CPU_QNBIT_GEMM"  # read by ONNX Runtime's CPU QMoE kernel when a session is created
+
+
 def write_feeds_and_outputs(out_dir: Path) -> bool:
-    """``inputs.npz`` (first-step feeds) and, when stock ORT runs the model on CPU, ``outputs.npz``."""
+    """``inputs.npz`` (first-step feeds) and, when stock ORT runs the model on CPU, ``outputs.npz`` (its
+    default path: ``ORT_QMOE_CPU_QNBIT_GEMM`` unset)."""
     import onnx
     import onnxruntime as ort
 
@@ -242,8 +249,7 @@ def write_feeds_and_outputs(out_dir: Path) -> bool:
     model = onnx.load(str(path), load_external_data=False)
     feeds = random_feeds(model, seed=FEED_SEED, seq_len=SEQ, config=read_genai_config(path))
     np.savez(out_dir / "inputs.npz", **feeds)
-    previous = os.environ.get("ORT_QMOE_CPU_QNBIT_GEMM")
-    os.environ["ORT_QMOE_CPU_QNBIT_GEMM"] = "fp32"
+    previous = os.environ.pop(QNBIT_GEMM_ENV, None)
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -255,10 +261,8 @@ def write_feeds_and_outputs(out_dir: Path) -> bool:
         (out_dir / "NO_CPU_OUTPUTS.txt").write_text(str(exc).splitlines()[0] + "\n")
         return False
     finally:
-        if previous is None:
-            os.environ.pop("ORT_QMOE_CPU_QNBIT_GEMM", None)
-        else:
-            os.environ["ORT_QMOE_CPU_QNBIT_GEMM"] = previous
+        if previous is not None:
+            os.environ[QNBIT_GEMM_ENV] = previous
     np.savez(out_dir / "outputs.npz", **outputs)
     return True
 
@@ -281,7 +285,7 @@ def build(fixtures: tuple[Fixture, ...], root: Path, notes_path: Path | None) ->
             "moe_layers": f.moe_layers,
             "weight_dtype": WEIGHT_DTYPE[f.precision],
             "quant_block_size": QUANT_BLOCK if f.precision in ("int4", "int8") else 0,
-            "cpu_outputs": (root / f.name / "outputs.npz").is_file(),
+            **_outputs_entry(root / f.name),
         }
         manifest[f.name] = entry
         print(f"{f.name}: exported ({'with' if entry['cpu_outputs'] else 'without'} CPU outputs)")
@@ -294,15 +298,42 @@ def build(fixtures: tuple[Fixture, ...], root: Path, notes_path: Path | None) ->
     return manifest
 
 
+def _outputs_entry(folder: Path) -> dict:
+    import onnxruntime as ort
+
+    cpu_outputs = (folder / "outputs.npz").is_file()
+    return {"cpu_outputs": cpu_outputs, "outputs_onnxruntime": ort.__version__ if cpu_outputs else None}
+
+
+def refresh_outputs(fixtures: tuple[Fixture, ...], root: Path) -> dict[str, dict]:
+    """Recompute ``inputs.npz`` / ``outputs.npz`` of already exported fixtures (the models stay as they are)."""
+    manifest_path = root / "MANIFEST.json"
+    manifest: dict[str, dict] = json.loads(manifest_path.read_text())
+    for f in fixtures:
+        if f.name not in manifest or not (root / f.name / "model.onnx").is_file():
+            raise SystemExit(f"{f.name}: not exported under {root}; run without --outputs-only first")
+        write_feeds_and_outputs(root / f.name)
+        manifest[f.name].update(_outputs_entry(root / f.name))
+        print(f"{f.name}: outputs {'recomputed' if manifest[f.name]['cpu_outputs'] else 'not computable on CPU'}")
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=Path, help="write the held-out configurations into this directory")
     parser.add_argument("--only", nargs="*", help="fixture names to (re)build")
+    parser.add_argument(
+        "--outputs-only", action="store_true", help="recompute the feeds and expected outputs only (no export)"
+    )
     args = parser.parse_args(argv)
     fixtures = HELD_OUT if args.held_out else FIXTURES
     if args.only:
         fixtures = tuple(f for f in fixtures if f.name in args.only)
     root = args.held_out or GENAI_DIR
+    if args.outputs_only:
+        refresh_outputs(fixtures, root)
+        return 0
     root.mkdir(parents=True, exist_ok=True)
     build(fixtures, root, None if args.held_out else root / "EXPORT_NOTES.md")
     return 0

@@ -1,7 +1,9 @@
 // ndp-ep as an ONNX Runtime plugin execution provider: the OrtEpFactory / OrtEp of "NdpExecutionProvider".
 //
 // GetCapability claims exactly the ndp_ep::ShardedMoEExperts nodes (one fused node each, contract in
-// graph_passes/sharded_op.py); Compile converts their weights into MoEKernel objects; the compute function
+// graph_passes/sharded_op.py); Compile converts their weights into MoEKernel objects, quantized ones set to
+// multiply as the loading ONNX Runtime's QMoE kernel would (its version, ORT_QMOE_CPU_QNBIT_GEMM: QuantComputeFor
+// in moe_kernel.h); the compute function
 // runs them on ONNX Runtime's intra-op thread pool and records each invocation's routing in the session's
 // RoutingLog. The library targets ORT API 23 (so one build loads into onnxruntime 1.23 and every later
 // release); on runtimes with API >= 24 the factory also supplies the op's schema (a placeholder custom op), so
@@ -11,6 +13,7 @@
 
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -43,6 +46,7 @@ constexpr size_t kDefaultRoutingCapacity = 16384;  // records (layer invocations
 const OrtApi* g_api = nullptr;
 const OrtEpApi* g_ep_api = nullptr;
 uint32_t g_runtime_api = 0;
+int g_ort_major = 0, g_ort_minor = 0;  // the loading ONNX Runtime's version (OrtApiBase::GetVersionString)
 
 OrtStatus* Error(OrtErrorCode code, const std::string& message) {
   return g_api->CreateStatus(code, ("ndp-ep: " + message).c_str());
@@ -384,7 +388,13 @@ struct NdpEp : OrtEp {
           if (value == nullptr) return Error(ORT_EP_FAIL, spec.layer + ": a weight is not an initializer");
           NDP_RETURN_IF_ERROR(TensorOf(value, &weights[i - 3]));
         }
-        const std::string problem = compiled->kernel.Load(spec, weights);
+        // Quantized experts multiply as the loading ONNX Runtime's own QMoE kernel would, read once per session
+        // (ONNX Runtime reads its environment variable when it creates the QMoE kernel, once per session too).
+        QuantCompute compute;
+        std::string problem =
+            QuantComputeFor(spec, g_ort_major, g_ort_minor, std::getenv(kQMoEQNBitGemmEnv), &compute);
+        if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, spec.layer + ": " + problem);
+        problem = compiled->kernel.Load(spec, weights, compute);
         if (!problem.empty()) return Error(ORT_INVALID_GRAPH, problem);
         const char* name = nullptr;
         NDP_RETURN_IF_ERROR(g_api->Node_GetName(node, &name));
@@ -588,6 +598,9 @@ bool InitApi(const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(kApiVersion);
   if (api == nullptr) return false;
   g_runtime_api = base->GetApi(kSchemaApiVersion) != nullptr ? kSchemaApiVersion : kApiVersion;
+  const char* version = base->GetVersionString();  // "1.32.0"
+  if (version == nullptr || std::sscanf(version, "%d.%d", &g_ort_major, &g_ort_minor) != 2)
+    g_ort_major = g_ort_minor = 0;  // unknown: taken as older than any QMoE behaviour QuantComputeFor knows
   g_api = api;
   g_ep_api = api->GetEpApi();
   scipy_openblas_set_num_threads(1);  // parallelism comes from ONNX Runtime's intra-op pool

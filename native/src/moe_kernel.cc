@@ -16,6 +16,7 @@ constexpr int32_t kFloat16 = 10;
 constexpr int32_t kBFloat16 = 16;
 
 thread_local std::vector<float> t_hidden_buffer;  // per-thread scratch of RunExpert: [rows, F/S]
+thread_local std::vector<float> t_quantized_input;  // per-thread scratch of RunExpert: [rows, H]
 
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float GeluErf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
@@ -50,7 +51,48 @@ inline int Unpack(const uint8_t* row, int64_t q, int bits) {
   return (q & 1) ? (byte >> 4) : (byte & 0x0F);
 }
 
+// The int8 value MLAS gives v (v = activation * 127 / amax, so |v| <= 127 up to rounding): rounded to nearest,
+// ties to even, as _mm512_roundscale_ps / _mm256_round_ps with _MM_ROUND_NEAREST do (std::rint in the default
+// rounding mode, which ONNX Runtime keeps; v is rounded to float before, never fused into it), within [-127, 127].
+inline float QuantizeValue(float v) { return std::min(std::max(std::rint(v), -127.0f), 127.0f); }
+
+// Replaces `rows` rows of `k` floats (``lda`` apart, in place) by the values MLAS's QuantizeARow_CompInt8 makes
+// them, per block of `block`: scale = amax / 127, q = round-half-even(v * (127 / amax)) in [-127, 127] (0 when
+// amax is 0), v <- q * scale. A float product of these with the dequantized weights is, up to float rounding,
+// MLAS's sum over blocks of (input scale * weight scale) * integer dot(q, weight - zero_point).
+void QuantizeActivations(float* a, int64_t rows, int64_t lda, int64_t k, int64_t block) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t start = 0; start < k; start += block) {
+      float* v = a + r * lda + start;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float scale = amax / 127.0f, inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t i = 0; i < block; ++i) v[i] = QuantizeValue(v[i] * inverse) * scale;
+    }
+  }
+}
+
 }  // namespace
+
+std::string QuantComputeFor(const MoESpec& spec, int ort_major, int ort_minor, const char* env, QuantCompute* out) {
+  *out = QuantCompute::kFloat;
+  const int bits = QuantBits(spec.weight_dtype);
+  if (!bits || ort_major < 1 || (ort_major == 1 && ort_minor < 31)) return "";
+  const std::string value = env ? env : "";
+  bool int8 = bits == 8;  // unset: accuracy_level 0, where MLAS has a float kernel only for 4 bits
+  if (value == "0" || value == "fp32") {
+    int8 = false;
+  } else if (value == "int8") {
+    int8 = true;
+  } else if (!value.empty()) {
+    return std::string(kQMoEQNBitGemmEnv) + " must be 0, fp32 or int8 (as for ONNX Runtime's QMoE), got '" +
+           value + "'";
+  }
+  const int64_t block = spec.quant_block_size;
+  if (int8 && (block == 16 || block == 32 || block == 64 || block == 128 || block == 256))
+    *out = QuantCompute::kInt8Activations;
+  return "";
+}
 
 bool ParseActivation(const std::string& name, Activation* out) {
   static const std::pair<const char*, Activation> kNames[] = {
@@ -119,13 +161,15 @@ size_t RawTensor::element_count() const {
   return n;
 }
 
-std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights) {
+std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights,
+                            QuantCompute compute) {
   std::string error = spec.Validate();
   if (!error.empty()) return error;
   if (weights.size() != spec.weight_input_count())
     return spec.layer + ": expected " + std::to_string(spec.weight_input_count()) + " weight inputs, found " +
            std::to_string(weights.size());
   spec_ = spec;
+  compute_ = spec.quantized() ? compute : QuantCompute::kFloat;
   const int64_t E = spec.num_experts, S = spec.shards, H = spec.hidden, Is = spec.shard_width();
   const int64_t Fs = spec.first_width();
   const int bits = QuantBits(spec.weight_dtype);
@@ -270,13 +314,22 @@ void MoEKernel::Activate(float* h, int64_t rows, int64_t stride) const {
 
 // y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias. The first
 // projections of all shards are one product (their columns sit side by side); the down projections are one
-// product per shard, accumulated into y in shard order.
+// product per shard, accumulated into y in shard order. A kInt8Activations projection first quantizes its input
+// rows: x per block of H, a shard's activations per block of I/S, which are ONNX Runtime's blocks of I since
+// shards are cut on block boundaries.
 void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
   const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
   const int64_t width = S * Fs;
   std::vector<float>& h = t_hidden_buffer;
   if (h.size() < static_cast<size_t>(rows * width)) h.resize(static_cast<size_t>(rows * width));
+  const bool int8_activations = compute_ == QuantCompute::kInt8Activations;
+  if (int8_activations) {
+    std::vector<float>& quantized = t_quantized_input;
+    quantized.assign(x, x + rows * H);
+    QuantizeActivations(quantized.data(), rows, H, H, spec_.quant_block_size);
+    x = quantized.data();
+  }
   if (rows == 1) {
     scipy_cblas_sgemv(CblasRowMajor, CblasTrans, H, width, 1.0f, w.first.data(), width, x, 1, 0.0f, h.data(), 1);
   } else {
@@ -290,6 +343,7 @@ void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y
   for (int64_t s = 0; s < S; ++s) {
     float* act = h.data() + s * Fs;  // shard s's activations: rows of I/S values, ``width`` apart
     Activate(act, rows, width);
+    if (int8_activations) QuantizeActivations(act, rows, width, Is, spec_.quant_block_size);
     const float* down = w.down.data() + s * Is * H;
     const float beta = s == 0 ? 0.0f : 1.0f;  // shard partial sums reduced in shard order
     if (rows == 1) {

@@ -5,6 +5,8 @@
 // Weights of every precision of the contract are converted to float32 once, when the node is compiled, into
 // the x @ W layout ([in, out]); the compute groups tokens by expert, computes only the routed tokens, runs each
 // shard's gate/up columns and down rows with cblas_sgemm and reduces the shards' partial sums in shard order.
+// Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
+// their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,16 @@ bool IsGated(Activation activation);
 enum class WeightDtype { kFloat32, kFloat16, kBFloat16, kInt8, kInt4 };
 bool ParseWeightDtype(const std::string& name, WeightDtype* out);
 int QuantBits(WeightDtype dtype);  // 8, 4, or 0 for float weights
+
+// How a quantized projection multiplies its input.
+//   kFloat: float32 input against the dequantized weights (q - zero_point) * scale, in float32 (SGEMM).
+//   kInt8Activations: what ONNX Runtime's MLAS QNBit GEMM does with compute type CompInt8. Each input row is
+//     quantized per weight block of `block` inputs (MLAS QuantizeARow_CompInt8): scale = amax / 127 (amax =
+//     largest |value| of the block), q = round-half-to-even(value * (127 / amax)) (0 when amax is 0); MLAS then
+//     sums over blocks (input scale * weight scale) * integer dot(q, q_w - zero_point) in float32. The kernel
+//     computes the same real number as an SGEMM of q * scale with the dequantized weights: the int8 values are
+//     the same, the float rounding differs (about 1e-7 relative).
+enum class QuantCompute { kFloat, kInt8Activations };
 
 // The attributes of one node, validated by Validate().
 struct MoESpec {
@@ -53,6 +65,25 @@ struct MoESpec {
   std::string Validate() const;
 };
 
+// The environment variable ONNX Runtime's CPU QMoE kernel reads (onnxruntime/contrib_ops/cpu/moe/
+// moe_quantization_cpu.cc, kQMoEQNBitGemmEnv).
+constexpr const char* kQMoEQNBitGemmEnv = "ORT_QMOE_CPU_QNBIT_GEMM";
+
+// The arithmetic ONNX Runtime's CPU com.microsoft.QMoE kernel uses for the block this node came from, so the
+// sharded node gives what stock ONNX Runtime gives on the original model (float weights: kFloat). Measured on
+// onnxruntime 1.23.2, 1.27, 1.29, 1.30, 1.31.0, 1.31.1 and 1.32.0 (docs/genai.md):
+//   onnxruntime < 1.31: dequantize then SGEMM, every bit width; the environment variable is not read.
+//   onnxruntime >= 1.31: block-wise 4/8-bit experts go through the MLAS QNBit GEMM. `env` is the value of
+//     ORT_QMOE_CPU_QNBIT_GEMM (null or empty: unset). Unset: 8-bit takes int8 activations (MLAS has no float
+//     kernel for 8 bits), 4-bit float (the QMoE node's accuracy_level 0; the sharded op does not carry
+//     accuracy_level, which GenAI's model builder does not set). "fp32": float for both. "int8": int8 for both.
+//     "0": the QNBit path off, float for both. Any other value: an error message (ONNX Runtime refuses the
+//     session too). Block sizes MLAS has no QNBit kernel for (other than 16, 32, 64, 128, 256) stay float.
+//     (onnxruntime's main branch also keeps zero points with a single block per row off QNBit; the releases
+//     1.31 and 1.32 quantize those activations too, and so does this function.)
+// `ort_major`/`ort_minor`: the version of the ONNX Runtime the library was loaded into.
+std::string QuantComputeFor(const MoESpec& spec, int ort_major, int ort_minor, const char* env, QuantCompute* out);
+
 // A tensor handed to the weight loader: element type (ONNX enum value), shape and raw data.
 struct RawTensor {
   int32_t elem_type = 0;
@@ -75,7 +106,9 @@ using ParallelFor = std::function<void(size_t n, const std::function<void(size_t
 class MoEKernel {
  public:
   // Builds the kernel from the node's weight inputs (in contract order); returns an error message or "".
-  std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights);
+  // `compute` says how quantized projections multiply (ignored for float weights).
+  std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights,
+                   QuantCompute compute = QuantCompute::kFloat);
 
   const MoESpec& spec() const { return spec_; }
   // Bytes of float32 weights the kernel holds (the cost of converting fp16/bf16/int8/int4 at compile time).
@@ -91,6 +124,7 @@ class MoEKernel {
   void Activate(float* h, int64_t rows, int64_t stride) const;
 
   MoESpec spec_;
+  QuantCompute compute_ = QuantCompute::kFloat;
   std::vector<ExpertWeights> experts_;
 };
 

@@ -5,10 +5,11 @@ Each test builds one fused MoE node with seeded random weights, converts it, rea
 and evaluates the sharded form with a NumPy reading of the contract written here (own nibble unpacking, own
 router, own activations, float64), then compares with ONNX Runtime running the original node.
 
-ONNX Runtime 1.32's CPU ``QMoE`` computes 8-bit experts with dynamically int8-quantized activations (its MLAS
-QNBit GEMM) unless ``ORT_QMOE_CPU_QNBIT_GEMM=fp32`` selects dequantize-then-SGEMM, which is what the sharded
-op specifies. The tests compare with the fp32 path at 1e-3 of the largest output, and check that the default
-path stays within the verifier's int8 tolerance.
+From onnxruntime 1.31 the CPU ``QMoE`` computes 8-bit experts with dynamically int8-quantized activations (its
+MLAS QNBit GEMM) unless ``ORT_QMOE_CPU_QNBIT_GEMM=fp32`` selects dequantize-then-SGEMM, the formula this NumPy
+reading (and the converter's check) uses. The tests compare with the fp32 path at 1e-3 of the largest output,
+and check that the default path stays within the verifier's int8 tolerance; that the provider reproduces the
+default path itself is tested in test_qmoe_onnxruntime_paths.py.
 """
 
 from __future__ import annotations
