@@ -149,8 +149,12 @@ def load_expert(
     )
 
 
-def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays) -> np.ndarray:
-    """One expert applied to ``x`` ``[n, H]``."""
+def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays, activation_block: int = 0) -> np.ndarray:
+    """One expert applied to ``x`` ``[n, H]``. ``activation_block`` > 0: each matrix multiply's input is first
+    rounded to int8 per block of that many values, as a block-quantized multiply with int8 activations does
+    (see :func:`graph_passes.quant.int8_activation_roundtrip`)."""
+    if activation_block:
+        x = quant.int8_activation_roundtrip(x, activation_block)
     u = x @ weights.up
     if weights.up_bias is not None:
         u = u + weights.up_bias
@@ -163,6 +167,8 @@ def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays) -> np.n
         )
     else:
         act = plain_activation(plan.activation, u)
+    if activation_block:
+        act = quant.int8_activation_roundtrip(act, activation_block)
     y = act @ weights.down
     if weights.down_bias is not None:
         y = y + weights.down_bias

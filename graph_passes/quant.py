@@ -84,3 +84,19 @@ def slice_inputs(packed: np.ndarray, bits: int, start: int, stop: int) -> np.nda
     if start % per_byte == 0 and (stop % per_byte == 0):
         return np.ascontiguousarray(packed[..., start // per_byte : stop // per_byte])
     return pack(unpack(packed, bits, stop)[..., start:stop], bits)
+
+
+def int8_activation_roundtrip(values: np.ndarray, block_size: int) -> np.ndarray:
+    """``values`` as a block-quantized matrix multiply with int8 activations sees them (ONNX Runtime's MLAS
+    CompInt8 path): each block of ``block_size`` along the last axis scaled to int8 by its absolute maximum
+    (scale ``amax / 127``, round half to even) and back to float32. Multiplying the result by the dequantized
+    weights gives that path's product up to float32 rounding. The last axis must be a multiple of the block."""
+    a = np.asarray(values, dtype=np.float32)
+    if a.shape[-1] % block_size:
+        raise ValueError(f"last axis {a.shape[-1]} is not a multiple of the block size {block_size}")
+    blocks = a.reshape(-1, block_size)
+    amax = np.abs(blocks).max(axis=1)
+    safe = np.where(amax > 0, amax, np.float32(1))
+    inverse = np.where(amax > 0, np.float32(127) / safe, np.float32(0)).astype(np.float32)
+    quantized = np.rint(blocks * inverse[:, None])
+    return (quantized * (amax / np.float32(127))[:, None]).astype(np.float32).reshape(a.shape)

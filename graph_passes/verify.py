@@ -48,15 +48,16 @@ class Verdict:
     note: str = ""
 
 
-def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw) -> np.ndarray:
-    """The block's output per ``plan``, computed expert by expert (float32) from the stored weights."""
+def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activation_block: int = 0) -> np.ndarray:
+    """The block's output per ``plan``, computed expert by expert (float32) from the stored weights
+    (``activation_block``: see :func:`graph_passes.expert_math.expert_ffn`)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).astype(np.float32)
     ids2 = ids.reshape(-1, plan.top_k)
     rw2 = rw.reshape(-1, plan.top_k).astype(np.float32)
     out = np.zeros_like(x2)
     for expert, rows, slots in group_slots_by_expert(ids2, plan.num_experts):
-        y = expert_ffn(plan, x2[rows], load_expert(plan, store.expert, expert))
+        y = expert_ffn(plan, x2[rows], load_expert(plan, store.expert, expert), activation_block)
         out[rows] += y * rw2.reshape(-1)[slots][:, None]
     return out.reshape(x.shape[:-1] + (hidden,))
 
@@ -97,6 +98,13 @@ def _tolerance(plan: MoEBlockPlan, expected: np.ndarray) -> float:
     return ATOL + RELATIVE_TOLERANCE[plan.weight_dtype] * scale
 
 
+def _arithmetics(plan: MoEBlockPlan) -> tuple[int, ...]:
+    """How ONNX Runtime may multiply the block's experts: dequantized weights in float (0), and for quantized
+    weights also int8 activations per quantization block (newer CPU QMoE kernels, see docs/genai.md). A reading
+    is proven when either reproduces the output: the provider computes whichever the running ONNX Runtime does."""
+    return (0, plan.quant_block_size) if plan.quantized else (0,)
+
+
 def _judge(candidate: MoECandidate, store: WeightStore, captured: dict[str, np.ndarray], isolated: bool) -> Verdict:
     first = candidate.readings[0]
     x = captured[first.hidden_value]
@@ -105,16 +113,17 @@ def _judge(candidate: MoECandidate, store: WeightStore, captured: dict[str, np.n
     expected = captured[first.output_value].astype(np.float32)
     best_error = np.inf
     for reading in candidate.readings:
-        try:
-            got = reference_block(reading, store, x, ids, rw)
-        except ValueError:
-            continue
-        if got.shape != expected.shape:
-            continue
-        error = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-        best_error = min(best_error, error)
-        if error <= _tolerance(reading, expected):
-            return Verdict(reading, None, True, error, isolated)
+        for activation_block in _arithmetics(reading):
+            try:
+                got = reference_block(reading, store, x, ids, rw, activation_block)
+            except ValueError:
+                continue
+            if got.shape != expected.shape:
+                continue
+            error = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+            best_error = min(best_error, error)
+            if error <= _tolerance(reading, expected):
+                return Verdict(reading, None, True, error, isolated)
     reason = (
         f"no reading of the expert computation reproduces its output "
         f"(best max abs error {best_error:.3g} over {len(candidate.readings)} readings)"

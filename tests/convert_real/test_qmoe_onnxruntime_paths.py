@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -75,26 +74,24 @@ def _stock(model: onnx.ModelProto, feeds) -> np.ndarray:
     return session.run(None, feeds)[0]
 
 
-@contextlib.contextmanager
-def _float_path():
-    """``ORT_QMOE_CPU_QNBIT_GEMM=fp32`` for a while: convert checks a block against stock ONNX Runtime with a float
-    reading of its weights, which int8 activations can put outside that check's tolerance on larger layers."""
-    previous = os.environ.get(ENV)
-    os.environ[ENV] = "fp32"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = previous
-
-
 def _converted(model: onnx.ModelProto) -> bytes:
-    with _float_path():
-        rewritten, report = convert(model, shards=2)
-    assert report.blocks and not report.skipped
+    rewritten, report = convert(model, shards=2)
+    assert report.blocks and not report.skipped, report.skipped
     return materialize(rewritten).SerializeToString()
+
+
+@pytest.mark.parametrize("env", [None, "fp32", "int8"])
+def test_a_wide_int8_layer_converts_under_each_onnxruntime_arithmetic(env, monkeypatch):
+    """The converter proves a block against stock ONNX Runtime with float and with int8-activation readings of
+    its quantized weights, so a layer wide enough for int8 activations to move its output by more than the
+    float check's tolerance still converts (it was skipped when only the float reading was tried)."""
+    if env is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, env)
+    model, _, _ = _layer(8, 32, False, hidden=512, ffn=256, seed=3)
+    _, report = convert(model, shards=2)
+    assert len(report.blocks) == 1 and not report.skipped, report.skipped
 
 
 def _provider_session(converted: bytes, threads: int = 1) -> ort.InferenceSession:
@@ -241,7 +238,7 @@ def test_converted_quantized_fixtures_match_stock_onnxruntime(name, env, tmp_pat
     else:
         monkeypatch.delenv(ENV, raising=False)
     source = GENAI_DIR / name / "model.onnx"
-    with _float_path(), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):
         assert main(["convert", str(source), "-o", str(tmp_path / "model.onnx")]) == 0
     feeds = dict(np.load(GENAI_DIR / name / "inputs.npz"))
     stock = ort.InferenceSession(str(source), _options(), providers=["CPUExecutionProvider"])
