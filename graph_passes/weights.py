@@ -31,6 +31,7 @@ class WeightStore:
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.tensors = {t.name: t for t in model.graph.initializer}
         self._raw_cache: dict[str, bytes] = {}
+        self._ranges: dict[str, tuple[Path, int, int]] = {}
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         self.data_files = external_data_files(model, self.base_dir)  # read by no-clobber checks
         for tensor in model.graph.initializer:
@@ -53,10 +54,15 @@ class WeightStore:
     def external_location(self, name: str) -> tuple[Path, int, int]:
         """``(file, offset, length)`` of an external initializer, contained in the model's directory and checked
         against its dims (:func:`graph_passes.model_io.external_range`)."""
-        return external_range(self.tensors[name], self.base_dir)
+        return self._external(self.tensors[name])
 
     def _external(self, tensor: TensorProto) -> tuple[Path, int, int]:
-        return external_range(tensor, self.base_dir)
+        """:func:`external_range`, checked once per tensor: reading E experts would otherwise resolve and
+        check the same path E times (a ``realpath`` and a ``stat`` per expert)."""
+        found = self._ranges.get(tensor.name)
+        if found is None:
+            found = self._ranges[tensor.name] = external_range(tensor, self.base_dir)
+        return found
 
     def expert(self, name: str, expert: int) -> np.ndarray:
         """``tensor[expert]`` of a stacked initializer, reading only that expert's bytes (-1: the whole tensor).
