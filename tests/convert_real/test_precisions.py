@@ -55,7 +55,9 @@ def _quantized(rng, experts: int, rows: int, cols: int, bits: int, block: int, z
     return packed, scales, zp
 
 
-def _fused_model(op: str, inputs: dict[str, np.ndarray], attrs: dict, hidden: int, experts: int, dtype: int):
+def _fused_model(
+    op: str, inputs: dict[str, np.ndarray], attrs: dict, hidden: int, experts: int, dtype: int, tokens: int = TOKENS
+):
     order = (
         ["fc1", "fc1_scales", "fc1_bias", "fc2", "fc2_scales", "fc2_bias", "", "", "", "fc1_zp", "fc2_zp"]
         if op == "QMoE"
@@ -69,14 +71,50 @@ def _fused_model(op: str, inputs: dict[str, np.ndarray], attrs: dict, hidden: in
         [node],
         "g",
         [
-            helper.make_tensor_value_info("x", dtype, [TOKENS, hidden]),
-            helper.make_tensor_value_info("logits", dtype, [TOKENS, experts]),
+            helper.make_tensor_value_info("x", dtype, [tokens, hidden]),
+            helper.make_tensor_value_info("logits", dtype, [tokens, experts]),
         ],
-        [helper.make_tensor_value_info("y", dtype, [TOKENS, hidden])],
+        [helper.make_tensor_value_info("y", dtype, [tokens, hidden])],
         [numpy_helper.from_array(v, k) for k, v in inputs.items()],
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def qmoe_layer(
+    rng: np.random.Generator,
+    bits: int,
+    block: int,
+    zero_points: bool,
+    hidden: int,
+    ffn: int,
+    *,
+    experts: int = 4,
+    top_k: int = 2,
+    activation: dict | None = None,
+    tokens: int = TOKENS,
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A float32 ``com.microsoft.QMoE`` layer with random block-quantized weights (and biases) drawn from ``rng``,
+    and its weight inputs. ``activation``: the SwiGLU attributes (default GPT-OSS's for 8 bits, SiLU-GLU for 4)."""
+    fc1, fc1_scales, fc1_zp = _quantized(rng, experts, 2 * ffn, hidden, bits, block, zero_points)
+    fc2, fc2_scales, fc2_zp = _quantized(rng, experts, hidden, ffn, bits, block, zero_points)
+    inputs = {
+        "fc1": fc1,
+        "fc1_scales": fc1_scales,
+        "fc1_bias": rng.normal(0, 0.1, (experts, 2 * ffn)).astype(np.float32),
+        "fc2": fc2,
+        "fc2_scales": fc2_scales,
+        "fc2_bias": rng.normal(0, 0.1, (experts, hidden)).astype(np.float32),
+    }
+    if zero_points:
+        inputs |= {"fc1_zp": fc1_zp, "fc2_zp": fc2_zp}
+    attrs = dict(
+        k=top_k, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, expert_weight_bits=bits
+    )
+    if activation is None:
+        activation = SWIGLU_GPT_OSS if bits == 8 else SILU_GLU
+    attrs |= {"block_size": block, **activation}
+    return _fused_model("QMoE", inputs, attrs, hidden, experts, TensorProto.FLOAT, tokens), inputs
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -159,24 +197,8 @@ def test_qmoe_shards_stay_packed_and_match_onnxruntime(
     bits, block, zero_points, swiglu, shards, expected_shards, monkeypatch
 ):
     rng = np.random.default_rng(bits * 100 + block + shards)
-    experts, hidden, ffn, top_k = 4, 32, 64, 2
-    fc1, fc1_scales, fc1_zp = _quantized(rng, experts, 2 * ffn, hidden, bits, block, zero_points)
-    fc2, fc2_scales, fc2_zp = _quantized(rng, experts, hidden, ffn, bits, block, zero_points)
-    inputs = {
-        "fc1": fc1,
-        "fc1_scales": fc1_scales,
-        "fc1_bias": rng.normal(0, 0.1, (experts, 2 * ffn)).astype(np.float32),
-        "fc2": fc2,
-        "fc2_scales": fc2_scales,
-        "fc2_bias": rng.normal(0, 0.1, (experts, hidden)).astype(np.float32),
-    }
-    if zero_points:
-        inputs |= {"fc1_zp": fc1_zp, "fc2_zp": fc2_zp}
-    attrs = dict(
-        k=top_k, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, expert_weight_bits=bits
-    )
-    attrs |= {"block_size": block, **swiglu}
-    model = _fused_model("QMoE", inputs, attrs, hidden, experts, TensorProto.FLOAT)
+    experts, hidden, ffn = 4, 32, 64
+    model, _ = qmoe_layer(rng, bits, block, zero_points, hidden, ffn, experts=experts, activation=swiglu)
     feeds = {
         "x": rng.standard_normal((TOKENS, hidden)).astype(np.float32),
         "logits": rng.standard_normal((TOKENS, experts)).astype(np.float32),

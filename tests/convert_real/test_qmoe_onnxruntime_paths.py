@@ -21,13 +21,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto
 
 import ndp_ep
 from graph_passes.convert import convert
 from graph_passes.rewrite import materialize
 from ndp_ep.ep import _version_tuple
-from tests.convert_real.test_precisions import SILU_GLU, SWIGLU_GPT_OSS, _fused_model, _quantized, _unpack
+from tests.convert_real.test_precisions import _unpack, qmoe_layer
 from tests.genai.conftest import GENAI_DIR, manifest
 
 ENV = "ORT_QMOE_CPU_QNBIT_GEMM"
@@ -40,21 +39,7 @@ TOKENS = 7
 def _layer(bits: int, block: int, zero_points: bool, hidden: int, ffn: int, seed: int, experts: int = 4):
     """A QMoE layer with seeded random weights (GPT-OSS SwiGLU for 8 bits, SiLU-GLU for 4) and feeds."""
     rng = np.random.default_rng(seed)
-    fc1, fc1_scales, fc1_zp = _quantized(rng, experts, 2 * ffn, hidden, bits, block, zero_points)
-    fc2, fc2_scales, fc2_zp = _quantized(rng, experts, hidden, ffn, bits, block, zero_points)
-    inputs = {
-        "fc1": fc1,
-        "fc1_scales": fc1_scales,
-        "fc1_bias": rng.normal(0, 0.1, (experts, 2 * ffn)).astype(np.float32),
-        "fc2": fc2,
-        "fc2_scales": fc2_scales,
-        "fc2_bias": rng.normal(0, 0.1, (experts, hidden)).astype(np.float32),
-    }
-    if zero_points:
-        inputs |= {"fc1_zp": fc1_zp, "fc2_zp": fc2_zp}
-    attrs = dict(k=2, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, expert_weight_bits=bits)
-    attrs |= {"block_size": block, **(SWIGLU_GPT_OSS if bits == 8 else SILU_GLU)}
-    model = _fused_model("QMoE", inputs, attrs, hidden, experts, TensorProto.FLOAT)
+    model, inputs = qmoe_layer(rng, bits, block, zero_points, hidden, ffn, experts=experts)
     feeds = {
         "x": rng.standard_normal((TOKENS, hidden)).astype(np.float32),
         "logits": rng.standard_normal((TOKENS, experts)).astype(np.float32),
