@@ -80,6 +80,19 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: prints ``ndp-ep VERSION`` on stdout and exits 0; the version is read only when asked
+    (reading ``pyproject.toml`` imports ``tomllib``, a cost every other command would pay at start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        kwargs.setdefault("help", "show the program's version number and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -91,12 +104,16 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line; with ``argv``, only the command it names gets its options (building every command's
-    options imports the simulator's presets and policies, a large part of a short command's start-up)."""
+    options imports the simulator's presets and policies, a large part of a short command's start-up), and
+    when that command comes first (no ``--help`` before it) the other command modules are not even imported."""
     parser = _Parser(prog="ndp-ep", description="MoE inference on GPU + NDP-DIMM systems through ONNX Runtime")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
-    for name in COMMANDS:
+    names: Sequence[str] = COMMANDS
+    if chosen in COMMANDS and argv is not None and argv[0] == chosen:
+        names = (chosen,)  # only the chosen command's parser is ever consulted: the others' help is never shown
+    for name in names:
         module = importlib.import_module(f"ndp_ep.commands.{name}")
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         if chosen is None or chosen == name or chosen not in COMMANDS:
