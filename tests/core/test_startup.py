@@ -114,3 +114,23 @@ def test_an_in_memory_conversion_checks_the_model_once(monkeypatch, samples_dir)
     session = InferenceSession(samples_dir / "moe_block.onnx")
     assert session.conversion_report.blocks, "the sample's MoE block was not converted"
     assert calls == [samples_dir]  # once, with the model's folder (external data containment)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no worker thread on one core")
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_registering_the_library_starts_no_blas_threads_and_restores_the_environment(repo_root, preset):
+    probe = (
+        "import json, os, numpy, onnxruntime\n"
+        "import ndp_ep.ep as ep\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "ep.register()\n"
+        "print(json.dumps([before, len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS')]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo_root))
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    before, after, value = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after == before  # the library's OpenBLAS started no idle worker threads
+    assert value == preset
