@@ -8,7 +8,6 @@ for that hardware would (a warning says so).
 from __future__ import annotations
 
 import argparse
-import json
 
 from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg, output_file
 
@@ -90,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
         write_chrome_trace(args.trace, report.chrome_trace())
     if args.json:
+        import json
+
         payload = {
             "model": args.model,
             **report.to_json(),
