@@ -13,10 +13,15 @@ come from :mod:`ndp_ep.cli_args`. Conventions (docs/cli.md):
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 COMMANDS = ("convert", "inspect", "run", "demo", "generate", "bench", "sweep", "validate", "diff")
 EXIT_BAD_INPUT = 2
@@ -158,5 +163,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def program() -> NoReturn:
+    """The ``ndp-ep`` program (console script and ``python -m ndp_ep``): :func:`main` on ``sys.argv``; then, when
+    no other Python thread is running, the process ends without the interpreter's teardown.
+
+    Tearing down frees every module (onnx, protobuf, numpy...) and destroys ONNX Runtime's environment and the
+    provider library: 20-40 ms of a ~0.3 s ``ndp-ep run``, spent on memory the operating system reclaims anyway.
+    Nothing is lost: every file a command writes is complete (fsynced and renamed) before :func:`main`
+    returns, stdout and stderr are flushed, and the ``atexit`` callbacks run as at a normal exit. With another
+    thread still running the exit is the normal one (waiting for that thread is part of the program)."""
+    code = main()
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown...); not the module teardown
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to deliver
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -4,7 +4,9 @@ Issue 9 asks `ndp-ep run` to start within 1.5x of `import onnxruntime` + one run
 --startup). These tests pin the cuts: the command line imports only the command it runs; ``ndp_io`` defers
 ``hashlib`` (OpenSSL) to the first file it writes; the operator check reads ONNX Runtime's schema list only for
 operators outside the standard; the opset check probes the model's own opset; an in-memory conversion checks
-the model once. Each cut keeps its refusal: the failing cases still fail with the same message.
+the model once; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
+not its exit code, ``atexit`` callbacks or buffered output. Each cut keeps its refusal: the failing cases still
+fail with the same message.
 """
 
 from __future__ import annotations
@@ -134,3 +136,23 @@ def test_registering_the_library_starts_no_blas_threads_and_restores_the_environ
     before, after, value = json.loads(done.stdout.strip().splitlines()[-1])
     assert after == before  # the library's OpenBLAS started no idle worker threads
     assert value == preset
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["--version"], 0), (["run", "no-such-model.onnx"], 2)])
+def test_the_program_keeps_the_exit_code_runs_atexit_callbacks_and_flushes_output(repo_root, argv, code):
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(print, 'atexit callback ran')\n"
+        f"sys.argv = ['ndp-ep', *{argv!r}]\n"
+        "from ndp_ep.cli import program\n"
+        "program()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo_root))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo_root, env=env)
+    assert done.returncode == code, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "atexit callback ran"
+    if code == 0:
+        assert lines[0].startswith("ndp-ep ")
+    else:
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("ndp-ep run: error:")
