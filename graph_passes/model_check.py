@@ -8,8 +8,9 @@
 * every initializer's dims are non-negative and its bytes (inline, typed fields or external range) are
   exactly what its dims and dtype need — so no later reader allocates from a size the file does not back;
 * external data is contained in the model's directory (:func:`graph_passes.model_io.external_range`);
-* the default-domain opset is one this ONNX Runtime supports (:func:`max_runtime_opset`);
-* ``onnx.checker`` (full check, with shape inference) on a copy whose large weights are one-element stubs.
+* the default-domain opset is one this ONNX Runtime loads (:func:`runtime_loads_opset`: a one-node probe);
+* ``onnx.checker`` (structure and operator schemas; ONNX Runtime checks shapes) on a copy whose large weights
+  are graph inputs of the same type and shape.
 
 :func:`check_runnable` adds what only running needs: every operator is known to ONNX Runtime, is ours,
 or is a model-local function.
@@ -164,25 +165,48 @@ def _typed_length(tensor: TensorProto) -> int:
     return len(getattr(tensor, field))
 
 
-@functools.lru_cache(maxsize=1)
-def max_runtime_opset() -> int:
-    """The newest default-domain opset the installed ONNX Runtime loads (probed once with a one-node model)."""
-    import onnxruntime as ort
-
+def _probe_model(version: int) -> bytes:
+    """A one-node model importing ai.onnx opset ``version``: what ONNX Runtime is asked to load to learn whether it
+    supports that opset."""
     value = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     out = onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
     graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [value], [out])
+    probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
+    probe.ir_version = min(onnx.IR_VERSION, 10)
+    return probe.SerializeToString()
+
+
+@functools.lru_cache(maxsize=64)
+def runtime_loads_opset(version: int) -> bool:
+    """Whether the installed ONNX Runtime loads a model of ai.onnx opset ``version`` (one probe per version asked,
+    a one-node model: about a millisecond, where finding the newest supported opset takes several)."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.log_severity_level = 4
+    options.intra_op_num_threads = 1  # no thread pool to start and stop for a probe
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(_probe_model(version), options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal means "not this version"
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def max_runtime_opset() -> int:
+    """The newest default-domain opset the installed ONNX Runtime loads (probed from a few versions above the
+    onnx package's newest downwards; asked only to word the error for a model beyond it)."""
     for version in range(onnx.defs.onnx_opset_version() + 4, 6, -1):
-        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
-        probe.ir_version = min(onnx.IR_VERSION, 10)
-        try:
-            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        except Exception:  # noqa: BLE001 - any refusal means "not this version"
-            continue
-        return version
+        if runtime_loads_opset(version):
+            return version
     return onnx.defs.onnx_opset_version()
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset version (None when it imports none)."""
+    return next((o.version for o in model.opset_import if (o.domain or "") in _DEFAULT_DOMAINS), None)
 
 
 def check_opsets(model: onnx.ModelProto) -> None:
@@ -197,7 +221,7 @@ def check_opsets(model: onnx.ModelProto) -> None:
         if domain == "" and opset.version < 1:  # other domains version as they like
             raise InvalidModelError(f"opset {opset.version} of domain 'ai.onnx' is not a version")
     version = seen.get("")
-    if version is not None and version > max_runtime_opset():
+    if version is not None and not runtime_loads_opset(version) and version > max_runtime_opset():
         raise InvalidModelError(
             f"the model needs ai.onnx opset {version}; this ONNX Runtime supports opsets up to {max_runtime_opset()}"
         )
@@ -254,9 +278,15 @@ def _runtime_operators() -> frozenset[tuple[str, str]]:
 
 
 def check_runnable(model: onnx.ModelProto) -> None:
-    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s, or is a model-local function."""
+    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s, or is a model-local function.
+
+    A default-domain operator the onnx package defines at or below the model's opset is known to an ONNX Runtime
+    that loads that opset (it carries the standard's schemas up to it), so ONNX Runtime's own schema list (about
+    ten milliseconds to list) is read only for the other operators (contrib ops, another domain's, unknown ones).
+    """
     local = {(f.domain or "", f.name) for f in model.functions}
-    known = _runtime_operators()
+    version = _default_opset(model)
+    standard_up_to = version if version is not None and runtime_loads_opset(version) else None
     initializers = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
@@ -264,7 +294,8 @@ def check_runnable(model: onnx.ModelProto) -> None:
         if is_sharded_node(node):
             check_sharded_node(node, initializers)
             continue
-        if domain != SHARDED_DOMAIN and (key in local or key in known):
+        standard = domain == "" and standard_up_to is not None and onnx.defs.has(node.op_type, standard_up_to, "")
+        if domain != SHARDED_DOMAIN and (key in local or standard or key in _runtime_operators()):
             continue
         raise InvalidModelError(
             f"node {node.name or node.op_type!r}: operator {domain or 'ai.onnx'}::{node.op_type} is not known to "

@@ -1,5 +1,3 @@
-import sys
+from ndp_ep.cli import program
 
-from ndp_ep.cli import main
-
-sys.exit(main())
+program()

@@ -17,10 +17,12 @@ bounds it (records kept when nobody reads them), ``record_routing=0`` turns capt
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,7 @@ RUN_TAG_KEY = OPTION_PREFIX + "run_tag"
 SESSION_KEY_OPTION = "session_key"
 LIBRARY_ENV = "NDP_EP_LIBRARY"
 LIBRARY_NAME = "libndp_ep.so"
+BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 MIN_ORT_VERSION = (1, 23, 1)
 SCHEMA_API_VERSION = 24  # from this ORT API on, the EP factory itself registers the op's schema
 REGISTER_HINT = (
@@ -107,12 +110,33 @@ def register() -> str:
             )
         path = get_library_path()
         try:
-            ort.register_execution_provider_library(EP_NAME, path)
+            with _single_threaded_blas_load():
+                ort.register_execution_provider_library(EP_NAME, path)
         except Exception as exc:  # ORT raises its own Fail/InvalidArgument types
             if "already" not in str(exc).lower():
                 raise LibraryNotFoundError(f"onnxruntime could not load {path}: {exc}") from None
         _registered_path = path
         return path
+
+
+@contextlib.contextmanager
+def _single_threaded_blas_load() -> Iterator[None]:
+    """``OPENBLAS_NUM_THREADS=1`` while the library loads, then the caller's value again.
+
+    The library's BLAS (scipy-openblas32, a second OpenBLAS beside numpy's) starts one worker thread per core
+    when it is loaded, which the library then idles (it sets one BLAS thread: parallelism comes from ONNX
+    Runtime's intra-op pool). The workers spin before they sleep and are joined at exit; on a busy machine that
+    cost a short ``ndp-ep run`` tens of milliseconds. OpenBLAS reads the variable only when it loads, so
+    restoring it right after changes nothing else (numpy's OpenBLAS was loaded before)."""
+    previous = os.environ.get(BLAS_THREADS_ENV)
+    os.environ[BLAS_THREADS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(BLAS_THREADS_ENV, None)
+        else:
+            os.environ[BLAS_THREADS_ENV] = previous
 
 
 def devices() -> list:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
+import functools
 import os
 import re
-import secrets
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +24,6 @@ from ndp_io.guard import PathLike, check_output_path
 
 TEMP_SUFFIX = ".ndp-tmp"
 _TEMP_NAME = re.compile(r"^\..*\.(?P<host>[0-9a-f]{4})-(?P<pid>\d+)\.[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + r"$")
-# pids are only comparable on one host (and in one pid namespace: containers have their own host names)
-_HOST_TAG = hashlib.blake2b(socket.gethostname().encode(), digest_size=2).hexdigest()
 _TARGET_PREFIX_CHARS = 100  # keeps the temporary name under NAME_MAX whatever the target's length
 # errno values that mean "this output cannot be written" rather than a bug: reported in one line
 _WRITE_ERRNOS = {
@@ -50,6 +46,17 @@ _signal_depth = 0
 _previous_handlers: dict[int, Any] = {}
 
 
+@functools.cache
+def _host_tag() -> str:
+    """Four hex digits naming this host in temporary names: pids are only comparable on one host (and in one pid
+    namespace: containers have their own host names). Computed on first use: ``hashlib`` loads OpenSSL, a cost
+    every command would otherwise pay at start-up whether or not it writes a file."""
+    import hashlib
+    import socket
+
+    return hashlib.blake2b(socket.gethostname().encode(), digest_size=2).hexdigest()
+
+
 def _describe(exc: OSError, target: Path) -> OutputWriteError:
     reason = exc.strerror or type(exc).__name__
     return OutputWriteError(f"cannot write {target}: {reason}")
@@ -59,7 +66,7 @@ def new_temp_path(target: PathLike) -> Path:
     """A fresh hidden temporary path beside ``target`` carrying this process's id (for stale cleanup)."""
     target = Path(target)
     prefix = target.name[:_TARGET_PREFIX_CHARS]
-    return target.with_name(f".{prefix}.{_HOST_TAG}-{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return target.with_name(f".{prefix}.{_host_tag()}-{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -88,7 +95,7 @@ def clean_stale_temp_files(directory: PathLike) -> list[Path]:
         return removed
     for entry in entries:
         match = _TEMP_NAME.match(entry.name)
-        if match is None or match["host"] != _HOST_TAG:
+        if match is None or match["host"] != _host_tag():
             continue
         pid = int(match["pid"])
         if pid == os.getpid() or _pid_alive(pid):

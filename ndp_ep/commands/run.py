@@ -8,7 +8,6 @@ for that hardware would (a warning says so).
 from __future__ import annotations
 
 import argparse
-import json
 
 from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg, output_file
 
@@ -56,15 +55,15 @@ def shard_mismatch(converted_model, ndp_units: int) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from graph_passes.feeds import is_kv_cache_decoder, random_feeds, read_genai_config
-    from graph_passes.model_io import model_files
     from ndp_ep.cli import warn
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession
-    from ndp_io import check_no_clobber
 
     outputs = [args.outputs, args.trace]
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
+        from graph_passes.model_io import model_files
+        from ndp_io import check_no_clobber
+
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
@@ -72,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if mismatch:
         warn("run", mismatch)
     if feeds is None:
+        from graph_passes.feeds import is_kv_cache_decoder, random_feeds, read_genai_config
+
         config = read_genai_config(args.model)
         model = session.converted_model
         feeds = random_feeds(model, seed=args.seed, seq_len=args.seq_len, config=config)
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
         write_chrome_trace(args.trace, report.chrome_trace())
     if args.json:
+        import json
+
         payload = {
             "model": args.model,
             **report.to_json(),
