@@ -17,6 +17,7 @@ take can hand that time over with :meth:`advance_time_s`.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -519,7 +520,7 @@ class MoESimulator:
         times = state.decision_times_s
         if self._median_of != len(times):  # the median only changes when a decision was added
             self._median_of = len(times)
-            self._median_s = float(np.median(np.asarray(times))) if times else 0.0
+            self._median_s = statistics.median(times) if times else 0.0  # np.median imports numpy.ma (~10 ms)
         out: dict[str, Any] = {
             "policy": self.policy,
             "ndp_units": self.system.num_ndp_units,
