@@ -13,7 +13,10 @@ Prints, measured in this run on one core (set OMP_NUM_THREADS=1) as CPU time of 
    which is what an ``InferenceSession`` run's report pays on top of ONNX Runtime.
 
 Goals (issue 13): <= 10 us per layer invocation, <= 0.5 s per request, tens of us per tiny decode step.
-Usage: python benchmarks/bench_simulator.py [--generated 128] [--policies tp+lb+prefetch,monde]
+With ``--default-bench`` it also times the default ``ndp-ep bench`` (every model, NDP count, policy and skew
+level, plus the sweeps) in a child process: wall time and CPU time including its worker processes.
+
+Usage: python benchmarks/bench_simulator.py [--generated 128] [--policies tp+lb+prefetch,monde] [--default-bench]
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from hw_model.bench import BenchConfig, Job, run_job  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
@@ -89,10 +93,32 @@ def tiny_decode_step_s(steps: int = 2000) -> float:
     return (time.process_time() - started) / steps
 
 
+def default_bench_s() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of it and its workers) of the default ``ndp-ep bench`` in a child process."""
+    import os
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "ndp_ep", "bench"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generated", type=int, default=128, help="decode tokens timed per policy")
     parser.add_argument("--policies", default=f"{DEFAULT_POLICY},monde,duplex", help="comma-separated policies")
+    parser.add_argument("--default-bench", action="store_true", help="also time the default `ndp-ep bench` (minutes)")
     args = parser.parse_args()
     for policy in args.policies.split(","):
         stepped, single = per_invocation_s(policy, args.generated)
@@ -107,6 +133,9 @@ def main() -> None:
         f"(goal {GOAL_REQUEST_S} s: {value / GOAL_REQUEST_S:.1f}x)"
     )
     print(f"one decode step of a tiny 3-layer model: {tiny_decode_step_s() * 1e6:.1f} us")
+    if args.default_bench:
+        wall, cpu = default_bench_s()
+        print(f"default `ndp-ep bench` (no arguments): {wall:.0f} s wall, {cpu:.0f} CPU-s with its workers")
 
 
 if __name__ == "__main__":
