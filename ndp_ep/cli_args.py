@@ -97,6 +97,11 @@ def default_policy() -> str:
     return DEFAULT_POLICY
 
 
+def _count_option(parser: argparse.ArgumentParser, flag: str, most: int, default: int | None, help: str) -> None:
+    """An ``N`` option taking a whole number from 1 to ``most``."""
+    parser.add_argument(flag, type=bounded_int(1, most), default=default, metavar="N", help=help)
+
+
 def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFAULT_HW, units: bool = True) -> None:
     """``--hw NAME|FILE.toml`` (help lists the presets found) and, unless ``units=False``, ``--ndp-units N``."""
     presets = ", ".join(preset_names())
@@ -107,22 +112,22 @@ def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFA
         help=f"hardware: a preset ({presets}) or a TOML file with the same fields",
     )
     if units:
-        parser.add_argument(
+        _count_option(
+            parser,
             "--ndp-units",
-            type=bounded_int(1, MAX_NDP_UNITS),
-            default=None,
-            metavar="N",
-            help=f"number of NDP units (1-{MAX_NDP_UNITS}; default: the preset's own count)",
+            MAX_NDP_UNITS,
+            None,
+            f"number of NDP units (1-{MAX_NDP_UNITS}; default: the preset's own count)",
         )
 
 
 def add_shards_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _count_option(
+        parser,
         "--shards",
-        type=bounded_int(1, MAX_SHARDS),
-        default=None,
-        metavar="N",
-        help=f"tensor-parallel shards per expert (1-{MAX_SHARDS}; default: the number of NDP units); a count that "
+        MAX_SHARDS,
+        None,
+        f"tensor-parallel shards per expert (1-{MAX_SHARDS}; default: the number of NDP units); a count that "
         "does not divide the FFN width falls back to its largest divisor below it",
     )
 
@@ -139,12 +144,12 @@ def add_policy_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_feed_args(parser: argparse.ArgumentParser) -> None:
     """``--seq-len`` and ``--seed`` of random feeds (used when no ``--inputs`` file is given)."""
-    parser.add_argument(
+    _count_option(
+        parser,
         "--seq-len",
-        type=bounded_int(1, MAX_SEQ_LEN),
-        default=DEFAULT_SEQ_LEN,
-        metavar="N",
-        help=f"size of the symbolic (sequence) dimensions of random feeds, 1-{MAX_SEQ_LEN:,}",
+        MAX_SEQ_LEN,
+        DEFAULT_SEQ_LEN,
+        f"size of the symbolic (sequence) dimensions of random feeds, 1-{MAX_SEQ_LEN:,}",
     )
     parser.add_argument(
         "--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help="seed of the random feeds"
