@@ -420,23 +420,7 @@ class _Balanced(Policy):
         out = InvocationLayout(ctx, self, state, layer, counts)
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, active)
-        # the choice depends only on (home unit, tokens, residency) per active expert: memoise it (a pure
-        # speed-up of the simulation; the decision is identical)
-        homes = b"" if self.tensor_parallel else (active % max(1, out.units)).tobytes()
-        key = (shape_class(state, layer), out.units, homes, counts[active].tobytes(), resident.tobytes())
-        mask = state.pack_memo.get(key)
-        if mask is None:
-            items = out.item_arrays(active, resident)
-            started = time.perf_counter()
-            order = load_aware_order(items["ndp"], counts[active], resident)
-            k = best_prefix(items, order, out.activation_s(), ctx.staging_cap_bytes)
-            state.decision_times_s.append(time.perf_counter() - started)
-            mask = np.zeros(active.size, dtype=bool)
-            mask[order[:k]] = True
-            if len(state.pack_memo) > 200_000:
-                state.pack_memo.clear()
-            state.pack_memo[key] = mask
-        chosen = set(active[mask].tolist())
+        chosen = self._moved(ctx, state, out, active, resident)
         for i, e in enumerate(active.tolist()):
             if e in chosen:
                 out.to_gpu(e, bool(resident[i]))
@@ -445,6 +429,54 @@ class _Balanced(Policy):
                 out.on_ndp(e)
         out.extra["resident_selected"] = float(resident.sum())
         return out.finish()
+
+    def _moved(
+        self, ctx: RunContext, state: PolicyState, out: InvocationLayout, active: np.ndarray, resident: np.ndarray
+    ) -> set[int]:
+        """The active experts this rule moves to the GPU, memoised (a pure speed-up: the choice is identical).
+
+        The rule sees each expert only through its tokens, its home unit (whole layouts) and its residency, and
+        among equal ones takes the lowest id first; resident experts go first, hottest first, equal heat in id
+        order. So the choice is a function of the resident experts' (tokens, home) in that order and of how many
+        non-resident experts share each (tokens, home): memoised by that signature as, per resident expert,
+        whether it moves and, per group, how many of its lowest ids move. A choice that does not take a group's
+        lowest ids is not memoised."""
+        ids = active.tolist()
+        tokens = out.counts[active].tolist()
+        homes = [0] * len(ids) if self.tensor_parallel or not out.units else [e % out.units for e in ids]
+        groups: dict[tuple[int, int], list[int]] = {}  # (tokens, home) of non-resident experts -> ids, ascending
+        first: list[tuple[int, int, int]] = []  # resident (tokens, home, id), hottest first, then by id
+        for e, t, h, r in zip(ids, tokens, homes, resident.tolist(), strict=True):
+            if r:
+                first.append((t, h, e))
+            else:
+                groups.setdefault((t, h), []).append(e)
+        first.sort(key=lambda item: -item[0])
+        key = (
+            shape_class(state, out.layer),
+            out.units,
+            tuple(item[:2] for item in first),
+            tuple(sorted((group, len(members)) for group, members in groups.items())),
+        )
+        memo = state.pack_memo.get(key)
+        if memo is None:
+            items = out.item_arrays(active, resident)
+            started = time.perf_counter()
+            order = load_aware_order(items["ndp"], out.counts[active], resident)
+            k = best_prefix(items, order, out.activation_s(), ctx.staging_cap_bytes)
+            state.decision_times_s.append(time.perf_counter() - started)
+            chosen = set(active[order[:k]].tolist())
+            moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
+            if any(set(members[: moved[group]]) != chosen.intersection(members) for group, members in groups.items()):
+                return chosen
+            if len(state.pack_memo) > 200_000:
+                state.pack_memo.clear()
+            memo = state.pack_memo[key] = (tuple(item[2] in chosen for item in first), moved)
+        first_moves, moved = memo
+        chosen = {item[2] for item, moves in zip(first, first_moves, strict=True) if moves}
+        for group, members in groups.items():
+            chosen.update(members[: moved[group]])
+        return chosen
 
     def _resident(self, state: PolicyState, layer_index: int, active: np.ndarray) -> np.ndarray:
         return np.zeros(active.size, dtype=bool)
