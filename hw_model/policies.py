@@ -467,11 +467,11 @@ class _Balanced(Policy):
             state.decision_times_s.append(time.perf_counter() - started)
             chosen = set(active[order[:k]].tolist())
             moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
-            if any(set(members[: moved[group]]) != chosen.intersection(members) for group, members in groups.items()):
-                return chosen
-            if len(state.pack_memo) > 200_000:
-                state.pack_memo.clear()
-            memo = state.pack_memo[key] = (tuple(item[2] in chosen for item in first), moved)
+            if all(set(members[: moved[group]]) == chosen.intersection(members) for group, members in groups.items()):
+                if len(state.pack_memo) > 200_000:
+                    state.pack_memo.clear()
+                state.pack_memo[key] = (tuple(item[2] in chosen for item in first), moved)
+            return chosen
         first_moves, moved = memo
         chosen = {item[2] for item, moves in zip(first, first_moves, strict=True) if moves}
         for group, members in groups.items():

@@ -96,3 +96,40 @@ def test_step_rejects_bad_counts_and_layers():
         sim.simulate_step("decode", -ones, layers=[0, 1])
     with pytest.raises(WorkloadError, match="phase"):
         sim.simulate_step("warmup", ones, layers=[0, 1])
+
+
+class _Forgetful(dict):
+    """A memo that never remembers: every decision is computed afresh."""
+
+    def __setitem__(self, key, value) -> None:
+        return None
+
+
+WIDE = [MoELayerShape(f"w{i}", 32, 8, ExpertShape(hidden=1024, ffn=512)) for i in range(4)]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_memoised_decisions_equal_decisions_made_afresh(policy):
+    # top-8 of 32 experts on 2 units: several selected experts share a home unit, so the memoised choices must
+    # pick the same ones among equals as the rule does
+    trace = synthetic_trace(len(WIDE), 32, 8, 24, 40, TraceKnobs(skew=0.8, seed=6))
+    memoised, afresh = (
+        MoESimulator(load_system("paper", 2), WIDE, policy, gpu_reserved_bytes=0.899 * 16e9) for _ in range(2)
+    )
+    afresh._state.pack_memo = _Forgetful()
+    afresh._state.layout_memo = _Forgetful()
+    prefill = np.stack([trace.prefill_counts(layer) for layer in range(len(WIDE))])
+    results = [sim.simulate_step("prefill", prefill, gap_before_layer_s=GAP_S) for sim in (memoised, afresh)]
+    assert results[0].latencies_s == results[1].latencies_s
+    for token in range(trace.prompt_tokens, trace.num_tokens):
+        steps = [
+            sim.simulate_step("decode", trace.token_counts(token), gap_before_layer_s=GAP_S)
+            for sim in (memoised, afresh)
+        ]
+        assert steps[0].latencies_s == steps[1].latencies_s
+        assert [dict(r.placement) for r in steps[0]] == [dict(r.placement) for r in steps[1]]
+    summaries = [_without_wall_times(sim.summary()) for sim in (memoised, afresh)]
+    busy = [summary.pop("busy_s") for summary in summaries]
+    assert summaries[0] == summaries[1]
+    # busy time is added per memoised summary (count x seconds), so only the summation order differs
+    assert busy[0] == pytest.approx(busy[1], rel=1e-12)
