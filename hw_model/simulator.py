@@ -1,12 +1,14 @@
 """Per-layer simulation of MoE expert work on a GPU + NDP system, driven by the routing actually taken.
 
-A :class:`MoESimulator` is created once per session (or per trace) and fed one MoE layer invocation at a
-time: which experts were selected and for how many tokens. It returns a :class:`LayerResult` with the
-layer's latency and an event timeline over the resources ``gpu``, ``pcie`` (host to GPU: expert weights and
-NDP outputs), ``pcie_d2h`` (GPU to host: hidden states for the NDP units), ``ndp0..ndpN-1`` and
-``ndp_link``. The ORT session and the trace-driven ``bench`` both use this class, so their figures never
-disagree. The policies are described in :mod:`hw_model.policies`; the default is the complete framework,
-``tp+lb+prefetch``.
+A :class:`MoESimulator` is created once per session (or per trace) and fed MoE layer invocations: which
+experts were selected and for how many tokens, one layer at a time (:meth:`MoESimulator.simulate_layer`) or a
+forward step's layers at once (:meth:`MoESimulator.simulate_step`, which does the per-layer bookkeeping for all
+of them in array operations; the results are identical). Each invocation gives a :class:`LayerResult` with the
+layer's latency and an event timeline (built on first read, see :mod:`hw_model.layout`) over the resources
+``gpu``, ``pcie`` (host to GPU: expert weights and NDP outputs), ``pcie_d2h`` (GPU to host: hidden states for
+the NDP units), ``ndp0..ndpN-1`` and ``ndp_link``. The ORT session and the trace-driven ``bench`` both use
+this class, so their figures never disagree. The policies are described in :mod:`hw_model.policies`; the
+default is the complete framework, ``tp+lb+prefetch``.
 
 State carried across calls lives in the policy's :class:`~hw_model.policies.PolicyState`: the prefetcher's
 counts and resident experts (or an LRU cache), cached placements (recomputed when the smoothed activation
