@@ -729,6 +729,9 @@ class OursVariableDegree(Ours):
     source = "issue 13 (beyond arXiv 2601.03992): variable TP degree per expert, each NDP unit its own bin"
     layout = "dual"
 
+    def begin_step(self, ctx, state, layers, counts, phase):
+        return None  # it packs every invocation: no plan to reuse, so no drift to track
+
     def place(self, ctx, state, layer_index, layer, counts, phase):
         out = InvocationLayout(ctx, self, state, layer, counts)
         active = np.flatnonzero(counts)
