@@ -1,13 +1,16 @@
 """Detection rules: each finds MoE blocks of some exported form and describes them as plans.
 
 A rule is a class with ``name: str`` and ``find(index: GraphIndex) -> list[MoEBlockPlan | MoECandidate | Skip]``;
-it never mutates the graph. :data:`DEFAULT_RULES` lists the rule classes the converter runs, most specific
-first; a block claimed by an earlier rule (same output value) is not reported again. Adding a rule means
-adding its module here and its class to :data:`DEFAULT_RULES`.
+it never mutates the graph. A module of this package adds its rule to the default set with the
+:func:`default_rule` class decorator, giving its place in the order (most specific first); a block claimed by an
+earlier rule (same output value) is not reported again. Adding a rule means adding its module here: the
+package's modules are imported when the default set is first asked for.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Protocol
 
 from graph_passes.graph_index import GraphIndex
@@ -20,12 +23,25 @@ class MoERule(Protocol):
     def find(self, index: GraphIndex) -> list[MoEBlockPlan | MoECandidate | Skip]: ...
 
 
-def _rule_classes() -> tuple[type, ...]:
-    from graph_passes.rules.fused_moe import FusedMoERule
-    from graph_passes.rules.gathered_experts import GatheredExpertsRule
-    from graph_passes.rules.onehot_experts import OneHotExpertsRule
+_DEFAULT: dict[type, float] = {}  # rule class -> its place in the order
 
-    return (FusedMoERule, OneHotExpertsRule, GatheredExpertsRule)
+
+def default_rule(order: float):
+    """Class decorator: a rule of the default set, tried in ascending ``order`` (specific forms first)."""
+
+    def add(cls: type) -> type:
+        if not isinstance(getattr(cls, "name", None), str) or not callable(getattr(cls, "find", None)):
+            raise TypeError(f"{cls.__name__} is not a rule: it needs a name and a find(index) method")
+        _DEFAULT[cls] = order
+        return cls
+
+    return add
+
+
+def _rule_classes() -> tuple[type, ...]:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return tuple(sorted(_DEFAULT, key=_DEFAULT.__getitem__))
 
 
 def default_rules() -> list[MoERule]:

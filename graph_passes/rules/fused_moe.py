@@ -37,6 +37,7 @@ from onnx import helper
 from graph_passes.activations import SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+from graph_passes.rules import default_rule
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
 
 MS_DOMAIN = "com.microsoft"
@@ -193,6 +194,7 @@ def _text_attr(index: GraphIndex, node: onnx.NodeProto, name: str, default: str)
     return value.decode() if isinstance(value, bytes) else value
 
 
+@default_rule(order=10)
 class FusedMoERule:
     """Turns each ``com.microsoft.MoE`` / ``QMoE`` node into a :class:`FusedMoEBlockPlan` (or a :class:`Skip`).
 

@@ -42,6 +42,7 @@ from graph_passes.plan import (
     StackedBias,
     StackedMatrix,
 )
+from graph_passes.rules import default_rule
 
 LAYOUT_OPS = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Flatten", "Cast", "Identity"}
 MATMUL_OPS = {"MatMul", "Gemm", "Einsum"}
@@ -124,6 +125,7 @@ def _scalar_constants(index: GraphIndex, region: list[onnx.NodeProto], op_types:
     return values
 
 
+@default_rule(order=30)
 class GatheredExpertsRule:
     """Finds stacked-weight MoE blocks (see the module docstring)."""
 

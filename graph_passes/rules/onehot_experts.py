@@ -41,6 +41,7 @@ import onnx
 from graph_passes.activations import CATALOG, PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT, erf
 from graph_passes.graph_index import GraphIndex, is_standard_op, scope_of, through
 from graph_passes.plan import BlockRegion, ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
+from graph_passes.rules import default_rule
 from graph_passes.rules.eager_unrolled import EAGER_REASON, find_eager_unrolled  # noqa: F401 (re-exported)
 from graph_passes.shape_eval import ShapeEvaluator
 
@@ -50,6 +51,7 @@ def _fail(reason: str) -> Skip:
     return Skip("", reason)
 
 
+@default_rule(order=20)
 class OneHotExpertsRule:
     """TorchScript-exporter MoE blocks (``Gather``-selected stacked experts) and eager-unrolled blocks."""
 
