@@ -345,6 +345,7 @@ class MoESimulator:
         policy.begin_step(context, state, indices, counts, phase)
         records = []
         latencies = []
+        scored = 0  # rows whose counts are already in the prefetcher's scores
         for i, layer_index in enumerate(indices):
             if gap_before_layer_s > 0:
                 self.advance_time_s(gap_before_layer_s)
@@ -354,6 +355,9 @@ class MoESimulator:
             row = counts[i, : layer.num_experts]
             hits = misses = 0
             if prefetcher is not None:
+                if layer_index == 0 and i > scored:  # its re-plan reads the scores of the layers run before it
+                    prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
+                    scored = i
                 prefetcher.before_invocation(layer_index, phase)
                 if phase == "decode":  # against the residency the invocation is scheduled with
                     hits, misses = prefetcher.count_hits(layer_index, row.nonzero()[0])
@@ -374,8 +378,8 @@ class MoESimulator:
             records.append(
                 (layer_index, plan, policy_extra, state.recomputations - recomputed_before, hits, misses, copied, added)
             )
-        if prefetcher is not None:
-            prefetcher.add_scores(row_selector(indices), counts)
+        if prefetcher is not None and scored < len(indices):
+            prefetcher.add_scores(row_selector(indices[scored:]), counts[scored:])
         self._invocations[phase] += len(indices)
         return StepResult(phase, latencies, counts, records, self)
 

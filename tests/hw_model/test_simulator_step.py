@@ -83,6 +83,28 @@ def test_memoised_layer_summaries_match_their_laid_out_timelines(policy):
             assert set(result.placement) == active
 
 
+@pytest.mark.parametrize("policy", ["tp+lb+prefetch", "gpu-offload"])
+def test_a_step_in_any_layer_order_equals_the_same_calls_one_by_one(policy):
+    trace = _trace()
+    order = [2, 0, 3, 1]  # layer 0 (where the prefetcher re-plans, here at every token) in the middle
+    stepped, single = (
+        MoESimulator(
+            load_system("paper", 4), LAYERS, policy, gpu_reserved_bytes=0.899 * 16e9, prefetch_interval_tokens=1
+        )
+        for _ in range(2)
+    )
+    for sim in (stepped, single):
+        sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))]))
+    for token in range(trace.prompt_tokens, trace.num_tokens):
+        counts = trace.token_counts(token)[order]
+        got = stepped.simulate_step("decode", counts, layers=order).latencies_s
+        expected = [
+            single.simulate_layer(layer, row, "decode").latency_s for layer, row in zip(order, counts, strict=True)
+        ]
+        assert got == expected
+    assert _without_wall_times(stepped.summary()) == _without_wall_times(single.summary())
+
+
 def test_step_rejects_bad_counts_and_layers():
     sim = _sim("tp+lb+prefetch")
     ones = np.ones((2, 16), dtype=np.int64)
