@@ -421,10 +421,11 @@ class _Balanced(Policy):
         active = np.flatnonzero(counts)
         resident = self._resident(state, layer_index, active)
         chosen = self._moved(ctx, state, out, active, resident)
+        weight_bytes = ctx.costs.weight_bytes(layer.expert)
         for i, e in enumerate(active.tolist()):
             if e in chosen:
                 out.to_gpu(e, bool(resident[i]))
-                self._keep(state, layer_index, e, layer.expert.weight_bytes())
+                self._keep(state, layer_index, e, weight_bytes)
             else:
                 out.on_ndp(e)
         out.extra["resident_selected"] = float(resident.sum())
