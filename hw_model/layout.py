@@ -120,6 +120,10 @@ class LayoutPlan:
         return self._timeline
 
     @property
+    def timeline_built(self) -> bool:
+        return self._timeline is not None
+
+    @property
     def placement(self) -> Mapping[int, str]:
         """Expert id to ``"gpu"``, ``"ndp"`` (sliced), ``"ndpU"`` (whole on unit U) or ``"split"``."""
         if self._placement is None:

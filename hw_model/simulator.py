@@ -117,6 +117,11 @@ class LayerResult:
         return self._plan.timeline
 
     @property
+    def timeline_built(self) -> bool:
+        """Whether :attr:`timeline` is already laid out (memoised invocations lay it out when first read)."""
+        return self._plan.timeline_built
+
+    @property
     def placement(self) -> Mapping[int, str]:
         return MappingProxyType(self._plan.placement)
 
@@ -334,7 +339,7 @@ class MoESimulator:
         if phase not in PHASES:
             raise WorkloadError(f"phase must be one of {PHASES}, got {phase!r}")
         indices = list(range(len(self.layers))) if layers is None else [int(i) for i in layers]
-        counts = np.asarray(expert_token_counts, dtype=np.int64)
+        counts = np.array(expert_token_counts, dtype=np.int64)  # a copy: results read it when first built
         self._check_step(indices, counts)
         if predictions is not None and len(predictions) != len(indices):
             raise WorkloadError(f"expected {len(indices)} predictions (one per layer), got {len(predictions)}")

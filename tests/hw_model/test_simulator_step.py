@@ -105,6 +105,18 @@ def test_a_step_in_any_layer_order_equals_the_same_calls_one_by_one(policy):
     assert _without_wall_times(stepped.summary()) == _without_wall_times(single.summary())
 
 
+def test_a_result_read_later_does_not_see_the_callers_buffer_change():
+    sim = _sim("tp+lb+prefetch")
+    counts = np.zeros(16, dtype=np.int64)
+    counts[[1, 5, 9, 12]] = 3
+    results = [sim.simulate_layer(0, counts, "prefill") for _ in range(5)]
+    result = next(r for r in results if not r.timeline_built)  # a memo hit: laid out when first read
+    counts[:] = 0
+    counts[[0, 2, 4, 6]] = 50  # the caller reuses its buffer before reading the timeline
+    assert set(result.placement) == {1, 5, 9, 12}
+    assert result.timeline.latency_s == result.latency_s
+
+
 def test_step_rejects_bad_counts_and_layers():
     sim = _sim("tp+lb+prefetch")
     ones = np.ones((2, 16), dtype=np.int64)
