@@ -16,7 +16,7 @@ from hw_model.hardware import (
     load_system,
 )
 from hw_model.policies import Policy, get_policy, policy_names, register
-from hw_model.simulator import DEFAULT_POLICY, POLICIES, LayerResult, MoESimulator
+from hw_model.simulator import DEFAULT_POLICY, POLICIES, LayerResult, MoESimulator, StepResult
 from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "LayerResult",
     "MoELayerShape",
     "MoESimulator",
+    "StepResult",
     "Policy",
     "WeightFormat",
     "get_policy",

@@ -46,6 +46,7 @@ __all__ = [
     "CapacityCheck",
     "LayerResult",
     "MoESimulator",
+    "StepResult",
     "TimelineEvent",
     "gpu_op_time_s",
 ]
