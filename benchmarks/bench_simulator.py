@@ -5,7 +5,8 @@ Prints, measured in this run on one core (set OMP_NUM_THREADS=1) as CPU time of 
 
 1. microseconds per decode layer invocation over a Qwen3-30B-A3B request (512 prompt + ``--generated``
    tokens, typical skew, ``paper`` preset, 4 NDP units), per policy: in whole steps
-   (``MoESimulator.simulate_step``, as ``bench`` and a session's report call it) and one layer at a time
+   (``MoESimulator.simulate_step``, as ``bench`` and a session's report call it), the part of it spent in the
+   policy's placement (a third run, wall time around each ``place`` call), and one layer at a time
    (``simulate_layer``);
 2. seconds for one 512 + 512-token Qwen3-30B-A3B request end to end (``hw_model.bench.run_job``, which also
    costs the non-expert work), under the default policy;
@@ -43,9 +44,28 @@ GOAL_INVOCATION_S = 10e-6
 GOAL_REQUEST_S = 0.5
 
 
-def per_invocation_s(policy: str, generated: int) -> tuple[float, float]:
-    """Seconds per decode layer invocation: (whole steps through ``simulate_step``, as ``bench`` and a session's
-    report run them; one layer at a time through ``simulate_layer``), each on a fresh simulator."""
+class _TimedPlacement:
+    """A policy whose ``place`` calls are timed (everything else is the policy's own)."""
+
+    def __init__(self, policy) -> None:
+        self._policy = policy
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+    def place(self, *args):
+        started = time.perf_counter()
+        try:
+            return self._policy.place(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def per_invocation_s(policy: str, generated: int) -> tuple[float, float, float]:
+    """Seconds per decode layer invocation: whole steps through ``simulate_step`` (as ``bench`` and a session's
+    report run them), one layer at a time through ``simulate_layer``, each on a fresh simulator; and, in a third
+    stepped run, the part spent in the policy's ``place`` (wall time around each call)."""
     model = get_model("qwen3-30b-a3b")
     trace = synthetic_trace(
         model.moe_layers,
@@ -58,19 +78,23 @@ def per_invocation_s(policy: str, generated: int) -> tuple[float, float]:
     steps = [trace.token_counts(token) for token in range(512, trace.num_tokens)]
     invocations = len(steps) * model.moe_layers
     timings = []
-    for stepped in (True, False):
+    for mode in ("stepped", "single", "placement"):
         sim = MoESimulator(load_system("paper", 4), model.moe_layer_shapes(), policy)
         sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(model.moe_layers)]))
+        timed = None
+        if mode == "placement":
+            timed = sim.policy_impl = _TimedPlacement(sim.policy_impl)
         started = time.process_time()
-        if stepped:
-            for counts in steps:
-                sim.simulate_step("decode", counts)
-        else:
+        if mode == "single":
             for counts in steps:
                 for layer in range(model.moe_layers):
                     sim.simulate_layer(layer, counts[layer], "decode")
-        timings.append((time.process_time() - started) / invocations)
-    return timings[0], timings[1]
+        else:
+            for counts in steps:
+                sim.simulate_step("decode", counts)
+        seconds = timed.seconds if timed is not None else time.process_time() - started
+        timings.append(seconds / invocations)
+    return timings[0], timings[1], timings[2]
 
 
 def request_s() -> float:
@@ -121,11 +145,11 @@ def main() -> None:
     parser.add_argument("--default-bench", action="store_true", help="also time the default `ndp-ep bench` (minutes)")
     args = parser.parse_args()
     for policy in args.policies.split(","):
-        stepped, single = per_invocation_s(policy, args.generated)
+        stepped, single, placement = per_invocation_s(policy, args.generated)
         print(
             f"{policy:16s}: {stepped * 1e6:6.1f} us per decode layer invocation in whole steps "
-            f"(goal {GOAL_INVOCATION_S * 1e6:.0f} us: {stepped / GOAL_INVOCATION_S:.1f}x); "
-            f"{single * 1e6:6.1f} us one layer at a time"
+            f"(goal {GOAL_INVOCATION_S * 1e6:.0f} us: {stepped / GOAL_INVOCATION_S:.1f}x; "
+            f"~{placement * 1e6:.1f} us of it in the policy's place); {single * 1e6:6.1f} us one layer at a time"
         )
     value = request_s()
     print(
