@@ -19,7 +19,7 @@ with the same id-free decisions gives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -282,31 +282,63 @@ class InvocationLayout:
         )
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------
+    def item_lists(
+        self, ids: list[int], tokens: list[int], resident: Sequence[bool], whole: Sequence[bool] | None = None
+    ) -> dict[str, list]:
+        """Per active expert ``ids[i]`` (``tokens[i]`` tokens): NDP time per unit (``ndp``, one list of
+        ``units`` floats per expert), DRAM time a copy takes per unit (``copy``, likewise), copy time
+        (``transfer``), GPU time (``gpu``), bytes (``staged``), as plain lists (the balancing rule runs on a
+        handful of experts, where numpy's per-call cost dominates). ``whole[i]`` (dual layout) runs expert
+        ``i`` whole on its home unit instead of sliced."""
+        units, expert, costs, sources = self.units, self.expert, self.costs, self.sources
+        sliced = self.tensor_parallel
+        read_s = costs.copy_read_s(expert, sources)
+        transfer_s = costs.transfer_s(expert, sources)
+        weight_bytes = expert.weight_bytes()
+        ndp: list[list[float]] = []
+        copy: list[list[float]] = []
+        transfer: list[float] = []
+        gpu: list[float] = []
+        staged: list[float] = []
+        per_tokens: dict[tuple[int, bool], tuple[float, float]] = {}  # (tokens, sliced) -> (NDP s, GPU s)
+        for i, (e, c) in enumerate(zip(ids, tokens, strict=True)):
+            spread = sliced and not (whole is not None and whole[i])
+            times = per_tokens.get((c, spread))
+            if times is None:
+                shards = units if spread else 1
+                times = per_tokens[c, spread] = (max(costs.ndp_pair(expert, c, shards)), costs.gpu_s(expert, c))
+            if spread:
+                ndp.append([times[0]] * units)
+            else:
+                row = [0.0] * units
+                row[e % units] = times[0]
+                ndp.append(row)
+            gpu.append(times[1])
+            row = [0.0] * units
+            if resident[i]:
+                transfer.append(0.0)
+                staged.append(0.0)
+            else:
+                if sources == 1:
+                    row[e % units] = read_s
+                elif sources > 1:
+                    row = [read_s] * units
+                transfer.append(transfer_s)
+                staged.append(weight_bytes)
+            copy.append(row)
+        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+
     def item_arrays(
         self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
     ) -> dict[str, np.ndarray]:
-        """Per active expert: NDP time per unit, DRAM time a copy takes per unit, copy time, GPU time, bytes.
-        ``whole[i]`` (dual layout) runs expert ``i`` whole on its home unit instead of sliced."""
-        units, expert = self.units, self.expert
-        n = active.size
-        ndp = np.zeros((n, units))
-        copy = np.zeros((n, units))
-        tokens = self.counts[active]
-        read_s = self.costs.copy_read_s(expert, self.sources)
-        for i, (e, c) in enumerate(zip(active.tolist(), tokens.tolist(), strict=True)):
-            if self.tensor_parallel and not (whole is not None and whole[i]):
-                ndp[i, :] = max(self.costs.ndp_s(expert, c, units), self.costs.ndp_dram_s(expert, c, units))
-            else:
-                ndp[i, self.home(e)] = max(self.costs.ndp_s(expert, c, 1), self.costs.ndp_dram_s(expert, c, 1))
-            if not resident[i]:
-                if self.sources == 1:
-                    copy[i, self.home(e)] = read_s
-                elif self.sources > 1:
-                    copy[i, :] = read_s
-        transfer = np.where(resident, 0.0, self.costs.transfer_s(expert, self.sources))
-        gpu = np.array([self.costs.gpu_s(expert, c) for c in tokens.tolist()])
-        staged = np.where(resident, 0.0, expert.weight_bytes())
-        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+        """:meth:`item_lists` of the active experts as arrays (``ndp`` and ``copy``: experts x units), for
+        the packer."""
+        items = self.item_lists(active.tolist(), self.counts[active].tolist(), resident.tolist(), whole)
+        shape = (active.size, self.units)
+        arrays = {key: np.array(values, dtype=np.float64) for key, values in items.items()}
+        arrays["ndp"] = arrays["ndp"].reshape(shape)
+        arrays["copy"] = arrays["copy"].reshape(shape)
+        return arrays
 
     def activation_s(self) -> float:
         return self.ctx.system.host_link.transfer_time_s(self.tokens * self.expert.hidden * self.expert.dtype_bytes)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from operator import add, sub
 from typing import ClassVar
 
 import numpy as np
@@ -324,47 +325,69 @@ def policy_names(role: str | None = None) -> tuple[str, ...]:
 
 def load_aware_order(ndp: np.ndarray, tokens: np.ndarray, resident: np.ndarray) -> np.ndarray:
     """MoNDE's order of moving experts to the GPU: resident ones first (no copy), hottest first; then,
-    repeatedly, the hottest remaining expert of the currently busiest unit (ties: lower index)."""
-    n = int(tokens.size)
-    loads = ndp.tolist()
-    heat = tokens.tolist()
-    res = resident.tolist()
-    first = sorted((i for i in range(n) if res[i]), key=lambda i: -heat[i])
-    units = ndp.shape[1]
-    load = [sum(loads[i][u] for i in range(n) if not res[i]) for u in range(units)]
-    order = list(first)
-    left = [i for i in range(n) if not res[i]]
+    repeatedly, the hottest remaining expert of the currently busiest unit (ties: lower index). ``ndp`` is
+    experts x units NDP time; the order is of row indices."""
+    order = _load_aware_order(ndp.tolist(), tokens.tolist(), resident.tolist(), ndp.shape[1])
+    return np.asarray(order, dtype=np.int64)
+
+
+def _load_aware_order(loads: list[list[float]], heat: list[int], res: list[bool], units: int) -> list[int]:
+    """:func:`load_aware_order` over plain lists (what the balancing rule calls: a decode invocation has a
+    handful of experts, where numpy's per-call cost would dominate)."""
+    n = len(heat)
+    order = sorted((i for i in range(n) if res[i]), key=lambda i: -heat[i])
+    left = [i for i in range(n) if not res[i]]  # ascending, so the first of equal heat is the lower index
+    load = [0.0] * units
+    for i in left:
+        load = list(map(add, load, loads[i]))
     while left:
-        busiest = max(range(units), key=load.__getitem__) if units else 0
-        pool = [i for i in left if units and loads[i][busiest] > 0] or left
-        pick = max(pool, key=lambda i: (heat[i], -i))
+        pool = left
+        if units:
+            busiest = load.index(max(load))
+            pool = [i for i in left if loads[i][busiest] > 0] or left
+        pick = max(pool, key=heat.__getitem__)  # the first of the hottest: the lowest index
         order.append(pick)
         left.remove(pick)
-        for u in range(units):
-            load[u] -= loads[pick][u]
-    return np.asarray(order, dtype=np.int64)
+        load = list(map(sub, load, loads[pick]))
+    return order
 
 
 def best_prefix(items: dict[str, np.ndarray], order: np.ndarray, base_s: float, staging_cap_bytes: float) -> int:
     """How many experts of ``order`` to move to the GPU: the prefix with the shortest makespan (the first
-    minimum, so the fewest moves), within the staging cap."""
-    ndp, copy = items["ndp"][order], items["copy"][order]
-    units = ndp.shape[1]
-    total = base_s + items["ndp"].sum(axis=0) if units else np.zeros(1)
-    if units:
-        unit_left = (total - np.vstack((np.zeros(units), np.cumsum(ndp - copy, axis=0)))).max(axis=1)
-    else:
-        unit_left = np.zeros(order.size + 1)
-    pcie = np.concatenate(([0.0], np.cumsum(items["transfer"][order])))
-    gpu = np.concatenate(([0.0], np.cumsum(items["gpu"][order])))
-    spans = np.maximum(np.maximum(pcie, gpu), unit_left)
-    if units == 0:
-        spans[0] = np.inf  # nothing can stay in memory
-    staged = np.concatenate(([0.0], np.cumsum(items["staged"][order])))
-    spans[staged > staging_cap_bytes * (1 + 1e-9)] = np.inf
-    if not np.isfinite(spans).any():
-        return order.size if units == 0 else 0
-    return int(np.argmin(spans))
+    minimum, so the fewest moves), within the staging cap. ``items`` is :meth:`InvocationLayout.item_arrays`."""
+    lists = {key: values.tolist() for key, values in items.items()}
+    return _best_prefix(lists, order.tolist(), items["ndp"].shape[1], base_s, staging_cap_bytes)
+
+
+def _best_prefix(items: dict[str, list], order: list[int], units: int, base_s: float, staging_cap_bytes: float) -> int:
+    """:func:`best_prefix` over :meth:`InvocationLayout.item_lists` (see :func:`_load_aware_order`). A prefix's
+    makespan is the latest of its copies over PCIe, its GPU work and the busiest unit's remaining NDP work
+    (``base_s`` plus every expert's NDP time, less the moved experts' NDP time plus their copies' DRAM time);
+    sums run in index order, cumulative sums in ``order``."""
+    ndp, copy, transfer, gpu, staged = (items[key] for key in ("ndp", "copy", "transfer", "gpu", "staged"))
+    total = [0.0] * units
+    for row in ndp:
+        total = list(map(add, total, row))
+    total = [base_s + t for t in total]
+    moved = [0.0] * units  # per unit: cumulative NDP time less copy DRAM time of the moved experts
+    limit = staging_cap_bytes * (1 + 1e-9)
+    pcie = on_gpu = stage = 0.0
+    # with no units nothing can stay in memory: moving no expert is not an option
+    best, best_k = (max(0.0, max(total)), 0) if units and stage <= limit else (np.inf, -1)
+    for k, i in enumerate(order, 1):
+        pcie += transfer[i]
+        on_gpu += gpu[i]
+        stage += staged[i]
+        if units:
+            moved = list(map(add, moved, map(sub, ndp[i], copy[i])))
+            span = max(pcie, on_gpu, max(map(sub, total, moved)))
+        else:
+            span = max(pcie, on_gpu, 0.0)
+        if span < best and stage <= limit:
+            best, best_k = span, k
+    if best_k < 0:  # no prefix is feasible
+        return len(order) if units == 0 else 0
+    return best_k
 
 
 # -- the policies ---------------------------------------------------------------------------------------
@@ -461,12 +484,13 @@ class _Balanced(Policy):
         )
         memo = state.pack_memo.get(key)
         if memo is None:
-            items = out.item_arrays(active, resident)
+            res = resident.tolist()
+            items = out.item_lists(ids, tokens, res)
             started = time.perf_counter()
-            order = load_aware_order(items["ndp"], out.counts[active], resident)
-            k = best_prefix(items, order, out.activation_s(), ctx.staging_cap_bytes)
+            order = _load_aware_order(items["ndp"], tokens, res, out.units)
+            k = _best_prefix(items, order, out.units, out.activation_s(), ctx.staging_cap_bytes)
             state.decision_times_s.append(time.perf_counter() - started)
-            chosen = set(active[order[:k]].tolist())
+            chosen = {ids[i] for i in order[:k]}
             moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
             if all(set(members[: moved[group]]) == chosen.intersection(members) for group, members in groups.items()):
                 if len(state.pack_memo) > 200_000:

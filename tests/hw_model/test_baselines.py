@@ -12,6 +12,7 @@ from hw_model.models import get_model
 from hw_model.policies import (
     ExpertCosts,
     Policy,
+    best_prefix,
     get_policy,
     load_aware_order,
     policy_names,
@@ -67,6 +68,57 @@ def test_monde_moves_the_hottest_expert_of_the_busiest_dimm_first():
     assert load_aware_order(ndp, np.array([1, 1, 1, 4]), np.zeros(4, dtype=bool)).tolist()[0] == 3
     # experts already resident on the GPU (no copy) come first
     assert load_aware_order(ndp, tokens, np.array([False, True, False, False])).tolist()[0] == 1
+
+
+def _items(ndp, copy, transfer, gpu, staged) -> dict[str, np.ndarray]:
+    arrays = {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+    return {key: np.asarray(values, dtype=float) for key, values in arrays.items()}
+
+
+def test_monde_moves_the_prefix_with_the_shortest_makespan_within_the_staging_cap():
+    # units' NDP loads 6 and 3; moving expert 0 leaves unit 0 with 6 - 4 + 1 = 3 (its copy's DRAM time), PCIe 2,
+    # GPU 1: makespan 3; moving experts 0 and 1 too: PCIe 4; so one move (k = 1) beats none (6) and two (4)
+    items = _items([[4, 0], [0, 3], [2, 0]], [[1, 0], [0, 1], [1, 0]], [2, 2, 2], [1, 1, 1], [10, 10, 10])
+    order = np.array([0, 1, 2])
+    assert best_prefix(items, order, 0.0, 100.0) == 1
+    # the activations' transfer (base 5) keeps the units busy longer (11 and 8): one move leaves 8 on both,
+    # two leave 8 on unit 0, all three leave 11 - 3 - 1 = 7 on unit 0 with 6 on PCIe: all three move
+    assert best_prefix(items, order, 5.0, 100.0) == 3
+    assert best_prefix(items, order, 0.0, 5.0) == 0  # one copy (10 B) exceeds the staging cap
+    # without NDP units everything moves: the shortest prefix is all of them, even over the cap
+    no_units = _items(np.zeros((3, 0)), np.zeros((3, 0)), [2, 2, 2], [1, 1, 1], [10, 10, 10])
+    assert best_prefix(no_units, order, 0.0, 100.0) == 1
+    assert best_prefix(no_units, order, 0.0, 5.0) == 3
+
+
+def test_monde_order_and_prefix_agree_with_a_brute_force_on_random_invocations():
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n, units = int(rng.integers(1, 12)), int(rng.integers(1, 7))
+        whole = rng.random() < 0.5
+        resident = rng.random(n) < 0.3
+        tokens = rng.integers(1, 4, n)
+        ndp, copy = np.zeros((n, units)), np.zeros((n, units))
+        for i in range(n):
+            home = int(rng.integers(units))
+            ndp[i, home if whole else slice(None)] = rng.random()
+            copy[i, home] = 0.0 if resident[i] else 0.1 * rng.random()
+        items = _items(ndp, copy, np.where(resident, 0.0, 0.3), rng.random(n), np.where(resident, 0.0, 1.0))
+        order = load_aware_order(ndp, tokens, resident)
+        assert isinstance(order, np.ndarray) and order.dtype == np.int64
+        assert sorted(order.tolist()) == list(range(n))
+        assert order[: resident.sum()].tolist() == sorted(np.flatnonzero(resident).tolist(), key=lambda i: -tokens[i])
+        cap = float(rng.integers(1, n + 1))
+        spans = []
+        for k in range(n + 1):
+            moved = order[:k].tolist()
+            unit_left = max(
+                0.5 + sum(ndp[i, u] for i in range(n)) - sum(ndp[i, u] - copy[i, u] for i in moved)
+                for u in range(units)
+            )
+            span = max(sum(items["transfer"][moved]), sum(items["gpu"][moved]), unit_left)
+            spans.append(span if sum(items["staged"][moved]) <= cap else np.inf)
+        assert best_prefix(items, order, 0.5, cap) == spans.index(min(spans))
 
 
 def test_monde_moves_whole_experts_only():
