@@ -56,9 +56,7 @@ class LayoutSummary(NamedTuple):
 def summarize(timeline: LayerTimeline) -> LayoutSummary:
     """The summary of a laid-out timeline."""
     latency_s = timeline.latency_s
-    ndp_done = 0.0
-    for _, end_s in timeline.ndp_end_s:
-        ndp_done = max(ndp_done, end_s)
+    ndp_done = timeline.ndp_done_s  # then any later NDP-side base event (the DIMM-link reduction)
     busy = []
     for resource, start_s, end_s, _ in timeline.base_events:
         if resource == "pcie":

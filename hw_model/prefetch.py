@@ -85,17 +85,11 @@ class ExpertPrefetcher:
             self._plan()
         self._decode_steps += 1
 
-    def observe(self, layer: int, counts: np.ndarray, phase: str, resident: np.ndarray | None = None) -> None:
-        """Count this invocation's selections (and, in decode, its hits and misses against ``resident``, the
-        residency the invocation was scheduled with; default: the current one)."""
+    def observe(self, layer: int, counts: np.ndarray, phase: str) -> None:
+        """Count this invocation's selections (and, in decode, its hits and misses against the current
+        residency): :meth:`count_hits` and :meth:`add_scores` in one call."""
         if phase == "decode":
-            active = np.flatnonzero(counts)
-            if resident is None:
-                self.count_hits(layer, active)
-            else:
-                hit = int(np.count_nonzero(resident[active]))
-                self.hits += hit
-                self.misses += active.size - hit
+            self.count_hits(layer, np.flatnonzero(counts))
         self.add_scores(layer, counts)
 
     def count_hits(self, layer: int, active: np.ndarray) -> tuple[int, int]:

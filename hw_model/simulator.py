@@ -503,7 +503,7 @@ class MoESimulator:
                 if ahead:
                     events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
                     copied_total += ahead
-            if not self._ahead_queue and (prefetcher is None or not prefetcher.queued_bytes):
+            if not self._copies_queued():
                 break
         return copied_total
 
