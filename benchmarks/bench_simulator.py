@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -80,7 +78,7 @@ def per_invocation_s(policy: str, generated: int) -> tuple[float, float, float]:
     timings = []
     for mode in ("stepped", "single", "placement"):
         sim = MoESimulator(load_system("paper", 4), model.moe_layer_shapes(), policy)
-        sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(model.moe_layers)]))
+        sim.simulate_step("prefill", trace.prefill_step_counts())
         timed = None
         if mode == "placement":
             timed = sim.policy_impl = _TimedPlacement(sim.policy_impl)
@@ -109,7 +107,7 @@ def tiny_decode_step_s(steps: int = 2000) -> float:
     layers = [MoELayerShape(f"tiny.{i}", 8, 2, ExpertShape(hidden=64, ffn=128)) for i in range(3)]
     sim = MoESimulator(load_system("paper", 4), layers)
     trace = synthetic_trace(3, 8, 2, 16, steps, TraceKnobs(skew=0.5))
-    sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(3)]))
+    sim.simulate_step("prefill", trace.prefill_step_counts())
     counts = [trace.token_counts(token) for token in range(16, 16 + steps)]
     started = time.process_time()
     for step in counts:

@@ -167,8 +167,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     dense = model.dense_layers * attention + model.dense_ffn_time_s(system, prompt)
     prefill_s = dense + model.lm_head_time_s(system, 1)
     sim.advance_time_s(dense)
-    prefill_counts = np.stack([trace.prefill_counts(layer) for layer in range(layers)])
-    step = sim.simulate_step("prefill", prefill_counts, gap_before_layer_s=per_layer_other)
+    step = sim.simulate_step("prefill", trace.prefill_step_counts(layers), gap_before_layer_s=per_layer_other)
     prefill_s += layers * per_layer_other + step.latency_s
     if job.want_gantt:
         gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]

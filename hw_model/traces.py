@@ -122,12 +122,21 @@ class RoutingTrace:
     def prefill_counts(self, layer: int) -> np.ndarray:
         return self.counts(layer, 0, self.prompt_tokens)
 
+    def step_counts(self, start: int, stop: int, num_layers: int | None = None) -> np.ndarray:
+        """``[layers, experts]``: tokens ``start..stop-1`` routed to each expert of each layer (the first
+        ``num_layers``): one forward step's routing, as :meth:`MoESimulator.simulate_step` takes it."""
+        layers = self.num_layers if num_layers is None else num_layers
+        ids = self.expert_ids[:layers, start:stop].reshape(layers, -1).astype(np.int64)
+        ids += np.arange(layers)[:, None] * self.num_experts  # one bincount over every layer
+        return np.bincount(ids.ravel(), minlength=layers * self.num_experts).reshape(layers, self.num_experts)
+
     def token_counts(self, token: int, num_layers: int | None = None) -> np.ndarray:
-        """``[layers, experts]``: 1 where ``token`` selected the expert in that layer (the first ``num_layers``)."""
-        ids = self.expert_ids[: self.num_layers if num_layers is None else num_layers, token]
-        counts = np.zeros((ids.shape[0], self.num_experts), dtype=np.int64)
-        counts[np.arange(ids.shape[0])[:, None], ids] = 1
-        return counts
+        """:meth:`step_counts` of one generated token."""
+        return self.step_counts(token, token + 1, num_layers)
+
+    def prefill_step_counts(self, num_layers: int | None = None) -> np.ndarray:
+        """:meth:`step_counts` of the prompt."""
+        return self.step_counts(0, self.prompt_tokens, num_layers)
 
     def save(self, path: str | Path) -> None:
         """Write the trace (``.npz`` or ``.json``) atomically."""

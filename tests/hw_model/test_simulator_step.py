@@ -35,7 +35,7 @@ def test_a_step_equals_the_same_invocations_made_layer_by_layer(policy):
     trace = _trace()
     stepped, single = _sim(policy), _sim(policy)
     rng_stepped, rng_single = np.random.default_rng(1), np.random.default_rng(1)
-    prefill = np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))])
+    prefill = trace.prefill_step_counts()
     latencies_stepped = list(stepped.simulate_step("prefill", prefill, gap_before_layer_s=GAP_S).latencies_s)
     latencies_single = []
     for layer in range(len(LAYERS)):
@@ -65,7 +65,7 @@ def test_a_step_equals_the_same_invocations_made_layer_by_layer(policy):
 def test_memoised_layer_summaries_match_their_laid_out_timelines(policy):
     trace = _trace()
     sim = _sim(policy)
-    sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))]))
+    sim.simulate_step("prefill", trace.prefill_step_counts())
     for token in range(trace.prompt_tokens, trace.num_tokens):
         for result in sim.simulate_step("decode", trace.token_counts(token)):
             timeline = result.timeline  # laid out now, with this invocation's experts
@@ -94,7 +94,7 @@ def test_a_step_in_any_layer_order_equals_the_same_calls_one_by_one(policy):
         for _ in range(2)
     )
     for sim in (stepped, single):
-        sim.simulate_step("prefill", np.stack([trace.prefill_counts(layer) for layer in range(len(LAYERS))]))
+        sim.simulate_step("prefill", trace.prefill_step_counts())
     for token in range(trace.prompt_tokens, trace.num_tokens):
         counts = trace.token_counts(token)[order]
         got = stepped.simulate_step("decode", counts, layers=order).latencies_s
@@ -152,7 +152,7 @@ def test_memoised_decisions_equal_decisions_made_afresh(policy):
     )
     afresh._state.pack_memo = _Forgetful()
     afresh._state.layout_memo = _Forgetful()
-    prefill = np.stack([trace.prefill_counts(layer) for layer in range(len(WIDE))])
+    prefill = trace.prefill_step_counts()
     results = [sim.simulate_step("prefill", prefill, gap_before_layer_s=GAP_S) for sim in (memoised, afresh)]
     assert results[0].latencies_s == results[1].latencies_s
     for token in range(trace.prompt_tokens, trace.num_tokens):

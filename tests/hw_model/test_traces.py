@@ -108,3 +108,14 @@ def test_bad_trace_files_name_the_problem(tmp_path):
         TraceKnobs(skew=-1)
     with pytest.raises(WorkloadError, match="prompt_tokens"):
         RoutingTrace(np.zeros((1, 2, 1), dtype=int), 4, 5)
+
+
+def test_step_counts_are_every_layers_counts_over_the_same_tokens():
+    trace = synthetic_trace(5, 16, 4, 12, 6, TraceKnobs(skew=0.7, seed=3))
+    for start, stop in ((0, trace.prompt_tokens), (12, 13), (3, 17)):
+        step = trace.step_counts(start, stop)
+        assert step.shape == (5, 16)
+        for layer in range(5):
+            assert step[layer].tolist() == trace.counts(layer, start, stop).tolist()
+    assert trace.prefill_step_counts(3).tolist() == trace.step_counts(0, 12)[:3].tolist()
+    assert trace.token_counts(14).sum() == 5 * 4  # each layer: top-4 distinct experts of one token
