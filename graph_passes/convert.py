@@ -105,11 +105,14 @@ def plan_conversion(
     rules: list[MoERule] | None = None,
     max_check_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     base_dir: str | Path | None = None,
+    *,
+    check: bool = True,
 ) -> ConversionPlan:
-    """Detect, plan and verify every MoE block of ``source``; nothing is rewritten or written."""
+    """Detect, plan and verify every MoE block of ``source``; nothing is rewritten or written. ``check=False``:
+    the caller has just run :func:`graph_passes.model_check.check_model` on ``source`` itself."""
     if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
         raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
-    model, data_dir = load_model(source)
+    model, data_dir = load_model(source, check=check)
     if isinstance(source, onnx.ModelProto):  # the caller's model: never mutate it (node names, small weights)
         model_copy = onnx.ModelProto()
         model_copy.CopyFrom(model)
@@ -177,9 +180,12 @@ def convert(
     rules: list[MoERule] | None = None,
     max_check_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     base_dir: str | Path | None = None,
+    *,
+    check: bool = True,
 ) -> tuple[RewrittenModel, ConversionReport]:
-    """Convert every provable MoE block of ``source`` into sharded expert ops."""
-    planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir)
+    """Convert every provable MoE block of ``source`` into sharded expert ops (``check``: see
+    :func:`plan_conversion`)."""
+    planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir, check=check)
     rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
     # the rewrite also drops side nodes only the block used (shape arithmetic): count what the node records
     recorded = {

@@ -22,12 +22,10 @@ orphaned by a crash between steps 1 and 2 is removed by the next save to the sam
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import os
 import re
 import stat
-from collections.abc import Iterator
 from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING
 
@@ -215,23 +213,6 @@ def _read_error(path: Path, exc: OSError) -> InvalidModelError:
     return InvalidModelError(f"cannot read {path}: {exc.strerror or type(exc).__name__}")
 
 
-_CHECKED: contextvars.ContextVar[tuple[onnx.ModelProto, ...]] = contextvars.ContextVar(
-    "graph_passes_checked_models", default=()
-)
-
-
-@contextlib.contextmanager
-def already_checked(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
-    """Within the block, :func:`load_model` given this very ``model`` object skips its check: for a caller that
-    has just checked it (with its directory, which the in-memory model no longer has) and hands it on unchanged,
-    so the graph passes do not check it a second time."""
-    token = _CHECKED.set((*_CHECKED.get(), model))
-    try:
-        yield model
-    finally:
-        _CHECKED.reset(token)
-
-
 def load_model(
     source: str | os.PathLike[str] | onnx.ModelProto, *, check: bool = True
 ) -> tuple[onnx.ModelProto, Path | None]:
@@ -240,12 +221,12 @@ def load_model(
     A path is opened first (so "permission denied" and "symbolic link loop" are told apart from "not an
     ONNX model"), parsed, and — with ``check`` — validated by :func:`graph_passes.model_check.check_model`
     (structure, tensor headers, external-data containment and ranges) before any work. A ``ModelProto`` is
-    checked too, unless it is one :func:`already_checked` marks.
+    checked too (``check=False``: the caller has just checked it itself).
     """
     from graph_passes.model_check import check_model
 
     if isinstance(source, onnx.ModelProto):
-        if check and not any(source is model for model in _CHECKED.get()):
+        if check:
             check_model(source, None)
         return source, None
     path = Path(source)

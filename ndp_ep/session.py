@@ -250,11 +250,10 @@ def _skip_notes(report) -> tuple[str, ...]:
 def _convert(proto, shards: int, strict: bool, base_dir):
     """``proto`` converted in memory; it was checked by :func:`_load` (with its directory), not again here."""
     from graph_passes.convert import convert
-    from graph_passes.model_io import already_checked
     from graph_passes.rewrite import materialize_with_store
 
-    with graph_pass_errors(), already_checked(proto):
-        rewritten, report = convert(proto, shards=shards, strict=strict, base_dir=base_dir)
+    with graph_pass_errors():
+        rewritten, report = convert(proto, shards=shards, strict=strict, base_dir=base_dir, check=False)
     return materialize_with_store(rewritten), report
 
 
