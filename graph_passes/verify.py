@@ -11,19 +11,27 @@ rest of the model (KV caches, masks, conv states, control flow elsewhere).
 
 A region that is not self-contained (it reads some other computed value whose range is unknown) falls back
 to one run of the whole model on the feeds :func:`graph_passes.feeds.random_feeds` builds; if that run fails
-the block is skipped with the error. A block with no matching reading is skipped, never rewritten. Blocks
-whose weights exceed ``max_weight_bytes`` keep their best structural reading (the caller reports that).
+the block is skipped with the error. A block with no matching reading is skipped, never rewritten.
+
+A block whose region would hold more than ``max_weight_bytes`` (a real model's layer of 128 experts) is proven on
+its first :func:`sampled_expert_count` experts: the same region with every stacked expert tensor cut to those
+experts (router logits narrowed to match), run on ids drawn among them, against each reading computed from the
+same experts' stored bytes. The reading's arithmetic is the same for every expert, so this proves the reading
+while holding only a few experts in memory; the convert note names the experts checked. Only a block that not
+even that sample can check (per-expert initializers, bfloat16 weights, a region that does not run cut down)
+keeps its best structural reading (the caller reports that).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from graph_passes.expert_math import expert_ffn, group_slots_by_expert, load_expert
+from graph_passes.expert_math import ExpertArrays, expert_ffn, group_slots_by_expert, load_expert
 from graph_passes.feeds import DecoderConfig, random_feeds
 from graph_passes.graph_index import GraphIndex, live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
@@ -57,9 +65,19 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activati
     rw2 = rw.reshape(-1, plan.top_k).astype(np.float32)
     out = np.zeros_like(x2)
     for expert, rows, slots in group_slots_by_expert(ids2, plan.num_experts):
-        y = expert_ffn(plan, x2[rows], load_expert(plan, store.expert, expert), activation_block)
+        y = expert_ffn(plan, x2[rows], _float32(load_expert(plan, store.expert, expert)), activation_block)
         out[rows] += y * rw2.reshape(-1)[slots][:, None]
     return out.reshape(x.shape[:-1] + (hidden,))
+
+
+def _float32(arrays: ExpertArrays) -> ExpertArrays:
+    """``arrays`` as contiguous float32: NumPy multiplies a float16 or transposed view far off its BLAS path."""
+    return ExpertArrays(
+        **{
+            f.name: None if (a := getattr(arrays, f.name)) is None else np.ascontiguousarray(a, dtype=np.float32)
+            for f in dataclasses.fields(arrays)
+        }
+    )
 
 
 def _with_router_nodes(nodes: list[onnx.NodeProto], plan: MoEBlockPlan) -> list[onnx.NodeProto]:
@@ -146,7 +164,7 @@ def choose_readings(
     whole_model: list[MoECandidate] = []
     for position, candidate in enumerate(candidates):
         if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
-            verdicts[position] = Verdict(candidate.readings[candidate.structural_choice], None, False)
+            verdicts[position] = _sampled_verdict(model, index, candidate, store, max_weight_bytes, seed)
             continue
         region = isolated_region(model, index, candidate.readings[0])
         if region is None:
@@ -208,8 +226,11 @@ def _whole_model_verdicts(
 # ---------------------------------------------------------------------------------------------- isolation
 
 
-def isolated_region(model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPlan) -> onnx.ModelProto | None:
-    """A model computing ``plan``'s block from its own inputs, or None when the region is not self-contained."""
+def isolated_region(
+    model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPlan, tokens: int = PROBE_SEQ_LEN
+) -> onnx.ModelProto | None:
+    """A model computing ``plan``'s block from its own inputs (``tokens`` where the token count is not fixed),
+    or None when the region is not self-contained."""
     replaced = set(plan.replaced_nodes)
     nodes = [n for n in model.graph.node if n.name in replaced]
     if len(nodes) != len(replaced):
@@ -228,7 +249,7 @@ def isolated_region(model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPla
     reads, _ = _reads(nodes)
     probe = _empty_like(model, f"{plan.name}/isolated")
     for value in sorted(inputs & reads):
-        shape = _concrete_shape(index, value, plan)
+        shape = _concrete_shape(index, value, plan, tokens)
         elem_type = _elem_type(index, value, plan)
         if shape is None or elem_type is None:
             return None
@@ -313,15 +334,15 @@ def _elem_type(index: GraphIndex, value: str, plan: MoEBlockPlan) -> int | None:
     return tensor.data_type if tensor is not None else None
 
 
-def _concrete_shape(index: GraphIndex, value: str, plan: MoEBlockPlan) -> list[int] | None:
-    """``value``'s shape with unknown leading dims set so that tokens = :data:`PROBE_SEQ_LEN`."""
+def _concrete_shape(index: GraphIndex, value: str, plan: MoEBlockPlan, tokens: int) -> list[int] | None:
+    """``value``'s shape with unknown leading dims set so that there are ``tokens`` tokens."""
     shape = index.shape(value)
     last = {plan.hidden_value: plan.hidden, plan.expert_ids_value: plan.top_k, plan.routing_weights_value: plan.top_k}
     if shape is None:
         if value in last:
-            return [PROBE_SEQ_LEN, last[value]]
+            return [tokens, last[value]]
         if plan.router_nodes:  # a fused op's router logits
-            return [PROBE_SEQ_LEN, plan.num_experts]
+            return [tokens, plan.num_experts]
         return None
     dims: list[int] = []
     token_dim_given = False
@@ -333,23 +354,27 @@ def _concrete_shape(index: GraphIndex, value: str, plan: MoEBlockPlan) -> list[i
                 return None
             dims.append(last[value])
         elif not token_dim_given:
-            dims.append(PROBE_SEQ_LEN)
+            dims.append(tokens)
             token_dim_given = True
         else:
             dims.append(1)
     return dims
 
 
-def _random_region_feeds(probe: onnx.ModelProto, plan: MoEBlockPlan, seed: int) -> dict[str, np.ndarray]:
-    """Random inputs for an isolated region: normal hidden states and logits, distinct ids, positive weights."""
+def _random_region_feeds(
+    probe: onnx.ModelProto, plan: MoEBlockPlan, seed: int, num_experts: int | None = None
+) -> dict[str, np.ndarray]:
+    """Random inputs for an isolated region: normal hidden states and logits, distinct ids (among the first
+    ``num_experts``, default all), positive weights."""
     rng = np.random.default_rng(seed)
+    num_experts = plan.num_experts if num_experts is None else num_experts
     feeds: dict[str, np.ndarray] = {}
     for value in probe.graph.input:
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         if value.name == plan.expert_ids_value:
             tokens = int(np.prod(dims[:-1], dtype=np.int64))
-            ids = np.stack([rng.permutation(plan.num_experts)[: plan.top_k] for _ in range(tokens)])
+            ids = np.stack([rng.permutation(num_experts)[: plan.top_k] for _ in range(tokens)])
             feeds[value.name] = ids.reshape(dims).astype(dtype)
         elif value.name == plan.routing_weights_value:
             weights = rng.uniform(0.1, 1.0, dims)
@@ -362,11 +387,106 @@ def _random_region_feeds(probe: onnx.ModelProto, plan: MoEBlockPlan, seed: int) 
     return feeds
 
 
+# ---------------------------------------------------------------------------------------- large blocks
+
+SAMPLED_TOKENS = 4  # each picks top-k of the top-k + 1 experts: all of them are hit, at a quarter of the cost
+SAMPLED_LOCATION = "first-experts"  # the location of the cut-down tensors' headers (their values are handed over)
+
+
+def sampled_expert_count(plan: MoEBlockPlan) -> int:
+    """How many experts a block too large to check whole is checked on: one more than top-k, so every token picks
+    distinct experts and the picks vary (a wrong expert stride or layout shows on any expert but the first)."""
+    return min(plan.num_experts, plan.top_k + 1)
+
+
+def _stacked_expert_tensors(candidate: MoECandidate) -> set[str] | None:
+    """The stacked ``[E, ...]`` initializers of every reading (weights, scales, zero points, biases), or None when
+    a reading keeps one initializer per expert."""
+    names: set[str] = set()
+    for reading in candidate.readings:
+        w = reading.weights
+        for matrix in (w.up, w.gate, w.down):
+            if matrix is None:
+                continue
+            if matrix.per_expert:
+                return None
+            names.update(n for n in (matrix.initializer, matrix.scales, matrix.zero_points) if n)
+        names.update(b.initializer for b in (w.up_bias, w.gate_bias, w.down_bias) if b is not None)
+    return names
+
+
+def _first_experts(region: onnx.ModelProto, plan: MoEBlockPlan, names: set[str], experts: int) -> bool:
+    """Cut ``region`` in place to the first ``experts`` experts: each of ``names`` becomes a header of
+    ``[experts, ...]`` (values handed over at run time) and a fused op's router logits get ``experts`` columns.
+    False when a tensor or the logits do not have the expert count where expected."""
+    found = set()
+    for position, tensor in enumerate(region.graph.initializer):
+        if tensor.name not in names:
+            continue
+        if not tensor.dims or tensor.dims[0] != plan.num_experts or tensor.data_type == onnx.TensorProto.BFLOAT16:
+            return False
+        header = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=[experts, *tensor.dims[1:]])
+        header.data_location = onnx.TensorProto.EXTERNAL
+        header.external_data.add(key="location", value=SAMPLED_LOCATION)
+        region.graph.initializer[position].CopyFrom(header)
+        found.add(tensor.name)
+    if found != names:
+        return False
+    router_reads = {i for n in plan.router_nodes for i in n.input}
+    for value in region.graph.input:
+        if value.name in router_reads:
+            last = value.type.tensor_type.shape.dim[-1]
+            if last.dim_value != plan.num_experts:
+                return False
+            last.dim_value = experts
+    return True
+
+
+def _sampled_verdict(
+    model: onnx.ModelProto,
+    index: GraphIndex,
+    candidate: MoECandidate,
+    store: WeightStore,
+    max_weight_bytes: int,
+    seed: int,
+) -> Verdict:
+    """The verdict on a block too large to check whole, from its first few experts (see the module docstring);
+    the best structural reading when not even that can run."""
+    first = candidate.readings[0]
+    structural = Verdict(candidate.readings[candidate.structural_choice], None, False)
+    experts = sampled_expert_count(first)
+    names = _stacked_expert_tensors(candidate)
+    if names is None or experts >= first.num_experts:
+        return structural
+    if _check_bytes(first, store) * experts // first.num_experts > max_weight_bytes:
+        return structural
+    region = isolated_region(model, index, first, SAMPLED_TOKENS)
+    if region is None or not _first_experts(region, first, names, experts):
+        return structural
+    arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
+    try:
+        captured = _capture(region, store, _random_region_feeds(region, first, seed, experts), arrays)
+    except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
+        return structural
+    del arrays
+    verdict = _judge(candidate, store, captured, isolated=True)
+    if verdict.plan is None:
+        return verdict
+    note = f"weights too large to check whole: checked on its first {experts} of {first.num_experts} experts"
+    return dataclasses.replace(verdict, note=note)
+
+
 # ------------------------------------------------------------------------------------------- running ORT
 
 
-def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return."""
+def _capture(
+    probe: onnx.ModelProto,
+    store: WeightStore,
+    feeds: dict[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
+    initializers are read from ``store`` unless ``arrays`` holds their values."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -378,7 +498,11 @@ def _capture(probe: onnx.ModelProto, store: WeightStore, feeds: dict[str, np.nda
     # could not resolve their relative file names anyway
     external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     if external:
-        values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(store.full(n))) for n in external]
+        arrays = arrays or {}
+        values = [
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)))
+            for n in external
+        ]
         options.add_external_initializers(external, values)
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from graph_passes import convert as convert_module
 from graph_passes import verify
 from graph_passes.convert import plan_conversion
 from graph_passes.graph_index import GraphIndex
@@ -97,3 +98,80 @@ def test_the_whole_model_fallback_feeds_a_decoder_from_its_genai_config(monkeypa
     report = plan_conversion(GENAI_GPT_OSS).report
     assert len(report.blocks) == 2 and report.skipped == ()
     assert all(b.checked_numerically and not b.checked_in_isolation for b in report.blocks)
+
+
+def _whole_check_bytes(path):
+    planned = plan_conversion(path)
+    return [verify._check_bytes(plan, planned.store) for plan in planned.plans], planned.plans
+
+
+@pytest.mark.parametrize(
+    "path",
+    [ROOT / "hf" / "mixtral_block_dynamo.onnx", GENAI_GPT_OSS, ROOT / "genai" / "lfm2_moe_int4" / "model.onnx"],
+    ids=lambda p: p.parent.name if p.name == "model.onnx" else p.stem,
+)
+def test_a_block_too_large_to_check_whole_is_proven_on_its_first_experts(path, monkeypatch):
+    sizes, plans = _whole_check_bytes(path)
+    experts = verify.sampled_expert_count(plans[0])
+    assert experts < plans[0].num_experts
+    budget = max(size * experts // plan.num_experts for size, plan in zip(sizes, plans, strict=True))
+    assert budget < min(sizes)  # no block fits whole: every one goes through the sampled check
+    stacked = {m.initializer for p in plans for m in (p.weights.up, p.weights.gate, p.weights.down) if m}
+    read, whole = [], []
+    expert, full = verify.WeightStore.expert, verify.WeightStore.full
+
+    choose = convert_module.choose_readings
+
+    def audited(model, candidates, store, **kwargs):  # what the check reads, once the store is built
+        def spy_expert(name, e):
+            read.append(e)
+            return expert(store, name, e)
+
+        def spy_full(name):
+            whole.append(name)
+            return full(store, name)
+
+        store.expert, store.full = spy_expert, spy_full
+        return choose(model, candidates, store, **kwargs)
+
+    monkeypatch.setattr(convert_module, "choose_readings", audited)
+    report = plan_conversion(path, max_check_weight_bytes=budget).report
+    assert report.skipped == () and len(report.blocks) == len(plans)
+    assert all(b.checked_numerically and b.checked_in_isolation for b in report.blocks)
+    for plan in plans:
+        wanted = f"{plan.name}: weights too large to check whole: checked on its first {experts} of {plan.num_experts}"
+        assert any(note.startswith(wanted) for note in report.notes)
+    assert read and max(read) < experts  # only the sampled experts' bytes were read
+    assert not stacked & set(whole)
+    assert not any("accepted on data-flow structure" in note for note in report.notes)
+
+
+def test_a_wrong_reading_of_a_block_checked_on_its_first_experts_is_skipped(monkeypatch):
+    path = ROOT / "hf" / "mixtral_block_dynamo.onnx"
+    (size,), (plan,) = _whole_check_bytes(path)
+    budget = size * verify.sampled_expert_count(plan) // plan.num_experts
+    reference = verify.reference_block
+
+    def off_by_ten_percent(*args, **kwargs):
+        return reference(*args, **kwargs) * 1.1
+
+    monkeypatch.setattr(verify, "reference_block", off_by_ten_percent)
+    report = plan_conversion(path, max_check_weight_bytes=budget).report
+    assert report.blocks == ()
+    (skip,) = report.skipped
+    assert "no reading of the expert computation reproduces its output" in skip.reason
+
+
+def test_a_block_whose_cut_down_region_does_not_run_keeps_its_structural_reading(monkeypatch):
+    path = ROOT / "hf" / "mixtral_block_dynamo.onnx"
+    (size,), (plan,) = _whole_check_bytes(path)
+    budget = size * verify.sampled_expert_count(plan) // plan.num_experts
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("ONNX Runtime refuses the region")
+
+    monkeypatch.setattr(verify, "_capture", refuse)
+    report = plan_conversion(path, max_check_weight_bytes=budget).report
+    (block,) = report.blocks
+    assert not block.checked_numerically
+    assert any("weights too large for the numeric check; accepted on data-flow structure" in n for n in report.notes)
