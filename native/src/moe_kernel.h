@@ -47,7 +47,7 @@ struct MoESpec {
   int64_t hidden = 0;
   int64_t ffn = 0;
   int64_t shards = 0;
-  Activation activation = Activation::kSiluGlu;
+  Activation activation = kActivations[0].value;  // the attribute is required: never used as is
   float alpha = kDefaultActivationAlpha;
   float limit = kDefaultActivationLimit;
   float beta = kDefaultActivationBeta;
