@@ -5,7 +5,10 @@ Every activation the sharded op supports has one :class:`Activation` entry in :d
 - ``gated``: whether it multiplies a gate projection with an up projection (GLU) or maps one projection;
 - ``apply``: the float32 NumPy function the verifier and the Python kernels compute with;
 - ``reference``: an independent float64 formula (used to identify decomposed activations numerically);
-- ``emit``: an ONNX emitter building the same function out of standard ops.
+- ``emit``: an ONNX emitter building the same function out of standard ops;
+- ``native``: the float32 C++ expression the native kernel computes per element: over ``float x`` for a plain
+  activation, over ``float g, u, alpha, limit, beta`` for a gated one. It may call ``std::`` math and the plain
+  activations of this catalog as ``act_<name>(x)``.
 
 Plain activations have signature ``f(x)``; gated ones ``f(gate, up, alpha, limit, beta)``. The clamped SwiGLU
 of GPT-OSS (``swiglu_clamp``) is::
@@ -13,7 +16,9 @@ of GPT-OSS (``swiglu_clamp``) is::
     g = min(gate, limit);  u = clip(up, -limit, limit);  act = (u + beta) * g * sigmoid(alpha * g)
 
 with :data:`SWIGLU_ALPHA`, :data:`SWIGLU_LIMIT`, :data:`SWIGLU_BETA` as defaults. Adding an activation means
-adding one entry here (and its native kernel, which mirrors :mod:`graph_passes.sharded_op`).
+adding one entry here and nothing else: the native build (``native/gen_activations.py``, run by CMake) reads this
+file with :mod:`ast` and generates the kernel's activation enum, name table, gated flags and per-element loops
+from the ``Activation(...)`` entries and the three defaults, so those must stay literals.
 
 ``gelu`` needs erf: SciPy's vectorised erf is imported lazily on first use (never on the import path of the
 converter), with a ``math.erf`` fallback.
@@ -166,26 +171,64 @@ class Activation:
     reference: Callable[..., np.ndarray]
     emit: Callable[..., str] | None
     description: str
+    native: str
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
             raise ValueError(f"activation name must be an identifier, got {self.name!r}")
         if not callable(self.apply) or not callable(self.reference):
             raise ValueError(f"activation {self.name}: apply and reference must be callable")
+        if not self.native.strip():
+            raise ValueError(f"activation {self.name}: the native C++ expression is empty")
 
 
 CATALOG: dict[str, Activation] = {
     a.name: a
     for a in (
-        Activation("silu_glu", True, _silu_glu, _ref_silu_glu, _emit_silu_glu, "silu(x Wg) * (x Wu): Mixtral, Qwen"),
         Activation(
-            "swiglu_clamp", True, _swiglu_clamp, _ref_swiglu_clamp, _emit_swiglu_clamp, "clamped SwiGLU: GPT-OSS"
+            "silu_glu",
+            True,
+            _silu_glu,
+            _ref_silu_glu,
+            _emit_silu_glu,
+            "silu(x Wg) * (x Wu): Mixtral, Qwen",
+            native="act_silu(g) * u",
         ),
-        Activation("gelu_glu", True, _gelu_glu, _ref_gelu_glu, _emit_gelu_glu, "gelu(x Wg) * (x Wu)"),
-        Activation("relu", False, _relu, _ref_relu, _emit_relu, "relu(x W1)"),
-        Activation("gelu", False, _gelu, _ref_gelu, _emit_gelu, "erf GELU"),
-        Activation("gelu_tanh", False, _gelu_tanh, _ref_gelu_tanh, _emit_gelu_tanh, "tanh-approximated GELU"),
-        Activation("silu", False, _silu, _ref_silu, _emit_silu, "x * sigmoid(x)"),
+        Activation(
+            "swiglu_clamp",
+            True,
+            _swiglu_clamp,
+            _ref_swiglu_clamp,
+            _emit_swiglu_clamp,
+            "clamped SwiGLU: GPT-OSS",
+            native="(std::clamp(u, -limit, limit) + beta)"
+            " * (std::min(g, limit) * (1.0f / (1.0f + std::exp(-alpha * std::min(g, limit)))))",
+        ),
+        Activation(
+            "gelu_glu", True, _gelu_glu, _ref_gelu_glu, _emit_gelu_glu, "gelu(x Wg) * (x Wu)", native="act_gelu(g) * u"
+        ),
+        Activation("relu", False, _relu, _ref_relu, _emit_relu, "relu(x W1)", native="std::max(x, 0.0f)"),
+        Activation(
+            "gelu",
+            False,
+            _gelu,
+            _ref_gelu,
+            _emit_gelu,
+            "erf GELU",
+            native="0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f))",
+        ),
+        Activation(
+            "gelu_tanh",
+            False,
+            _gelu_tanh,
+            _ref_gelu_tanh,
+            _emit_gelu_tanh,
+            "tanh-approximated GELU",
+            native="0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)))",
+        ),
+        Activation(
+            "silu", False, _silu, _ref_silu, _emit_silu, "x * sigmoid(x)", native="x * (1.0f / (1.0f + std::exp(-x)))"
+        ),
     )
 }
 

@@ -18,13 +18,6 @@ constexpr int32_t kBFloat16 = 16;
 thread_local std::vector<float> t_hidden_buffer;  // per-thread scratch of RunExpert: [rows, F/S]
 thread_local std::vector<float> t_quantized_input;  // per-thread scratch of RunExpert: [rows, H]
 
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float GeluErf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
-inline float GeluTanh(float x) {
-  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(inner));
-}
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -95,13 +88,9 @@ std::string QuantComputeFor(const MoESpec& spec, int ort_major, int ort_minor, c
 }
 
 bool ParseActivation(const std::string& name, Activation* out) {
-  static const std::pair<const char*, Activation> kNames[] = {
-      {"silu_glu", Activation::kSiluGlu}, {"gelu_glu", Activation::kGeluGlu},
-      {"swiglu_clamp", Activation::kSwigluClamp}, {"relu", Activation::kRelu},
-      {"gelu", Activation::kGelu}, {"gelu_tanh", Activation::kGeluTanh}, {"silu", Activation::kSilu}};
-  for (const auto& [text, value] : kNames) {
-    if (name == text) {
-      *out = value;
+  for (const ActivationInfo& entry : kActivations) {
+    if (name == entry.name) {
+      *out = entry.value;
       return true;
     }
   }
@@ -109,7 +98,9 @@ bool ParseActivation(const std::string& name, Activation* out) {
 }
 
 bool IsGated(Activation a) {
-  return a == Activation::kSiluGlu || a == Activation::kGeluGlu || a == Activation::kSwigluClamp;
+  for (const ActivationInfo& entry : kActivations)
+    if (entry.value == a) return entry.gated;
+  return false;
 }
 
 bool ParseWeightDtype(const std::string& name, WeightDtype* out) {
@@ -279,37 +270,8 @@ size_t MoEKernel::weight_bytes() const {
 // In place: h holds rows of F/S values (gate then up) ``stride`` apart; row r's activation goes to h[r, 0:I/S].
 void MoEKernel::Activate(float* h, int64_t rows, int64_t stride) const {
   const int64_t Is = spec_.shard_width();
-  const float alpha = spec_.alpha, limit = spec_.limit, beta = spec_.beta;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = h + r * stride;
-    switch (spec_.activation) {
-      case Activation::kSiluGlu:
-        for (int64_t j = 0; j < Is; ++j) row[j] = row[j] * Sigmoid(row[j]) * row[Is + j];
-        break;
-      case Activation::kGeluGlu:
-        for (int64_t j = 0; j < Is; ++j) row[j] = GeluErf(row[j]) * row[Is + j];
-        break;
-      case Activation::kSwigluClamp:
-        for (int64_t j = 0; j < Is; ++j) {
-          const float g = std::min(row[j], limit);
-          const float u = std::clamp(row[Is + j], -limit, limit);
-          row[j] = (u + beta) * (g * Sigmoid(alpha * g));
-        }
-        break;
-      case Activation::kRelu:
-        for (int64_t j = 0; j < Is; ++j) row[j] = std::max(row[j], 0.0f);
-        break;
-      case Activation::kGelu:
-        for (int64_t j = 0; j < Is; ++j) row[j] = GeluErf(row[j]);
-        break;
-      case Activation::kGeluTanh:
-        for (int64_t j = 0; j < Is; ++j) row[j] = GeluTanh(row[j]);
-        break;
-      case Activation::kSilu:
-        for (int64_t j = 0; j < Is; ++j) row[j] = row[j] * Sigmoid(row[j]);
-        break;
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    ApplyActivation(spec_.activation, h + r * stride, Is, spec_.alpha, spec_.limit, spec_.beta);
 }
 
 // y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias. The first

@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "activations_gen.h"
+
 namespace ndp {
 
-enum class Activation { kSiluGlu, kGeluGlu, kSwigluClamp, kRelu, kGelu, kGeluTanh, kSilu };
-
-// Parses a name of graph_passes/plan.py ACTIVATIONS; false for an unknown name.
+// enum class Activation, kActivations, ApplyActivation and the kDefaultActivation* constants are generated at build
+// time from the catalog graph_passes/activations.py (native/gen_activations.py).
+// Parses a name of the catalog; false for an unknown name.
 bool ParseActivation(const std::string& name, Activation* out);
 bool IsGated(Activation activation);
 
@@ -45,10 +47,10 @@ struct MoESpec {
   int64_t hidden = 0;
   int64_t ffn = 0;
   int64_t shards = 0;
-  Activation activation = Activation::kSiluGlu;
-  float alpha = 1.702f;
-  float limit = 7.0f;
-  float beta = 1.0f;
+  Activation activation = kActivations[0].value;  // the attribute is required: never used as is
+  float alpha = kDefaultActivationAlpha;
+  float limit = kDefaultActivationLimit;
+  float beta = kDefaultActivationBeta;
   bool has_first_bias = false;
   bool has_down_bias = false;
   WeightDtype weight_dtype = WeightDtype::kFloat32;

@@ -1,5 +1,9 @@
 """`ndp-ep diff A.onnx B.onnx`: semantic diff of two ONNX models, with exit codes like diff(1).
 
+The output formats (``--format``) are the renderer modules ndp_ep/diff/render_<format>.py, found at start-up
+(ndp_ep.diff.renderers); ``--json`` is ``--format json``, ``--json-out FILE`` and ``--html FILE`` also write
+the json / html rendering to a file.
+
 Exit 0 when the graphs are equivalent (renames only), 1 when they differ, 2 on bad input (raised as
 ndp_ep.errors.ModelLoadError / DiffOutputError and printed by the CLI dispatcher as one line).
 """
@@ -16,9 +20,18 @@ HELP = "semantic diff of two ONNX models (nodes, initializers, opsets, ndp-ep Mo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ndp_ep.diff.renderers import renderers
+
+    formats = renderers()
     parser.add_argument("model_a", metavar="A.onnx", help="the model before (for instance the original)")
     parser.add_argument("model_b", metavar="B.onnx", help="the model after (for instance the ndp-ep conversion)")
-    add_json_args(parser, what="the ndp-ep.diff/1 document (instead of text)", file_option=True)
+    parser.add_argument(
+        "--format",
+        choices=tuple(formats),
+        default="text",
+        help="what to print: " + "; ".join(f"{name}: {r.description}" for name, r in formats.items()),
+    )
+    add_json_args(parser, what="the ndp-ep.diff/1 document", file_option=True)
     parser.add_argument(
         "--html", type=output_file, metavar="FILE", help="also write a self-contained HTML report to FILE"
     )
@@ -40,23 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.model_io import model_files
-    from ndp_ep.diff import diff_models, render_html, render_json, render_text, to_json_document
+    from ndp_ep.diff import RenderOptions, diff_models, renderers
     from ndp_io import check_no_clobber, write_text
 
-    outputs = [args.html, args.json_out]
-    if any(outputs):  # never clobber an input (either model or their data files), checked before any work
-        check_no_clobber(outputs, [*model_files(args.model_a), *model_files(args.model_b)])
+    files = {name: path for name, path in (("html", args.html), ("json", args.json_out)) if path}
+    if files:  # never clobber an input (either model or their data files), checked before any work
+        check_no_clobber(list(files.values()), [*model_files(args.model_a), *model_files(args.model_b)])
     result = diff_models(args.model_a, args.model_b)
-    if args.html:
-        write_text(args.html, render_html(result, to_json_document(result)))
-    if args.json_out:
-        write_text(args.json_out, render_json(result))
+    formats = renderers()
+    for name, path in files.items():
+        write_text(path, formats[name].render(result, RenderOptions(max_items=args.max_items)))
     if not args.quiet:
-        if args.json:
-            sys.stdout.write(render_json(result))
-        else:
-            colour = args.color == "always" or (
-                args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-            )
-            sys.stdout.write(render_text(result, colour=colour, max_items=args.max_items))
+        colour = args.color == "always" or (
+            args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        )
+        chosen = "json" if args.json else args.format
+        sys.stdout.write(formats[chosen].render(result, RenderOptions(colour=colour, max_items=args.max_items)))
     return 0 if result.equivalent else 1

@@ -15,9 +15,14 @@ from __future__ import annotations
 import html
 import json
 
+from ndp_ep.diff.render_json import to_json_document
 from ndp_ep.diff.render_text import PROVENANCE, block_headline, human_bytes, placement_text
+from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import InitializerDiff, ModelDiff, MoEBlockDiff, Region
 from ndp_ep.diff.svg import draw_region_side
+
+FORMAT = "html"
+DESCRIPTION = "one self-contained HTML page (inline CSS, JS and SVG) with collapsible blocks and before/after graphs"
 
 MAX_HTML_REGIONS = 60
 MAX_TABLE_ROWS = 2000
@@ -202,3 +207,7 @@ subgraph drawings: <span id="svg-count">?</span></p>
 <script>{_MAIN_SCRIPT}</script>
 </body></html>
 """
+
+
+def render(diff: ModelDiff, options: RenderOptions) -> str:
+    return render_html(diff, to_json_document(diff))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import (
     InitializerDiff,
     ModelDiff,
@@ -19,6 +20,9 @@ from ndp_ep.diff.result import (
     Region,
     TensorRef,
 )
+
+FORMAT = "json"
+DESCRIPTION = "the ndp-ep.diff/1 JSON document (schema in docs/diff.md)"
 
 SCHEMA_ID = "ndp-ep.diff/1"
 
@@ -130,3 +134,7 @@ def to_json_document(diff: ModelDiff) -> dict[str, Any]:
 
 def render_json(diff: ModelDiff) -> str:
     return json.dumps(to_json_document(diff), indent=2, ensure_ascii=False) + "\n"
+
+
+def render(diff: ModelDiff, options: RenderOptions) -> str:
+    return render_json(diff)

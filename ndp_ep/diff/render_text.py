@@ -15,7 +15,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
+
+FORMAT = "text"
+DESCRIPTION = "readable text, wrapped at 80 columns, coloured on a terminal (the default)"
 
 _COLOURS = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2", "cyan": "36"}
 INDENT = "  "
@@ -307,3 +311,7 @@ def sanitize_terminal(text: str, keep_colours: bool = False) -> str:
     if not keep_colours:
         return _CONTROL.sub(visible, text)
     return "".join(part if _SGR.fullmatch(part) else _CONTROL.sub(visible, part) for part in _SGR.split(text))
+
+
+def render(diff: ModelDiff, options: RenderOptions) -> str:
+    return render_text(diff, colour=options.colour, max_items=options.max_items)

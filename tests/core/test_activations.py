@@ -3,14 +3,21 @@ catalog's own float64 reference agree with float64 formulas written out in this 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+import graph_passes.activations
 from graph_passes.activations import CATALOG, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ALPHA, LIMIT, BETA = 1.3, 2.5, 0.25  # non-default parameters, so that a dropped parameter shows
 
@@ -78,3 +85,35 @@ def test_every_implementation_matches_the_float64_formula(name):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     if activation.emit is not None:
         np.testing.assert_allclose(_emitted(activation, as_float32), want, rtol=2e-5, atol=2e-5)
+
+
+@functools.cache
+def _generator():
+    """native/gen_activations.py (a build script, not a package module) loaded from its path."""
+    spec = importlib.util.spec_from_file_location("ndp_gen_activations", ROOT / "native" / "gen_activations.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_native_generator_reads_every_catalog_entry_and_its_native_expression():
+    generator = _generator()
+    entries, defaults = generator.read_catalog(Path(graph_passes.activations.__file__))
+    assert [(e.name, e.gated, e.native) for e in entries] == [(a.name, a.gated, a.native) for a in CATALOG.values()]
+    assert all(a.native.strip() for a in CATALOG.values())
+    assert defaults == {"SWIGLU_ALPHA": SWIGLU_ALPHA, "SWIGLU_LIMIT": SWIGLU_LIMIT, "SWIGLU_BETA": SWIGLU_BETA}
+    header = generator.render(entries, defaults, "catalog")
+    for entry in entries:
+        assert f'{{"{entry.name}", Activation::{entry.enumerator}, {str(entry.gated).lower()}}}' in header
+        assert f"case Activation::{entry.enumerator}:" in header
+
+
+def test_the_native_generator_refuses_an_entry_without_a_native_expression(tmp_path):
+    source = Path(graph_passes.activations.__file__).read_text()
+    relu = 'native="std::max(x, 0.0f)"'
+    assert source.count(relu) == 1
+    broken = tmp_path / "activations.py"
+    broken.write_text(source.replace(", " + relu, ""))
+    with pytest.raises(_generator().CatalogError, match="needs literal name, gated and native"):
+        _generator().read_catalog(broken)

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ndp_ep
 from graph_passes import sharded_op
+from graph_passes.activations import CATALOG
 from graph_passes.sharded_op import ShardedOpSpec
 
 SEED = 1234
@@ -90,7 +91,7 @@ def build_case(
 ):
     """The node's model and, per expert, the float64 matrices the reference uses: first [H, F], down [I, H]."""
     rng = np.random.default_rng(seed)
-    gated = activation in ("silu_glu", "gelu_glu", "swiglu_clamp")
+    gated = CATALOG[activation].gated
     quantized = weight_dtype in ("int8", "int4")
     spec = ShardedOpSpec(
         layer="moe",
@@ -194,13 +195,13 @@ def _bf16_tensor(values: np.ndarray) -> onnx.TensorProto:
     return tensor
 
 
-def reference_output(reference, spec: ShardedOpSpec, x, ids, w) -> np.ndarray:
+def reference_output(reference, spec: ShardedOpSpec, x, ids, w, activation=reference_activation) -> np.ndarray:
     out = np.zeros((x.shape[0], spec.hidden))
     for t in range(x.shape[0]):
         for k in range(spec.top_k):
             firsts, downs, b2 = reference[ids[t, k]]
             y = sum(
-                reference_activation(spec.activation, x[t] @ first + b1, spec.activation_beta) @ down
+                activation(spec.activation, x[t] @ first + b1, spec.activation_beta) @ down
                 for (first, b1), down in zip(firsts, downs, strict=True)
             )
             out[t] += w[t, k] * (y + b2)
@@ -236,6 +237,24 @@ def test_float32_kernel_matches_the_float64_reference_for_every_activation(activ
     model, reference, spec = build_case(activation, first_bias=biases, down_bias=biases, beta=0.5 if biases else 1.0)
     out, (x, ids, w) = run_case(model, spec)
     assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+def catalog_activation(name: str, h: np.ndarray, beta: float) -> np.ndarray:
+    """The catalog's float32 NumPy ``apply`` of ``name`` on [rows, F] (gate then up halves for a gated one)."""
+    entry = CATALOG[name]
+    h32 = h.astype(np.float32)
+    if entry.gated:
+        gate, up = np.split(h32, 2, axis=-1)
+        return entry.apply(gate, up, ALPHA, LIMIT, beta).astype(np.float64)
+    return entry.apply(h32).astype(np.float64)
+
+
+@pytest.mark.parametrize("activation", sorted(CATALOG))
+def test_the_built_library_computes_every_catalog_activation_as_its_numpy_apply(activation):
+    # the native per-element code is generated from the catalog: a new entry is accepted and computed alike
+    model, reference, spec = build_case(activation, first_bias=True, down_bias=True, beta=0.5)
+    out, (x, ids, w) = run_case(model, spec)
+    assert _rel(out, reference_output(reference, spec, x, ids, w, activation=catalog_activation)) < 1e-5
 
 
 @pytest.mark.parametrize("shards,tokens,threads", [(1, 1, 1), (3, 1, 2), (4, 33, 2), (2, 0, 1)])

@@ -1,0 +1,154 @@
+"""Generates the native kernel's activation code from the Python catalog (graph_passes/activations.py).
+
+    python native/gen_activations.py graph_passes/activations.py BUILD/generated/activations_gen.h
+
+CMake runs this at build time (also inside ``pip install``'s isolated build environment, so it uses the standard
+library only): the catalog is read with :mod:`ast`, never imported. From every ``Activation(...)`` entry it takes
+the name, the gated flag and the ``native`` C++ expression; from the module, the SwiGLU defaults. The header
+holds ``enum class Activation`` (one enumerator per entry, ``silu_glu`` -> ``kSiluGlu``), the name table
+``kActivations``, one inline function ``act_<name>`` per entry, ``ApplyActivation`` (the per-row loop, one
+switch case per entry) and ``kDefaultActivationAlpha/Limit/Beta``. The file is rewritten only when its text
+changes, so an unrelated edit of the catalog recompiles nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULTS = {
+    "SWIGLU_ALPHA": "kDefaultActivationAlpha",
+    "SWIGLU_LIMIT": "kDefaultActivationLimit",
+    "SWIGLU_BETA": "kDefaultActivationBeta",
+}
+
+
+class CatalogError(ValueError):
+    """The catalog file cannot be turned into native code (one-line message)."""
+
+
+@dataclass(frozen=True)
+class NativeActivation:
+    name: str
+    gated: bool
+    native: str
+
+    @property
+    def enumerator(self) -> str:
+        return "k" + "".join(part.capitalize() for part in self.name.split("_"))
+
+
+def _fields(tree: ast.Module) -> list[str]:
+    """The field names of the ``Activation`` dataclass, in order (positional arguments bind to them)."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Activation":
+            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    raise CatalogError("no Activation class in the catalog file")
+
+
+def read_catalog(path: Path) -> tuple[list[NativeActivation], dict[str, float]]:
+    """The catalog's entries (in file order) and its SwiGLU defaults, read from the source of ``path``."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    fields = _fields(tree)
+    defaults: dict[str, float] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in DEFAULTS:
+            try:
+                defaults[target.id] = float(ast.literal_eval(node.value))
+            except (TypeError, ValueError) as error:
+                raise CatalogError(f"{path}:{node.lineno}: {target.id} must be a number literal") from error
+    missing = sorted(set(DEFAULTS) - set(defaults))
+    if missing:
+        raise CatalogError(f"{path}: no literal {', '.join(missing)}")
+    found: list[tuple[int, int, NativeActivation]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Activation"):
+            continue
+        bound = {fields[i]: arg for i, arg in enumerate(node.args)}
+        bound.update({k.arg: k.value for k in node.keywords if k.arg})
+        try:
+            name, gated, native = (ast.literal_eval(bound[f]) for f in ("name", "gated", "native"))
+        except (KeyError, ValueError) as error:
+            raise CatalogError(f"{path}:{node.lineno}: an Activation needs literal name, gated and native") from error
+        if not isinstance(name, str) or not name.isidentifier() or not isinstance(gated, bool):
+            raise CatalogError(f"{path}:{node.lineno}: bad activation name or gated flag")
+        if not isinstance(native, str) or not native.strip():
+            raise CatalogError(f"{path}:{node.lineno}: activation {name} has no native expression")
+        found.append((node.lineno, node.col_offset, NativeActivation(name, gated, native.strip())))
+    entries = [entry for _, _, entry in sorted(found, key=lambda f: f[:2])]
+    names = [e.name for e in entries]
+    if not entries or len(set(names)) != len(names):
+        raise CatalogError(f"{path}: the activation names must be present and unique, got {names}")
+    return entries, defaults
+
+
+def _float(value: float) -> str:
+    return f"{value!r}f"  # repr of a float always has a '.' or an exponent: 7.0 -> 7.0f, 1e-05 -> 1e-05f
+
+
+def render(entries: list[NativeActivation], defaults: dict[str, float], source: str) -> str:
+    """The text of the generated header."""
+    out = [
+        f"// Generated from {source} by native/gen_activations.py at build time: do not edit, do not commit.",
+        "#pragma once",
+        "",
+        "#include <algorithm>",
+        "#include <cmath>",
+        "#include <cstdint>",
+        "",
+        "namespace ndp {",
+        "",
+    ]
+    out += [f"constexpr float {DEFAULTS[key]} = {_float(defaults[key])};  // {key}" for key in DEFAULTS]
+    out += ["", f"enum class Activation {{ {', '.join(e.enumerator for e in entries)} }};", ""]
+    out += ["struct ActivationInfo {", "  const char* name;", "  Activation value;", "  bool gated;", "};", ""]
+    out.append("inline constexpr ActivationInfo kActivations[] = {")
+    out += [f'    {{"{e.name}", Activation::{e.enumerator}, {str(e.gated).lower()}}},' for e in entries]
+    out += ["};", "", "namespace activation_impl {", ""]
+    # plain ones first: a gated expression may call act_<plain>(x)
+    for e in sorted(entries, key=lambda e: e.gated):
+        params = "float g, float u, float alpha, float limit, float beta" if e.gated else "float x"
+        out.append(f"inline float act_{e.name}({params}) {{ return {e.native}; }}")
+    out += [
+        "",
+        "}  // namespace activation_impl",
+        "",
+        "// In place on one row: row[j] = act(row[j]) for a plain activation, act(row[j], row[n + j]) (gate, up)",
+        "// for a gated one, j in [0, n).",
+        "inline void ApplyActivation(Activation activation, float* row, int64_t n, float alpha, float limit,",
+        "                            float beta) {",
+        "  switch (activation) {",
+    ]
+    for e in entries:
+        args = "row[j], row[n + j], alpha, limit, beta" if e.gated else "row[j]"
+        out += [
+            f"    case Activation::{e.enumerator}:",
+            f"      for (int64_t j = 0; j < n; ++j) row[j] = activation_impl::act_{e.name}({args});",
+            "      return;",
+        ]
+    out += ["  }", "}", "", "}  // namespace ndp", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: gen_activations.py CATALOG.py OUTPUT.h", file=sys.stderr)
+        return 2
+    catalog, output = Path(argv[0]), Path(argv[1])
+    try:
+        entries, defaults = read_catalog(catalog)
+    except (OSError, SyntaxError, CatalogError) as error:
+        print(f"gen_activations: {error}", file=sys.stderr)
+        return 1
+    text = render(entries, defaults, "graph_passes/activations.py")
+    if not output.exists() or output.read_text(encoding="utf-8") != text:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
