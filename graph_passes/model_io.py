@@ -18,8 +18,9 @@ A crash before step 2 leaves the old model reading its untouched old weights; af
 reads the new weights. Step 1 copies as little as it can through this process: a lazy tensor's parts that
 are contiguous byte ranges of a source data file (row blocks of an expert, untouched external tensors) go
 file to file with ``os.copy_file_range``, other contiguous arrays are written from their own memory, and a
-strided part (a column block) is copied once into a reused buffer (:class:`_DataWriter`). Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file
-orphaned by a crash between steps 1 and 2 is removed by the next save to the same output.
+strided part (a column block) is copied once into a reused buffer (:class:`_DataWriter`).
+Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file orphaned by a crash between
+steps 1 and 2 is removed by the next save to the same output.
 """
 
 from __future__ import annotations
