@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 EXTERNAL_THRESHOLD_BYTES = 1_800_000_000
 COPY_CHUNK_BYTES = 64 * 2**20
-WRITEBACK_BYTES = 64 * 2**20  # the data writer starts the disk on what it appended, every this many bytes
 DATA_SUFFIX = ".data"
 _DIGITS = re.compile(r"^[0-9]+$")
 
@@ -392,21 +391,6 @@ class _DataWriter:
         self.scratch = np.empty(0, np.uint8)
         self.sources: dict[Path, int] = {}
         self.kernel_copy = hasattr(os, "copy_file_range")
-        self.written_back = data_file.tell()  # bytes before this offset have had their writeback started
-
-    def _start_writeback(self) -> None:
-        """Every :data:`WRITEBACK_BYTES`, ask the kernel to start writing what was appended so far to disk, so
-        the disk works while later shards are produced and the final fsync waits for little. (Linux starts
-        writeback of dirty pages on ``POSIX_FADV_DONTNEED``; this changes nothing about what fsync guarantees.)"""
-        if not hasattr(os, "posix_fadvise"):
-            return
-        end = self.file.tell()
-        if end - self.written_back < WRITEBACK_BYTES:
-            return
-        self.file.flush()
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self.file.fileno(), self.written_back, end - self.written_back, os.POSIX_FADV_DONTNEED)
-        self.written_back = end
 
     def __enter__(self) -> _DataWriter:
         return self
@@ -427,7 +411,6 @@ class _DataWriter:
             staged = self.scratch[: array.nbytes].view(array.dtype).reshape(array.shape)
             array = copy_blocked(array, staged)
         self.file.write(memoryview(array.reshape(-1).view(np.uint8)))
-        self._start_writeback()
 
     def copy_range(self, path: Path, offset: int, length: int, name: str) -> None:
         """Append ``length`` bytes of ``path`` from ``offset``; a short source is a :class:`GraphPassError`."""
@@ -457,7 +440,6 @@ class _DataWriter:
                 raise GraphPassError(f"external data of {name} is truncated")
             self.file.write(chunk)
             copied += len(chunk)
-        self._start_writeback()
 
 
 # errors that mean "this kernel or file-system pair cannot copy_file_range": fall back to read + write
