@@ -16,8 +16,9 @@ building it never holds more than one expert in memory. In the same run the scri
    conversion: the faster of the two is the *copy time*;
 2. converts the model in a child process (``python -m ndp_ep convert IN -o OUT --external-data --json``)
    and fsyncs the files it wrote: the *convert time*; the child's peak RSS comes from ``os.wait4``;
-3. checks the output: one sharded op per block, every shard initializer external, and a few shard
-   tensors (read by memmap) equal to the matching slices of the source weights.
+3. checks the output: one sharded op per block with the source's ``out_in`` layout (so nothing was
+   transposed), every shard initializer external, and a few shard tensors (read by memmap) equal to the
+   matching slices of the source weights (gate rows then up rows; a column block of down).
 
 Both timings include the fsync so that each ends with its bytes on the disk (the page-cache-only
 figures are printed too). Targets: convert ≤ 1.5× copy, peak RSS ≤ 1 GiB + the largest single tensor.
@@ -204,6 +205,9 @@ def check_output(spec: LargeModelSpec, model_path: Path, out_path: Path, shards:
     ops = [n for n in converted.graph.node if n.domain == "ndp_ep" and n.op_type == "ShardedMoEExperts"]
     if len(ops) != spec.layers:
         problems.append(f"expected {spec.layers} sharded ops, found {len(ops)}")
+    layouts = {(a.name, a.s.decode()) for op in ops for a in op.attribute if a.name.endswith("_layout")}
+    if layouts != {("first_layout", "out_in"), ("down_layout", "out_in")}:  # the source stacks are [out, in]
+        problems.append(f"expected out_in shards of the [out, in] source, found layouts {sorted(layouts)}")
     shard_tensors = {t.name: t for t in converted.graph.initializer if ".shard" in t.name}
     expected_count = spec.layers * spec.num_experts * shards * 2
     if len(shard_tensors) != expected_count:
@@ -233,10 +237,11 @@ def check_output(spec: LargeModelSpec, model_path: Path, out_path: Path, shards:
         gate_up = memmap(shard_tensors[f"{block}.experts.{expert}.shard{shard}.gate_up"], out_path.parent)
         down = memmap(shard_tensors[f"{block}.experts.{expert}.shard{shard}.down"], out_path.parent)
         cols = slice(shard * width, (shard + 1) * width)
-        want_gate_up = np.concatenate([gate_up_src[: spec.ffn][cols].T, gate_up_src[spec.ffn :][cols].T], axis=1)
+        # out_in shards: the gate rows then the up rows of the shard, and its columns of down
+        want_gate_up = np.concatenate([gate_up_src[: spec.ffn][cols], gate_up_src[spec.ffn :][cols]], axis=0)
         if not np.array_equal(gate_up, want_gate_up):
             problems.append(f"{block} expert {expert} shard {shard}: gate_up differs from the source slice")
-        if not np.array_equal(down, down_src[:, cols].T):
+        if not np.array_equal(down, down_src[:, cols]):
             problems.append(f"{block} expert {expert} shard {shard}: down differs from the source slice")
     return problems
 

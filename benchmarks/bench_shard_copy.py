@@ -4,8 +4,10 @@
     python benchmarks/bench_shard_copy.py --hidden 2880 --ffn 2880
 
 For one expert of a ``[2I, H]`` gate_up and an ``[H, I]`` down weight (``[out, in]``, as exporters store them)
-it copies shard 0 of each into the ``x @ W`` layout the sharded op stores (``[H, I/S]`` and ``[I/S, H]``: both
-transposes) in float16 and float32, with ``np.copyto`` of the transposed view and with ``copy_blocked``, and
+it copies shard 0 of each into the ``x @ W`` layout (``[H, I/S]`` and ``[I/S, H]``: both transposes) in float16
+and float32. The converter itself no longer transposes such shards (they keep the source's ``out_in`` layout,
+see graph_passes/sharded_op.py); ``copy_blocked`` still serves a gate stored unlike its up projection and the
+writer's strided copies. It times them with ``np.copyto`` of the transposed view and with ``copy_blocked``, and
 prints GB/s (the best of ``--repeat`` runs, from memory, so no disk or page-fault time). Both results are
 checked equal.
 """

@@ -2,7 +2,9 @@
 
 Activations operate on float32 numpy arrays. :func:`canonical_matrix` turns one expert's slice of an
 exported weight (``[out, in]`` or ``[in, out]``, possibly with gate/up halves or interleaved rows) into
-the ``x @ W`` form ``[in, out]`` that the sharded ops use.
+the ``x @ W`` form ``[in, out]`` the reference computes with. (The sharded op's float shards keep their
+source's layout instead, see :mod:`graph_passes.sharded_op`: an ``out_in`` shard is a transpose of a
+:func:`canonical_view` slice, i.e. a plain slice of the source.)
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def copy_blocked(view: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 def canonical_view(raw_expert: np.ndarray, matrix: StackedMatrix) -> np.ndarray:
     """One expert's matrix as ``[in, out]`` (``x @ W``) in its stored dtype, a view of ``raw_expert``.
 
-    Slice it and copy the slice with :func:`copy_blocked` to get a contiguous shard in one pass.
+    A shard of it in the source's own layout (``[:, cols].T`` of an ``out_in`` source, ``[rows]`` of an
+    ``in_out`` one) is a view of ``raw_expert`` with no transposed strides; :func:`copy_blocked` makes any
+    slice contiguous in one pass.
     """
     w = raw_expert.T if matrix.layout == "out_in" else raw_expert
     return select_columns(w, matrix.columns)

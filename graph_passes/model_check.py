@@ -310,13 +310,7 @@ def check_sharded_node(node: onnx.NodeProto, initializers: dict[str, TensorProto
     except ShardedOpError as exc:
         raise InvalidModelError(f"converted node is not valid: {exc}") from None
     groups = spec.split_inputs(list(node.input[3:]))
-    first_width = (2 if spec.gated else 1) * spec.shard_width
-    expected = {
-        "first": (spec.hidden, first_width),
-        "down": (spec.shard_width, spec.hidden),
-        "first_bias": (first_width,),
-        "down_bias": (spec.hidden,),
-    }
+    expected = {group: spec.float_shape(group) for group in ("first", "down", "first_bias", "down_bias")}
     for group, names in groups.items():
         for name in names:
             tensor = initializers.get(name)

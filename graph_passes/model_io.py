@@ -15,8 +15,12 @@ Saving (:func:`save_rewritten`) replaces a model and its weights as one unit::
     3. the previous data files of OUT.onnx (OUT.onnx.data / OUT.onnx.<hex>.data) are removed
 
 A crash before step 2 leaves the old model reading its untouched old weights; after step 2 the new model
-reads the new weights. Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file
-orphaned by a crash between steps 1 and 2 is removed by the next save to the same output.
+reads the new weights. Step 1 copies as little as it can through this process: a lazy tensor's parts that
+are contiguous byte ranges of a source data file (row blocks of an expert, untouched external tensors) go
+file to file with ``os.copy_file_range``, other contiguous arrays are written from their own memory, and a
+strided part (a column block) is copied once into a reused buffer (:class:`_DataWriter`).
+Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file orphaned by a crash between
+steps 1 and 2 is removed by the next save to the same output.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import onnx
 from onnx import TensorProto
 
 from graph_passes.errors import GraphPassError, InvalidModelError, UnsafeModelError
+from graph_passes.expert_math import copy_blocked
 from graph_passes.graph_index import copy_without_initializers
 from ndp_io import check_output_path, directory_lock, staged_file
 
@@ -328,38 +333,124 @@ def _write_external(rewritten: RewrittenModel, data_file, location: str) -> onnx
     store = rewritten.store
     header = onnx.ModelProto()
     header.CopyFrom(rewritten.model)
-    for tensor in header.graph.initializer:
-        lazy = rewritten.lazy.get(tensor.name)
-        offset = data_file.tell()
-        if lazy is not None:
-            data_file.write(memoryview(np.ascontiguousarray(lazy.produce()).reshape(-1).view(np.uint8)))
-        elif tensor.data_location == TensorProto.EXTERNAL:
-            if store is None:
-                raise GraphPassError(f"cannot read external data of {tensor.name}")
-            src, src_offset, length = store.external_location(tensor.name)
-            with open(src, "rb") as source:
-                source.seek(src_offset)
-                remaining = length
-                while remaining:
-                    chunk = source.read(min(COPY_CHUNK_BYTES, remaining))
-                    if not chunk:
-                        raise GraphPassError(f"external data of {tensor.name} is truncated")
-                    data_file.write(chunk)
-                    remaining -= len(chunk)
-        elif len(tensor.raw_data) > 1024 or (not tensor.raw_data and _np_size(tensor) > 256):
-            data_file.write(_tensor_bytes(tensor))
-        else:
-            continue
-        length = data_file.tell() - offset
-        tensor.ClearField("raw_data")
-        for field_name in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-            tensor.ClearField(field_name)
-        del tensor.external_data[:]
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
+    with _DataWriter(data_file) as writer:
+        for tensor in header.graph.initializer:
+            lazy = rewritten.lazy.get(tensor.name)
+            offset = data_file.tell()
+            if lazy is not None:
+                for part in lazy.parts():
+                    writer.write_array(part, tensor.name)
+            elif tensor.data_location == TensorProto.EXTERNAL:
+                if store is None:
+                    raise GraphPassError(f"cannot read external data of {tensor.name}")
+                src, src_offset, length = store.external_location(tensor.name)
+                writer.copy_range(Path(src), src_offset, length, tensor.name)
+            elif len(tensor.raw_data) > 1024 or (not tensor.raw_data and _np_size(tensor) > 256):
+                data_file.write(_tensor_bytes(tensor))
+            else:
+                continue
+            length = data_file.tell() - offset
+            tensor.ClearField("raw_data")
+            for field_name in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                tensor.ClearField(field_name)
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
     return header
+
+
+def file_range_of(view: np.ndarray) -> tuple[Path, int, int] | None:
+    """``(file, offset, length)`` of the bytes of a C-contiguous view of an ``np.memmap`` (None otherwise)."""
+    if not view.flags.c_contiguous or not view.nbytes:
+        return None
+    base = view.base
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    if base is None or base.filename is None:
+        return None
+    start = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return Path(base.filename), int(base.offset) + start, view.nbytes
+
+
+class _DataWriter:
+    """Appends tensor bytes to an open data file with as little copying in this process as it can.
+
+    * a C-contiguous view of a memory-mapped source file (a row block of an expert, a whole tensor): copied
+      file to file by the kernel (``os.copy_file_range``), never mapped or read here;
+    * any other C-contiguous array: written from its own memory;
+    * a strided view (a column block): copied once into a scratch buffer reused by every tensor, then written.
+
+    Where ``copy_file_range`` is missing or refused (another file system on an old kernel, ...) ranges are read
+    and written in chunks of :data:`COPY_CHUNK_BYTES`.
+    """
+
+    def __init__(self, data_file) -> None:
+        self.file = data_file
+        self.scratch = np.empty(0, np.uint8)
+        self.sources: dict[Path, int] = {}
+        self.kernel_copy = hasattr(os, "copy_file_range")
+
+    def __enter__(self) -> _DataWriter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for fd in self.sources.values():
+            os.close(fd)
+        self.sources.clear()
+
+    def write_array(self, array: np.ndarray, name: str) -> None:
+        found = file_range_of(array)
+        if found is not None:
+            self.copy_range(*found, name)
+            return
+        if not array.flags.c_contiguous:
+            if self.scratch.nbytes < array.nbytes:
+                self.scratch = np.empty(array.nbytes, np.uint8)
+            staged = self.scratch[: array.nbytes].view(array.dtype).reshape(array.shape)
+            array = copy_blocked(array, staged)
+        self.file.write(memoryview(array.reshape(-1).view(np.uint8)))
+
+    def copy_range(self, path: Path, offset: int, length: int, name: str) -> None:
+        """Append ``length`` bytes of ``path`` from ``offset``; a short source is a :class:`GraphPassError`."""
+        source = self.sources.get(path)
+        if source is None:
+            source = self.sources[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.file.flush()
+        position = self.file.tell()
+        copied = 0
+        while self.kernel_copy and copied < length:
+            try:
+                count = os.copy_file_range(
+                    source, self.file.fileno(), length - copied, offset + copied, position + copied
+                )
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY_ERRNOS:
+                    raise
+                self.kernel_copy = False
+                break
+            if not count:
+                raise GraphPassError(f"external data of {name} is truncated")
+            copied += count
+        self.file.seek(position + copied)
+        while copied < length:
+            chunk = os.pread(source, min(COPY_CHUNK_BYTES, length - copied), offset + copied)
+            if not chunk:
+                raise GraphPassError(f"external data of {name} is truncated")
+            self.file.write(chunk)
+            copied += len(chunk)
+
+
+# errors that mean "this kernel or file-system pair cannot copy_file_range": fall back to read + write
+_NO_KERNEL_COPY_ERRNOS = {
+    errno.EXDEV,
+    errno.ENOSYS,
+    errno.EOPNOTSUPP,
+    errno.EINVAL,
+    errno.EPERM,
+    getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+}
 
 
 def _write_embedded(rewritten: RewrittenModel, model_file) -> None:
@@ -380,7 +471,7 @@ def _write_embedded(rewritten: RewrittenModel, model_file) -> None:
         if lazy is not None:
             written.name, written.data_type = tensor.name, lazy.data_type
             written.dims.extend(tensor.dims)
-            written.raw_data = np.ascontiguousarray(lazy.produce()).tobytes()
+            written.raw_data = lazy.array().tobytes()
         elif tensor.data_location == TensorProto.EXTERNAL:
             if store is None:
                 raise GraphPassError(f"cannot read external data of {tensor.name}")

@@ -39,13 +39,17 @@ from graph_passes.weights import WeightStore
 class LazyTensor:
     """An initializer whose values are computed on demand.
 
-    ``produce()`` returns a C-contiguous array of ``data_type`` (an ``onnx.TensorProto`` data type): bfloat16
-    as ``ml_dtypes.bfloat16`` (or its raw uint16), packed 4-bit values as uint8. Writers store its bytes as-is.
+    ``produce()`` returns the tensor's values as one array of ``dims``, or as a tuple of 2-D arrays whose rows,
+    stacked in order, are the tensor (a shard made of row blocks of its source). Arrays may be views of the
+    source's file pages, strided or not: :meth:`parts` hands them to a writer as they are (a C-contiguous view
+    of an external-data file is copied file to file, see :func:`graph_passes.model_io.save_rewritten`),
+    :meth:`array` joins them. Values are of ``data_type`` (an ``onnx.TensorProto`` data type): bfloat16 as
+    ``ml_dtypes.bfloat16`` (or its raw uint16), packed 4-bit values as uint8. Writers store their bytes as-is.
     """
 
     name: str
     dims: tuple[int, ...]
-    produce: Callable[[], np.ndarray]
+    produce: Callable[[], np.ndarray | tuple[np.ndarray, ...]]
     data_type: int = TensorProto.FLOAT
 
     def __post_init__(self) -> None:
@@ -58,6 +62,21 @@ class LazyTensor:
     def nbytes(self) -> int:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).itemsize
         return int(np.prod(self.dims, dtype=np.int64)) * itemsize
+
+    def parts(self) -> tuple[np.ndarray, ...]:
+        """The values as arrays whose C-order bytes, one after the other, are the tensor's bytes."""
+        produced = self.produce()
+        parts = (produced,) if isinstance(produced, np.ndarray) else tuple(produced)
+        if sum(part.nbytes for part in parts) != self.nbytes:
+            raise GraphPassError(f"{self.name}: produced {sum(p.nbytes for p in parts)} bytes, expected {self.nbytes}")
+        return parts
+
+    def array(self) -> np.ndarray:
+        """The values as one C-contiguous array of ``dims``."""
+        parts = self.parts()
+        if len(parts) == 1:
+            return np.ascontiguousarray(parts[0]).reshape(self.dims)
+        return np.concatenate([part.reshape(-1) for part in parts]).reshape(self.dims)
 
 
 @dataclass
@@ -105,6 +124,9 @@ def sharded_spec(plan: MoEBlockPlan, shards: int) -> sharded_op.ShardedOpSpec:
         weight_dtype=plan.weight_dtype,
         quant_block_size=plan.quant_block_size if plan.quantized else 0,
         has_zero_points=plan.quantized and any(m.zero_points for m in matrices),
+        # float shards keep their source's layout (no transposing copies); quantized ones have one layout
+        first_layout=sharded_op.DEFAULT_LAYOUT if plan.quantized else w.up.layout,
+        down_layout=sharded_op.DEFAULT_LAYOUT if plan.quantized else w.down.layout,
     )
 
 
@@ -118,33 +140,50 @@ def _rows(matrix: StackedMatrix, total_rows: int, start: int, stop: int) -> np.n
 
 
 def _float_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec) -> dict[str, list]:
-    """``group -> [(dims, data_type, produce)]`` for float (float32/float16/bfloat16) experts."""
+    """``group -> [(dims, data_type, produce)]`` for float (float32/float16/bfloat16) experts.
+
+    Each shard is produced as views of the source expert (its file's pages when external) in the layout the
+    spec chose from the source, so nothing is transposed: an ``out_in`` first shard is the gate row block
+    then the up row block, an ``out_in`` down shard a column block of the ``[H, I]`` matrix (strided: the
+    writer copies it once), an ``in_out`` down shard a row block. Only an ``in_out`` gated first shard (gate
+    columns beside up columns) is assembled here, in one copy; a gate stored the other way round from the up
+    projection is transposed while copied (:func:`copy_blocked`).
+    """
     width = spec.shard_width
     cache = _ExpertCache(plan, store)
     w = plan.weights
     matrix_type = _data_type(store, w.up.initializer or w.up.per_expert[0])
-    first_width = 2 * width if plan.gated else width
 
-    # each shard is copied once, straight from the source layout (a transpose when it is [out, in])
-    def first(e: int, s: int) -> np.ndarray:
+    def first(e: int, s: int) -> np.ndarray | tuple[np.ndarray, ...]:
         arrays = cache.get(e)
         cols = slice(s * width, (s + 1) * width)
+        matrices = [arrays.gate, arrays.up] if plan.gated else [arrays.up]
+        if spec.first_layout == "out_in":
+            return tuple(_untransposed(m[:, cols].T) for m in matrices)
         if not plan.gated:
-            return copy_blocked(arrays.up[:, cols])
+            return arrays.up[:, cols]
         out = np.empty((plan.hidden, 2 * width), dtype=arrays.up.dtype)
         copy_blocked(arrays.gate[:, cols], out[:, :width])
         copy_blocked(arrays.up[:, cols], out[:, width:])
         return out
 
     def down(e: int, s: int) -> np.ndarray:
-        return copy_blocked(cache.get(e).down[s * width : (s + 1) * width, :])
+        rows = cache.get(e).down[s * width : (s + 1) * width, :]
+        return rows.T if spec.down_layout == "out_in" else rows
 
     groups: dict[str, list] = {
-        "first": [((plan.hidden, first_width), matrix_type, lambda e, s: first(e, s))],
-        "down": [((width, plan.hidden), matrix_type, lambda e, s: down(e, s))],
+        "first": [(spec.float_shape("first"), matrix_type, lambda e, s: first(e, s))],
+        "down": [(spec.float_shape("down"), matrix_type, lambda e, s: down(e, s))],
     }
     groups.update(_bias_producers(plan, store, spec, cache))
     return groups
+
+
+def _untransposed(view: np.ndarray) -> np.ndarray:
+    """``view`` itself, or a C-contiguous copy when it is a transposing view (a gate laid out unlike its up)."""
+    if view.ndim == 2 and abs(view.strides[0]) < abs(view.strides[1]):
+        return copy_blocked(view)
+    return view
 
 
 def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec, cache) -> dict:
@@ -390,7 +429,7 @@ def materialize(rewritten: RewrittenModel) -> onnx.ModelProto:
     for tensor in model.graph.initializer:
         lazy = rewritten.lazy.get(tensor.name)
         if lazy is not None:
-            tensor.raw_data = np.ascontiguousarray(lazy.produce()).tobytes()
+            tensor.raw_data = lazy.array().tobytes()
     return model
 
 

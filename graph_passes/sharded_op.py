@@ -18,10 +18,12 @@ Inputs, in order:
     1  expert_ids       [tokens, K] int64 or int32
     2  routing_weights  [tokens, K] T or float32
     3… weight groups, each listed expert-major then shard (``e * S + s``), in this order:
-       first             E*S   float: [H, F/S]          gate columns of shard s then up columns (F = 2I gated, I plain)
+       first             E*S   float, first_layout in_out: [H, F/S]  gate columns of shard s then up columns
+                               (F = 2I gated, I plain); first_layout out_in: [F/S, H], gate rows then up rows
                                quantized: [F/S, H*bits/8] uint8, rows = output features (gate rows then up rows),
                                the input dim packed along the last axis, low nibble first for 4 bits
-       down              E*S   float: [I/S, H]          rows s*I/S..(s+1)*I/S of the down projection
+       down              E*S   float, down_layout in_out: [I/S, H]  rows s*I/S..(s+1)*I/S of the down projection
+                               (x @ W); down_layout out_in: [H, I/S], columns s*I/S.. of the [H, I] matrix
                                quantized: [H, (I/S)*bits/8] uint8, rows = output features
        first_scales      E*S   quantized only: [F/S, H/block]        T (or float32)
        down_scales       E*S   quantized only: [H, (I/S)/block]      T (or float32)
@@ -47,7 +49,16 @@ Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_ex
 ``g = min(gate, limit); u = clip(up, -limit, limit); act = (u + beta) * g * sigmoid(alpha * g)``, beta absent
 means 1), ``has_first_bias``, ``has_down_bias``,
 ``weight_dtype`` (``float32``, ``float16``, ``bfloat16``, ``int8``, ``int4``; absent means ``float32``),
-``quant_block_size`` (quantized only), ``has_zero_points`` (quantized only).
+``quant_block_size`` (quantized only), ``has_zero_points`` (quantized only), ``first_layout`` and
+``down_layout`` (float only: ``in_out``, the ``x @ W`` form, or ``out_in``, its transpose; absent means
+``in_out``, the only layout of models converted before the attributes existed).
+
+Float layouts follow the source model, so converting never transposes a matrix: a source stored ``[out, in]``
+(PyTorch ``Linear`` weights, the dynamo ``[E, 2I, H]`` / ``[E, H, I]`` stacks) gives ``out_in`` shards, whose
+first shard is two row blocks of the source and whose down shard is a column block; a source stored
+``[in, out]`` gives ``in_out`` shards. The two projections choose independently (their sources may differ);
+gate and up share ``first_layout``, taken from the up projection (a gate stored the other way round, which no
+known exporter does, is transposed while it is copied). Quantized shards have one layout, rows = output features.
 
 Metadata (node ``metadata_props``): ``ndp_ep.replaced_nodes`` (JSON list of the original node names),
 ``ndp_ep.block`` (JSON summary of the block, :meth:`MoEBlockPlan.summary`), ``ndp_ep.placement`` (JSON,
@@ -85,6 +96,9 @@ FLOAT_WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
 WEIGHT_DTYPES = FLOAT_WEIGHT_DTYPES + QUANTIZED_WEIGHT_DTYPES
 QUANT_BITS = {"int8": 8, "int4": 4}
+# float matrix layouts: "in_out" is x @ W ([in, out]), "out_in" its transpose ([out, in], PyTorch Linear)
+LAYOUTS = ("in_out", "out_in")
+DEFAULT_LAYOUT = "in_out"
 # onnx.TensorProto data types of float weights (FLOAT, FLOAT16, BFLOAT16) and their weight_dtype names
 FLOAT_WEIGHT_DTYPE_OF_ONNX = {1: "float32", 10: "float16", 16: "bfloat16"}
 
@@ -104,6 +118,8 @@ ATTRIBUTES: dict[str, type] = {
     "weight_dtype": str,
     "quant_block_size": int,
     "has_zero_points": int,
+    "first_layout": str,
+    "down_layout": str,
 }
 
 
@@ -149,6 +165,8 @@ class ShardedOpSpec(ExpertForm):
     weight_dtype: str = "float32"
     quant_block_size: int = 0
     has_zero_points: bool = False
+    first_layout: str = DEFAULT_LAYOUT
+    down_layout: str = DEFAULT_LAYOUT
 
     def __post_init__(self) -> None:
         for field_name in ("activation_alpha", "activation_limit", "activation_beta"):
@@ -178,11 +196,34 @@ class ShardedOpSpec(ExpertForm):
                 )
         elif self.quant_block_size or self.has_zero_points:
             raise ShardedOpError(f"{self.layer}: quantization attributes on {self.weight_dtype} weights")
+        for field_name in ("first_layout", "down_layout"):
+            layout = getattr(self, field_name)
+            if layout not in LAYOUTS:
+                raise ShardedOpError(f"{self.layer}: {field_name} must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+            if self.quantized and layout != DEFAULT_LAYOUT:
+                raise ShardedOpError(f"{self.layer}: {field_name} on {self.weight_dtype} weights (float only)")
 
     @property
     def shard_width(self) -> int:
         """I/S: the FFN columns one shard computes."""
         return self.ffn // self.shards
+
+    @property
+    def first_width(self) -> int:
+        """F/S: the first projection's outputs one shard computes (gate then up for gated experts)."""
+        return (2 if self.gated else 1) * self.shard_width
+
+    def float_shape(self, group: str) -> tuple[int, ...]:
+        """The shape of one float weight of ``group`` (``first``, ``down``, ``first_bias``, ``down_bias``)."""
+        shapes = {
+            "first": (self.hidden, self.first_width),
+            "down": (self.shard_width, self.hidden),
+            "first_bias": (self.first_width,),
+            "down_bias": (self.hidden,),
+        }
+        shape = shapes[group]
+        layout = {"first": self.first_layout, "down": self.down_layout}.get(group, DEFAULT_LAYOUT)
+        return shape[::-1] if layout == "out_in" else shape
 
     @property
     def first_kind(self) -> str:
@@ -229,7 +270,8 @@ class ShardedOpSpec(ExpertForm):
         return out
 
     def attributes(self) -> dict[str, object]:
-        """Keyword arguments for ``onnx.helper.make_node`` (quantization attributes only when quantized)."""
+        """Keyword arguments for ``onnx.helper.make_node`` (quantization attributes only when quantized, layouts
+        only when not ``in_out``)."""
         attrs: dict[str, object] = {
             "layer": self.layer,
             "num_experts": self.num_experts,
@@ -249,6 +291,9 @@ class ShardedOpSpec(ExpertForm):
         if self.quantized:
             attrs["quant_block_size"] = self.quant_block_size
             attrs["has_zero_points"] = int(self.has_zero_points)
+        for field_name in ("first_layout", "down_layout"):  # written when not the default, as old models are
+            if getattr(self, field_name) != DEFAULT_LAYOUT:
+                attrs[field_name] = getattr(self, field_name)
         return attrs
 
 

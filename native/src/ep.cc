@@ -127,6 +127,13 @@ OrtStatus* ReadSpec(const OrtNode* node, MoESpec* spec) {
   flag = 0;
   NDP_RETURN_IF_ERROR(ReadInt(node, "has_zero_points", &flag, false));
   spec->has_zero_points = flag != 0;
+  for (auto [name, out] : {std::make_pair("first_layout", &spec->first_out_in),
+                           std::make_pair("down_layout", &spec->down_out_in)}) {
+    std::string layout = "in_out";
+    NDP_RETURN_IF_ERROR(ReadString(node, name, &layout, false));
+    if (!ParseLayout(layout, out))
+      return Error(ORT_INVALID_GRAPH, spec->layer + ": unknown " + name + " " + layout);
+  }
   const std::string problem = spec->Validate();
   return problem.empty() ? nullptr : Error(ORT_INVALID_GRAPH, problem);
 }

@@ -118,6 +118,12 @@ bool ParseWeightDtype(const std::string& name, WeightDtype* out) {
   return false;
 }
 
+bool ParseLayout(const std::string& name, bool* out_in) {
+  if (name != "in_out" && name != "out_in") return false;
+  *out_in = name == "out_in";
+  return true;
+}
+
 int QuantBits(WeightDtype dtype) {
   return dtype == WeightDtype::kInt8 ? 8 : dtype == WeightDtype::kInt4 ? 4 : 0;
 }
@@ -140,6 +146,7 @@ std::string MoESpec::Validate() const {
     const int64_t block = quant_block_size;
     if (block < 1 || hidden % block || shard_width() % block)
       return layer + ": quant_block_size must divide hidden and the shard width";
+    if (first_out_in || down_out_in) return layer + ": first_layout/down_layout on quantized weights";
   } else if (quant_block_size || has_zero_points) {
     return layer + ": quantization attributes on float weights";
   }
@@ -237,13 +244,19 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
         dequantize(first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, Fs, H, first_out, first_stride);
         dequantize(down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, H, Is, down_out, H);
       } else {
-        error = check(first[i], "first", {H, Fs}, false);
-        if (error.empty()) error = check(down[i], "down", {Is, H}, false);
+        const bool first_t = spec.first_out_in, down_t = spec.down_out_in;
+        error = check(first[i], "first", first_t ? std::vector<int64_t>{Fs, H} : std::vector<int64_t>{H, Fs}, false);
+        if (error.empty())
+          error = check(down[i], "down", down_t ? std::vector<int64_t>{H, Is} : std::vector<int64_t>{Is, H}, false);
         if (!error.empty()) return error;
+        // element (r, j) of the x @ W matrix sits at r * cols + j (in_out) or j * rows + r (out_in)
         for (int64_t r = 0; r < H; ++r)
           for (int64_t j = 0; j < Fs; ++j)
-            first_out[r * first_stride + j] = ReadFloat(first[i], static_cast<size_t>(r * Fs + j));
-        for (size_t j = 0; j < static_cast<size_t>(Is * H); ++j) down_out[j] = ReadFloat(down[i], j);
+            first_out[r * first_stride + j] =
+                ReadFloat(first[i], static_cast<size_t>(first_t ? j * H + r : r * Fs + j));
+        for (int64_t r = 0; r < Is; ++r)
+          for (int64_t j = 0; j < H; ++j)
+            down_out[r * H + j] = ReadFloat(down[i], static_cast<size_t>(down_t ? j * Is + r : r * H + j));
       }
       if (first_bias) {
         error = check(first_bias[i], "first_bias", {Fs}, false);

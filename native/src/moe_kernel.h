@@ -2,8 +2,9 @@
 //
 // Mirrors the op contract in graph_passes/sharded_op.py (its docstring is the specification):
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
-// Weights of every precision of the contract are converted to float32 once, when the node is compiled, into
-// the x @ W layout ([in, out]); the compute groups tokens by expert, computes only the routed tokens, runs each
+// Weights of every precision and layout of the contract are converted to float32 once, when the node is
+// compiled, into the x @ W layout ([in, out]; an out_in float shard is transposed then, so the compute and
+// its rounding do not depend on the layout); the compute groups tokens by expert, computes only the routed tokens, runs each
 // shard's gate/up columns and down rows with cblas_sgemm and reduces the shards' partial sums in shard order.
 // Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
 // their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
@@ -24,6 +25,9 @@ namespace ndp {
 // Parses a name of the catalog; false for an unknown name.
 bool ParseActivation(const std::string& name, Activation* out);
 bool IsGated(Activation activation);
+
+// Parses a float weight layout of the contract: "in_out" (x @ W, *out_in = false) or "out_in" (its transpose).
+bool ParseLayout(const std::string& name, bool* out_in);
 
 enum class WeightDtype { kFloat32, kFloat16, kBFloat16, kInt8, kInt4 };
 bool ParseWeightDtype(const std::string& name, WeightDtype* out);
@@ -56,6 +60,8 @@ struct MoESpec {
   WeightDtype weight_dtype = WeightDtype::kFloat32;
   int64_t quant_block_size = 0;
   bool has_zero_points = false;
+  bool first_out_in = false;  // first_layout "out_in": float first shards are [F/S, H] (else [H, F/S])
+  bool down_out_in = false;   // down_layout "out_in": float down shards are [H, I/S] (else [I/S, H])
 
   bool gated() const { return IsGated(activation); }
   bool quantized() const { return QuantBits(weight_dtype) != 0; }

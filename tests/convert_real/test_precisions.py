@@ -141,10 +141,11 @@ def _sharded_reference(spec, groups, arrays, x: np.ndarray, logits: np.ndarray, 
         weights /= weights.sum(-1, keepdims=True)
     width = spec.ffn // spec.shards
 
-    def matrix(group: str, e: int, s: int, inputs: int) -> np.ndarray:  # [out, in] (quantized) or [in, out]
+    def matrix(group: str, e: int, s: int, inputs: int) -> np.ndarray:  # -> [in, out]
         w = arrays[groups[group][e * spec.shards + s]]
-        if not spec.quantized:
-            return w.astype(np.float64)
+        if not spec.quantized:  # stored [in, out], or [out, in] under an out_in layout attribute
+            layout = spec.first_layout if group == "first" else spec.down_layout
+            return (w.T if layout == "out_in" else w).astype(np.float64)
         q = _unpack(w, spec.bits)[:, :inputs]
         scales = arrays[groups[group + "_scales"][e * spec.shards + s]].astype(np.float64)
         block = spec.quant_block_size
@@ -245,9 +246,10 @@ def test_half_precision_moe_shards_keep_their_dtype(dtype):
     assert spec.weight_dtype == dtype
     first = next(t for t in converted.graph.initializer if t.name == groups["first"][0])
     assert first.data_type == onnx_dtype
-    # shard 1 of expert 2: gate rows 16..31 (even rows of fc1) then up rows (odd), transposed to [H, 2W]
+    # shard 1 of expert 2: gate rows 16..31 (even rows of fc1) then up rows (odd), [2W, H] as fc1 is [out, in]
+    assert (spec.first_layout, spec.down_layout) == ("out_in", "out_in")
     gate_up = arrays[groups["first"][2 * 2 + 1]]
-    want = np.concatenate([fc1[2][0::2][16:32], fc1[2][1::2][16:32]]).T
+    want = np.concatenate([fc1[2][0::2][16:32], fc1[2][1::2][16:32]])
     assert np.array_equal(gate_up.view(np.uint16), np.ascontiguousarray(want).view(np.uint16))
     assert json.loads(next(p.value for p in node.metadata_props if p.key == "ndp_ep.block"))["weight_dtype"] == dtype
     if dtype == "float16":  # ONNX Runtime's CPU MoE has a float16 kernel (none for bfloat16)

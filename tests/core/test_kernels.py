@@ -88,8 +88,12 @@ def build_case(
     zero_points=False,
     beta=1.0,
     seed=SEED,
+    first_layout="in_out",
+    down_layout="in_out",
 ):
-    """The node's model and, per expert, the float64 matrices the reference uses: first [H, F], down [I, H]."""
+    """The node's model and, per expert, the float64 matrices the reference uses: first [H, F], down [I, H].
+
+    Float shards are stored as the layouts say: ``in_out`` as those matrices, ``out_in`` as their transposes."""
     rng = np.random.default_rng(seed)
     gated = CATALOG[activation].gated
     quantized = weight_dtype in ("int8", "int4")
@@ -109,8 +113,14 @@ def build_case(
         weight_dtype=weight_dtype,
         quant_block_size=block if quantized else 0,
         has_zero_points=zero_points and quantized,
+        first_layout=first_layout,
+        down_layout=down_layout,
     )
     width = ffn // shards
+
+    def stored(matrix: np.ndarray, layout: str) -> np.ndarray:
+        return np.ascontiguousarray(matrix.T if layout == "out_in" else matrix)
+
     groups: dict[str, list[np.ndarray]] = {g: [] for g, _ in spec.input_groups()}
     reference = []
     float_type = {"float32": np.float32, "float16": np.float16}.get(weight_dtype)
@@ -139,13 +149,13 @@ def build_case(
                     groups["down_zero_points"].append(z2)
             elif weight_dtype == "bfloat16":
                 first, down_rows = _bf16_round(first), _bf16_round(down_rows)
-                groups["first"].append(_bf16_tensor(first))
-                groups["down"].append(_bf16_tensor(down_rows))
+                groups["first"].append(_bf16_tensor(stored(first, first_layout)))
+                groups["down"].append(_bf16_tensor(stored(down_rows, down_layout)))
             else:
                 first = first.astype(float_type).astype(np.float64)
                 down_rows = down_rows.astype(float_type).astype(np.float64)
-                groups["first"].append(first.astype(float_type))
-                groups["down"].append(down_rows.astype(float_type))
+                groups["first"].append(stored(first, first_layout).astype(float_type))
+                groups["down"].append(stored(down_rows, down_layout).astype(float_type))
             shard_bias = np.concatenate([b1[:ffn][cols], b1[ffn:][cols]]) if gated else b1[cols]
             if first_bias:
                 groups["first_bias"].append(shard_bias.astype(np.float32))
@@ -271,6 +281,36 @@ def test_half_precision_weights_compute_with_the_rounded_weights(weight_dtype):
     model, reference, spec = build_case("swiglu_clamp", weight_dtype=weight_dtype, first_bias=True, down_bias=True)
     out, (x, ids, w) = run_case(model, spec)
     assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+LAYOUTS = [("out_in", "out_in"), ("out_in", "in_out"), ("in_out", "out_in")]
+
+
+@pytest.mark.parametrize(("first_layout", "down_layout"), LAYOUTS)
+@pytest.mark.parametrize("weight_dtype", ["float32", "float16", "bfloat16"])
+def test_out_in_float_shards_give_the_in_out_result_bit_for_bit(first_layout, down_layout, weight_dtype):
+    common = {"activation": "swiglu_clamp", "weight_dtype": weight_dtype, "shards": 3, "first_bias": True}
+    model_in_out, reference, spec = build_case(**common)
+    model_out_in, _, spec_out_in = build_case(**common, first_layout=first_layout, down_layout=down_layout)
+    first = spec_out_in.weight_names()[0]
+    dims = {t.name: tuple(t.dims) for t in model_out_in.graph.initializer}
+    width = spec.ffn // 3
+    expected_first = (2 * width, spec.hidden) if first_layout == "out_in" else (spec.hidden, 2 * width)
+    assert dims[first] == expected_first
+    out_in, (x, ids, w) = run_case(model_out_in, spec_out_in, tokens=9, threads=2)
+    in_out, _ = run_case(model_in_out, spec, tokens=9, threads=2)
+    assert np.array_equal(out_in, in_out)  # the kernel transposes at load time: same float32 products
+    assert _rel(out_in, reference_output(reference, spec, x, ids, w)) < 1e-5
+
+
+def test_out_in_weights_of_in_out_shape_are_refused_when_the_session_is_built():
+    import onnxruntime as ort
+
+    model, _, spec = build_case("silu", shards=2, hidden=16, ffn=24)  # in_out down shards [12, 16]
+    node = model.graph.node[0]
+    node.attribute.append(helper.make_attribute("down_layout", "out_in"))  # claims [16, 12]
+    with pytest.raises(Exception, match="shape"):
+        ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options(ort.SessionOptions()))
 
 
 @pytest.mark.parametrize("weight_dtype", ["int8", "int4"])

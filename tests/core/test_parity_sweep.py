@@ -40,8 +40,9 @@ def test_provider_matches_stock_ort_and_shards_every_expert(experts, top_k, shar
     assert len(gate_up) == len(down) == experts * shards
     assert f"moe.experts.{experts - 1}.shard{shards - 1}.gate_up" in names
     dims = {t.name: tuple(t.dims) for t in converted.graph.initializer}
-    assert dims["moe.experts.0.shard0.gate_up"] == (spec.hidden, 2 * spec.ffn // shards)
-    assert dims["moe.experts.0.shard0.down"] == (spec.ffn // shards, spec.hidden)
+    # the sample stacks are [E, 2I, H] and [E, H, I] ([out, in]): shards keep that layout (no transpose)
+    assert dims["moe.experts.0.shard0.gate_up"] == (2 * spec.ffn // shards, spec.hidden)
+    assert dims["moe.experts.0.shard0.down"] == (spec.hidden, spec.ffn // shards)
     assert "moe.experts.gate_up_proj" not in names  # the stacked weights are gone
     report = session.last_report
     assert report.tokens == tokens

@@ -25,6 +25,10 @@ SPECS = {
         "q", 4, 2, 64, 128, 4, "silu_glu", weight_dtype="int4", quant_block_size=32, has_zero_points=True
     ),
     "int8_no_zero_points": ShardedOpSpec("q8", 2, 2, 32, 32, 2, "gelu", weight_dtype="int8", quant_block_size=16),
+    "fp16_out_in": ShardedOpSpec(
+        "blk", 4, 2, 16, 24, 2, "silu_glu", weight_dtype="float16", first_layout="out_in", down_layout="out_in"
+    ),
+    "bf16_first_out_in": ShardedOpSpec("blk", 4, 2, 16, 24, 3, "gelu", weight_dtype="bfloat16", first_layout="out_in"),
 }
 
 
@@ -71,6 +75,9 @@ TAMPERED = [
     ("quant_block_size", 8),  # quantization attributes on float weights
     ("unknown_attribute", 1),
     ("layer", None),
+    ("first_layout", "row_major"),
+    ("down_layout", "OUT_IN"),
+    ("down_layout", 1),  # a string attribute
 ]
 
 
@@ -110,3 +117,27 @@ def test_make_node_refuses_a_wrong_number_of_weights():
     spec = SPECS["fp16_plain"]
     with pytest.raises(ShardedOpError):
         make_node(spec, "x", "ids", "w", "y", spec.weight_names()[:-1])
+
+
+def test_a_node_without_layout_attributes_reads_as_in_out_with_x_at_w_shapes():
+    node = _node(SPECS["fp32_gated_biases"])  # H 16, I 24, 2 shards, gated
+    assert not [a for a in node.attribute if a.name.endswith("_layout")]  # the default is not written
+    spec = parse_node(node)
+    assert (spec.first_layout, spec.down_layout) == ("in_out", "in_out")
+    assert spec.float_shape("first") == (16, 24) and spec.float_shape("down") == (12, 16)
+
+
+def test_out_in_layouts_are_written_and_transpose_the_float_shapes():
+    node = _node(SPECS["fp16_out_in"])  # H 16, I 24, 2 shards, gated
+    written = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert written["first_layout"] == b"out_in" and written["down_layout"] == b"out_in"
+    spec = parse_node(node)
+    assert spec.float_shape("first") == (24, 16) and spec.float_shape("down") == (16, 12)
+    assert spec.float_shape("first_bias") == (24,)
+
+
+@pytest.mark.parametrize("attribute", ["first_layout", "down_layout"])
+def test_a_layout_on_quantized_weights_is_refused(attribute):
+    node = _node(SPECS["int8_no_zero_points"])
+    with pytest.raises(ShardedOpError):
+        parse_node(_tampered(node, attribute, "out_in"))

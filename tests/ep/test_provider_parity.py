@@ -57,6 +57,35 @@ def test_converted_fixture_on_the_provider_matches_stock_onnx_runtime(path, tmp_
     assert owned == sharded and len(sharded) == len(result.report.blocks)
 
 
+# gpt-oss stores experts [E, H, 2I] / [E, I, H] (x @ W); Mixtral's dynamo export [E, 2I, H] / [E, H, I] ([out, in])
+LAYOUT_SOURCES = [("hf/gpt_oss_block_dynamo.onnx", "in_out"), ("hf/mixtral_block_dynamo.onnx", "out_in")]
+
+
+@pytest.mark.parametrize(("name", "layout"), LAYOUT_SOURCES)
+def test_shards_keep_the_source_layout_and_match_stock_onnx_runtime(name, layout, tmp_path, ep_session, relative_error):
+    path = SAMPLES / name
+    converted = tmp_path / "model.ndp.onnx"
+    ndp_ep.convert_model(path, converted, shards=2)
+    model = onnx.load(converted, load_external_data=False)
+    (node, *_) = [n for n in model.graph.node if sharded_op.is_sharded_node(n)]
+    attributes = {a.name: a.s.decode() for a in node.attribute if a.name.endswith("_layout")}
+    assert attributes == ({} if layout == "in_out" else {"first_layout": "out_in", "down_layout": "out_in"})
+    spec = sharded_op.parse_node(node)
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    first, down = 2 * spec.ffn // 2, spec.ffn // 2  # gated experts: F/S = 2I/S rows or columns
+    expected = (
+        ((spec.hidden, first), (down, spec.hidden))
+        if layout == "in_out"
+        else ((first, spec.hidden), (spec.hidden, down))
+    )
+    assert (dims[node.input[3]], dims[node.input[3 + spec.num_experts * 2]]) == expected
+    feeds = _inputs(path)
+    stock = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ours = ep_session(converted).run(None, feeds)
+    for a, b in zip(ours, stock, strict=True):
+        assert relative_error(a, b) <= FP32_RTOL
+
+
 def test_profiler_shows_the_provider_on_the_sharded_nodes_only(tmp_path):
     converted = tmp_path / "block.ndp.onnx"
     ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)

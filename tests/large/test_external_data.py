@@ -163,3 +163,38 @@ def test_embedded_output_reads_back_as_the_materialised_model(external_model, tm
     saved.graph.ClearField("initializer")
     expected.graph.ClearField("initializer")
     assert saved == expected
+
+
+def _saved_data(rewritten, directory: Path) -> tuple[onnx.ModelProto, bytes]:
+    directory.mkdir()
+    path, data = save_rewritten(rewritten, directory / "converted.onnx", external=True)
+    return onnx.load(str(path), load_external_data=False), data.read_bytes()
+
+
+def test_shards_are_slices_of_the_source_file_with_or_without_kernel_copies(external_model, tmp_path, monkeypatch):
+    rewritten, _ = convert(external_model, shards=2)
+    model, fast = _saved_data(rewritten, tmp_path / "kernel_copy")
+
+    def refuse(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")  # EXDEV: what an old kernel says across file systems
+
+    monkeypatch.setattr("os.copy_file_range", refuse)
+    _, slow = _saved_data(convert(external_model, shards=2)[0], tmp_path / "read_write")
+    assert fast == slow
+    # expert 3, shard 1 of layer 0 against the source stacks read here: gate_up [E, 2I, H], down [E, H, I]
+    source = onnx.load(str(external_model))
+    stacks = {t.name: onnx.numpy_helper.to_array(t) for t in source.graph.initializer}
+    gate_up = stacks["model.layers.0.mlp.experts.gate_up_proj"][3]
+    down = stacks["model.layers.0.mlp.experts.down_proj"][3]
+    ffn, width = SPECS[0].ffn, SPECS[0].ffn // 2
+    entries = _external_entries(model)
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
+
+    def shard(kind: str) -> np.ndarray:
+        name = f"model.layers.0.mlp.experts.3.shard1.{kind}"
+        _, offset, length = entries[name]
+        return np.frombuffer(fast, np.float32, length // 4, offset).reshape(dims[name])
+
+    rows = slice(width, 2 * width)
+    np.testing.assert_array_equal(shard("gate_up"), np.concatenate([gate_up[:ffn][rows], gate_up[ffn:][rows]]))
+    np.testing.assert_array_equal(shard("down"), down[:, rows])
