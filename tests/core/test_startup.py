@@ -4,7 +4,8 @@ Issue 9 asks `ndp-ep run` to start within 1.5x of `import onnxruntime` + one run
 --startup). These tests pin the cuts: the command line imports only the command it runs; ``ndp_io`` defers
 ``hashlib`` (OpenSSL) to the first file it writes; the operator check reads ONNX Runtime's schema list only for
 operators outside the standard; the opset check probes the model's own opset; an in-memory conversion checks
-the model once; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
+the model once; the checker's copy stubs only large weights (a model without any is copied whole); session keys
+need no ``uuid``; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
 not its exit code, ``atexit`` callbacks or buffered output. Each cut keeps its refusal: the failing cases still
 fail with the same message.
 """
