@@ -1,6 +1,7 @@
 """Time the provider against stock ONNX Runtime on the same original model, at 1 and 64 tokens.
 
     python benchmarks/bench_session.py [--models M.onnx ...] [--repeats 200] [--threads 1 2] [--startup N]
+    python benchmarks/bench_session.py --startup-imports N
 
 Per model, token count and intra-op thread count, three sessions run in this process, alternating call by
 call so machine noise hits all alike: stock ONNX Runtime (CPU provider) on the original model;
@@ -14,7 +15,8 @@ not the eager-unrolled export, whose MoE block does not convert).
 
 ``--startup N`` instead times process start-up (target <= 1.5x): ``ndp-ep run`` on the converted and on the
 original ``moe_decoder`` against ``python -c 'import onnxruntime' + one run``, N alternating starts each, both
-with compiled bytecode (see :func:`startup`).
+with compiled bytecode (see :func:`startup`). ``--startup-imports N`` lists what the difference is made of at
+import time: the modules ``ndp-ep run`` imports beyond the stock program, by package (:func:`startup_imports`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ STOCK_ONE_RUN = (
     "ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']).run(None, dict(np.load(sys.argv[2])))"
 )
 TARGET_REPORT_FRACTION = 0.10
+# what pip writes as the ``ndp-ep`` console script (pyproject.toml: ndp-ep = "ndp_ep.cli:program"), after the shebang
+CONSOLE_SCRIPT = """import sys
+from ndp_ep.cli import program
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(program())
+"""
 
 
 def _options(threads: int) -> ort.SessionOptions:
@@ -95,24 +104,35 @@ def _time_simulator(session) -> list[float]:
     return total
 
 
-def startup(original: Path, model: Path, repeats: int, pycache: Path) -> tuple[list[float], list[float]]:
-    """Wall times of ``python -c 'import onnxruntime; one run'`` on ``original`` and of ``ndp-ep run MODEL`` (both
-    with the original's input feeds), alternating, after one unmeasured start of each.
-
-    Both start with compiled bytecode, as an installed package does (pip compiles it): with
-    ``PYTHONDONTWRITEBYTECODE`` set, a source checkout would recompile every one of its modules on every start
-    while ONNX Runtime's and numpy's come precompiled. The bytecode goes to ``pycache`` (``PYTHONPYCACHEPREFIX``),
-    not into the checkout."""
+def _startup_commands(original: Path, model: Path, pycache: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """The two commands :func:`startup` times (stock, then ``ndp-ep run``) and their environment."""
     import os
-    import subprocess
 
     inputs = original.with_name(original.name.replace(".onnx", ".inputs.npz"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(pycache))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    commands = (
+    script = pycache.parent / "ndp-ep"
+    script.write_text(f"#!{sys.executable}\n{CONSOLE_SCRIPT}", encoding="utf-8")
+    commands = [
         [sys.executable, "-c", STOCK_ONE_RUN, str(original), str(inputs)],
-        [sys.executable, "-m", "ndp_ep", "run", str(model), "--inputs", str(inputs)],
-    )
+        [sys.executable, str(script), "run", str(model), "--inputs", str(inputs)],
+    ]
+    return commands, env
+
+
+def startup(original: Path, model: Path, repeats: int, pycache: Path) -> tuple[list[float], list[float]]:
+    """Wall times of ``python -c 'import onnxruntime; one run'`` on ``original`` and of ``ndp-ep run MODEL`` (both
+    with the original's input feeds), alternating, after one unmeasured start of each.
+
+    ``ndp-ep`` is started as the console script pip installs (:data:`CONSOLE_SCRIPT`, written next to
+    ``pycache``), not as ``python -m ndp_ep``, which also imports :mod:`runpy` (a few milliseconds an installed
+    ``ndp-ep`` never pays). Both start with compiled bytecode, as an installed package does (pip compiles it):
+    with ``PYTHONDONTWRITEBYTECODE`` set, a source checkout would recompile every one of its modules on every
+    start while ONNX Runtime's and numpy's come precompiled. The bytecode goes to ``pycache``
+    (``PYTHONPYCACHEPREFIX``), not into the checkout."""
+    import subprocess
+
+    commands, env = _startup_commands(original, model, pycache)
     for command in commands:  # warm-up: compiles the bytecode, fills the page cache
         subprocess.run(command, check=True, capture_output=True, env=env)
     stock: list[float] = []
@@ -123,6 +143,47 @@ def startup(original: Path, model: Path, repeats: int, pycache: Path) -> tuple[l
             subprocess.run(command, check=True, capture_output=True, env=env)
             out.append(time.perf_counter() - start)
     return stock, ours
+
+
+def _import_rows(stderr: str) -> list[tuple[str, int, int]]:
+    """``(module, self microseconds, depth)`` of each ``-X importtime`` line, in the order Python prints them
+    (a module after everything it imported)."""
+    rows = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "imported package" in line:
+            continue
+        self_us, _, name = line[len("import time:") :].split("|")
+        rows.append((name.strip(), int(self_us), (len(name) - len(name.lstrip()) - 1) // 2))
+    return rows
+
+
+def startup_imports(original: Path, model: Path, repeats: int, pycache: Path) -> dict[str, float]:
+    """Milliseconds ``ndp-ep run MODEL`` spends importing modules that ``import onnxruntime + one run`` does not
+    import, grouped by the package whose import (from the command's own code) pulled them in, e.g. ``onnx`` for
+    protobuf and ``ml_dtypes``: the smallest ``python -X importtime`` self-times of ``repeats`` starts (which add
+    their own overhead, so the groups slightly overstate the real cost)."""
+    import subprocess
+
+    commands, env = _startup_commands(original, model, pycache)
+    timed = [[command[0], "-X", "importtime", *command[1:]] for command in commands]
+    for command in timed:  # warm-up: compiles the bytecode
+        subprocess.run(command, check=True, capture_output=True, env=env)
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        stock, ours = (subprocess.run(c, check=True, capture_output=True, env=env, text=True).stderr for c in timed)
+        known = {name for name, _, _ in _import_rows(stock)}
+        groups: dict[str, float] = {}
+        pending = 0.0
+        for name, self_us, depth in _import_rows(ours):
+            if name not in known:
+                pending += self_us / 1e3
+            if depth == 0:  # a top-level import: the modules printed since it are its own
+                group = name.split(".")[0]
+                groups[group] = groups.get(group, 0.0) + pending
+                pending = 0.0
+        for group, ms in groups.items():
+            best[group] = min(best.get(group, ms), ms)
+    return dict(sorted(((g, ms) for g, ms in best.items() if ms >= 0.05), key=lambda item: -item[1]))
 
 
 def default_models() -> list[Path]:
@@ -143,7 +204,26 @@ def main() -> None:
         metavar="N",
         help="instead: N process start-ups each, `ndp-ep run` vs import onnxruntime + one run (best and median)",
     )
+    parser.add_argument(
+        "--startup-imports",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: what `ndp-ep run` imports beyond import onnxruntime + one run, per package (min of N starts)",
+    )
     args = parser.parse_args()
+    if args.startup_imports:
+        model = ROOT / "sample_models" / "moe_decoder.onnx"
+        with tempfile.TemporaryDirectory() as tmp:
+            converted = Path(tmp) / "moe_decoder.ndp.onnx"
+            ndp_ep.convert_model(model, converted, shards=4)
+            print(f"import time (python -X importtime self times, min of {args.startup_imports} starts) of the modules")
+            print("`ndp-ep run` loads beyond `import onnxruntime` + one run, by the package whose import loaded them")
+            for label, path in (("converted", converted), ("original", model)):
+                costs = startup_imports(model, path, args.startup_imports, Path(tmp) / "pycache")
+                listed = ", ".join(f"{group} {ms:.1f}" for group, ms in costs.items())
+                print(f"ndp-ep run {label} {path.name}: {sum(costs.values()):.1f} ms: {listed} (ms)")
+        return
     if args.startup:
         model = ROOT / "sample_models" / "moe_decoder.onnx"
         with tempfile.TemporaryDirectory() as tmp:

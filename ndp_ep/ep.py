@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import os
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,7 +170,9 @@ def native() -> ctypes.CDLL:
 
 
 def new_session_key() -> str:
-    return uuid.uuid4().hex
+    """A fresh key naming one session's routing log: 32 random hex digits (as ``uuid4().hex``, without importing
+    :mod:`uuid`: about half a millisecond of every ``ndp-ep run``)."""
+    return os.urandom(16).hex()
 
 
 def session_options(options=None, **ep_options):

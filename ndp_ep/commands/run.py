@@ -8,8 +8,13 @@ for that hardware would (a warning says so).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg, output_file
+
+if TYPE_CHECKING:
+    from graph_passes.sharded_op import ShardedOpSpec
 
 HELP = "run an ONNX model (converted or not) through the NDP provider and report simulated latency"
 
@@ -32,15 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def shard_mismatch(converted_model, ndp_units: int) -> str | None:
-    """A sentence for the user when a layer's shard count differs from the simulated NDP unit count, else None."""
-    from graph_passes.sharded_op import is_sharded_node, parse_node
-    from ndp_ep.text import plural
-
-    specs = [parse_node(n) for n in converted_model.graph.node if is_sharded_node(n)]
+def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None:
+    """A sentence for the user when a converted node's shard count (``specs``: the contracts of the model's
+    converted nodes) differs from the simulated NDP unit count, else None."""
+    specs = list(specs)
     shards = sorted({spec.shards for spec in specs})
     if not shards or shards == [ndp_units]:
         return None
+    from ndp_ep.text import plural
+
     counts = " and ".join(str(s) for s in shards)
     advice = ""
     if all(spec.ffn % ndp_units == 0 for spec in specs):
@@ -67,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
-    mismatch = shard_mismatch(session.converted_model, session.system.num_ndp_units)
+    # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
+    mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
     if mismatch:
         warn("run", mismatch)
     if feeds is None:

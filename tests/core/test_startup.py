@@ -4,7 +4,8 @@ Issue 9 asks `ndp-ep run` to start within 1.5x of `import onnxruntime` + one run
 --startup). These tests pin the cuts: the command line imports only the command it runs; ``ndp_io`` defers
 ``hashlib`` (OpenSSL) to the first file it writes; the operator check reads ONNX Runtime's schema list only for
 operators outside the standard; the opset check probes the model's own opset; an in-memory conversion checks
-the model once; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
+the model once; the checker's copy stubs only large weights (a model without any is copied whole); session keys
+need no ``uuid``; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
 not its exit code, ``atexit`` callbacks or buffered output. Each cut keeps its refusal: the failing cases still
 fail with the same message.
 """
@@ -16,9 +17,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import graph_passes.model_check as model_check
 from graph_passes.errors import InvalidModelError
@@ -156,3 +158,51 @@ def test_the_program_keeps_the_exit_code_runs_atexit_callbacks_and_flushes_outpu
         assert lines[0].startswith("ndp-ep ")
     else:
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("ndp-ep run: error:")
+
+
+def _matmul_model(rows: int, cols: int):
+    """``y = x @ w + b`` with ``w`` float32 ``[rows, cols]`` and ``b`` float32 ``[cols]``."""
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array(rng.standard_normal((rows, cols)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=[w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_the_checker_sees_large_initializers_as_inputs_and_small_ones_as_they_are():
+    large = _matmul_model(4, 5000)  # w: 80,000 bytes, above the stub threshold; b: 20,000 bytes, below
+    assert 4 * 5000 * 4 > model_check.STUB_ABOVE_BYTES > 5000 * 4
+    stub = model_check._stub_copy(large)
+    assert [t.name for t in stub.graph.initializer] == ["b"]
+    assert stub.graph.initializer[0] == large.graph.initializer[1]
+    stubbed = {v.name: v.type.tensor_type for v in stub.graph.input}
+    assert set(stubbed) == {"x", "w"}
+    assert stubbed["w"].elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in stubbed["w"].shape.dim] == [4, 5000]
+    assert [t.name for t in large.graph.initializer] == ["w", "b"]  # the model itself is untouched
+
+    small = _matmul_model(4, 8)  # every initializer below the threshold: a plain copy
+    copy = model_check._stub_copy(small)
+    assert copy == small and copy is not small
+    copy.graph.initializer.pop()
+    assert len(small.graph.initializer) == 2
+
+
+@pytest.mark.parametrize("cols", [8, 5000], ids=["small-weights", "stubbed-weights"])
+def test_the_checker_still_refuses_an_invalid_graph_with_or_without_stubs(cols):
+    model = _matmul_model(4, cols)
+    model_check.check_model(model, None)  # valid as built
+    model.graph.node[1].attribute.append(helper.make_attribute("no_such_attribute", 1))
+    with pytest.raises(InvalidModelError, match="^not a valid ONNX model: .*no_such_attribute"):
+        model_check.check_model(model, None)
+
+
+def test_session_keys_are_fresh_32_digit_hex():
+    from ndp_ep.ep import new_session_key
+
+    keys = {new_session_key() for _ in range(100)}
+    assert len(keys) == 100
+    assert all(len(key) == 32 and int(key, 16) >= 0 for key in keys)
