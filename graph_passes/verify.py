@@ -57,25 +57,30 @@ class Verdict:
 
 
 def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activation_block: int = 0) -> np.ndarray:
-    """The block's output per ``plan``, computed expert by expert (float32) from the stored weights
-    (``activation_block``: see :func:`graph_passes.expert_math.expert_ffn`)."""
+    """The block's output per ``plan``, computed expert by expert (float32) from the weights ``store.expert``
+    reads (``activation_block``: see :func:`graph_passes.expert_math.expert_ffn`)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).astype(np.float32)
     ids2 = ids.reshape(-1, plan.top_k)
     rw2 = rw.reshape(-1, plan.top_k).astype(np.float32)
     out = np.zeros_like(x2)
     for expert, rows, slots in group_slots_by_expert(ids2, plan.num_experts):
-        y = expert_ffn(plan, x2[rows], _float32(load_expert(plan, store.expert, expert)), activation_block)
+        y = expert_ffn(plan, x2[rows], _float32_operands(plan, store.expert, expert), activation_block)
         out[rows] += y * rw2.reshape(-1)[slots][:, None]
     return out.reshape(x.shape[:-1] + (hidden,))
 
 
-def _float32(arrays: ExpertArrays) -> ExpertArrays:
-    """``arrays`` as contiguous float32: NumPy multiplies a float16 or transposed view far off its BLAS path."""
+def _float32_operands(plan: MoEBlockPlan, read_expert, expert: int) -> ExpertArrays:
+    """Expert ``expert``'s weights as float32 ``x @ W`` operands. Float matrices are converted in their stored
+    order (a transposed ``[out, in]`` source stays a transposed view, which BLAS multiplies as it is), so no
+    transposing copy is made; quantized ones are dequantized."""
+    if plan.quantized:
+        return load_expert(plan, read_expert, expert)
+    views = load_expert(plan, read_expert, expert, views=True)
     return ExpertArrays(
         **{
-            f.name: None if (a := getattr(arrays, f.name)) is None else np.ascontiguousarray(a, dtype=np.float32)
-            for f in dataclasses.fields(arrays)
+            f.name: None if (a := getattr(views, f.name)) is None else a.astype(np.float32, copy=False)
+            for f in dataclasses.fields(views)
         }
     )
 
@@ -427,7 +432,7 @@ def _first_experts(region: onnx.ModelProto, plan: MoEBlockPlan, names: set[str],
     for position, tensor in enumerate(region.graph.initializer):
         if tensor.name not in names:
             continue
-        if not tensor.dims or tensor.dims[0] != plan.num_experts or tensor.data_type == onnx.TensorProto.BFLOAT16:
+        if not tensor.dims or tensor.dims[0] != plan.num_experts:
             return False
         header = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=[experts, *tensor.dims[1:]])
         header.data_location = onnx.TensorProto.EXTERNAL
@@ -444,6 +449,54 @@ def _first_experts(region: onnx.ModelProto, plan: MoEBlockPlan, names: set[str],
                 return False
             last.dim_value = experts
     return True
+
+
+def _widened_to_float32(
+    region: onnx.ModelProto, arrays: dict[str, np.ndarray]
+) -> tuple[onnx.ModelProto | None, dict[str, np.ndarray]]:
+    """``region`` (cut down, its expert tensors in ``arrays``) computing in float32 from float32 copies of its
+    float16/bfloat16 weights and inputs, or None when nothing is narrow or a node casts to a narrow float.
+
+    The reading a sample proves (layouts, activation, routing) does not depend on the float type, the narrow
+    types widen exactly, and ONNX Runtime's CPU kernels multiply float32 many times faster than float16.
+    """
+    narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    none: tuple[None, dict[str, np.ndarray]] = (None, arrays)
+    if not any(t.data_type in narrow for t in region.graph.initializer):
+        return none
+    if any(a.name == "to" and a.i in narrow for node in region.graph.node for a in node.attribute):
+        return none
+    wide = onnx.ModelProto()
+    wide.CopyFrom(region)
+    widened = dict(arrays)
+    for tensor in wide.graph.initializer:
+        if tensor.data_type not in narrow:
+            continue
+        if tensor.name in arrays:  # a header: its values are handed over
+            tensor.data_type = onnx.TensorProto.FLOAT
+            widened[tensor.name] = arrays[tensor.name].astype(np.float32)
+        elif tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return none
+        else:
+            values = onnx.numpy_helper.to_array(tensor).astype(np.float32)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+    for value in wide.graph.input:
+        if value.type.tensor_type.elem_type in narrow:
+            value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return wide, widened
+
+
+class _HeldExperts:
+    """What a sampled check's readings read: the cut-down expert tensors it already holds (the first experts,
+    possibly widened to float32), the store for anything else."""
+
+    def __init__(self, store: WeightStore, held: Mapping[str, np.ndarray]) -> None:
+        self._store = store
+        self._held = held
+
+    def expert(self, name: str, expert: int) -> np.ndarray:
+        held = self._held.get(name)
+        return held[expert] if held is not None else self._store.expert(name, expert)
 
 
 def _sampled_verdict(
@@ -468,12 +521,18 @@ def _sampled_verdict(
     if region is None or not _first_experts(region, first, names, experts):
         return structural
     arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
-    try:
-        captured = _capture(region, store, _random_region_feeds(region, first, seed, experts), arrays)
-    except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
+    captured = None
+    for probe, values in (_widened_to_float32(region, arrays), (region, arrays)):
+        if probe is None:
+            continue
+        try:
+            captured = _capture(probe, store, _random_region_feeds(probe, first, seed, experts), values)
+            break
+        except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
+            continue
+    if captured is None:
         return structural
-    del arrays
-    verdict = _judge(candidate, store, captured, isolated=True)
+    verdict = _judge(candidate, _HeldExperts(store, values), captured, isolated=True)
     if verdict.plan is None:
         return verdict
     note = f"weights too large to check whole: checked on its first {experts} of {first.num_experts} experts"
