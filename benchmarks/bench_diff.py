@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from graph_passes.sharded_op import DOMAIN, OP_TYPE  # noqa: E402
 from ndp_ep.diff import diff_models, render_html, render_text, to_json_document  # noqa: E402
 
 TARGET_S = 5.0
@@ -139,8 +140,8 @@ def _layer(rng: np.random.Generator, layer: int, x: str, prefix: str, rewrite: b
                 inits.append(numpy_helper.from_array(np.ascontiguousarray(shard), gu_names[-1]))
                 inits.append(numpy_helper.from_array(np.ascontiguousarray(down[ex].T[cols]), down_names[-1]))
         op = helper.make_node(
-            "ShardedMoEExperts", [h, f"{b}.ids", f"{b}.rw", f"{b}.packed_gu", f"{b}.packed_down"], [moe_out],
-            name=f"{p}/mlp/ShardedMoEExperts", domain="ndp_ep", layer=b, num_experts=str(EXPERTS), top_k=str(TOP_K),
+            OP_TYPE, [h, f"{b}.ids", f"{b}.rw", f"{b}.packed_gu", f"{b}.packed_down"], [moe_out],
+            name=f"{p}/mlp/{OP_TYPE}", domain=DOMAIN, layer=b, num_experts=str(EXPERTS), top_k=str(TOP_K),
             shards=str(SHARDS), hidden=str(HIDDEN), ffn=str(FFN), activation="silu",
         )  # fmt: skip
         for key, value in (
@@ -188,7 +189,7 @@ def build_model(layers: int, variant: str) -> onnx.ModelProto:
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, [3, HIDDEN])],
         initializer=inits,
     )
-    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("ndp_ep", 1)] if variant == "b" else [])
+    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid(DOMAIN, 1)] if variant == "b" else [])
     return helper.make_model(graph, opset_imports=opsets)
 
 

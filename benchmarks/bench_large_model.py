@@ -47,6 +47,7 @@ from onnx import TensorProto, helper
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from graph_passes.sharded_op import DOMAIN, OP_TYPE  # noqa: E402
 from sample_models.build_samples import OPSET, GraphBuilder, MoEBlockSpec, add_moe_block  # noqa: E402
 
 GIB = 2**30
@@ -202,7 +203,7 @@ def check_output(spec: LargeModelSpec, model_path: Path, out_path: Path, shards:
     problems: list[str] = []
     source = onnx.load(str(model_path), load_external_data=False)
     converted = onnx.load(str(out_path), load_external_data=False)
-    ops = [n for n in converted.graph.node if n.domain == "ndp_ep" and n.op_type == "ShardedMoEExperts"]
+    ops = [n for n in converted.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if len(ops) != spec.layers:
         problems.append(f"expected {spec.layers} sharded ops, found {len(ops)}")
     layouts = {(a.name, a.s.decode()) for op in ops for a in op.attribute if a.name.endswith("_layout")}

@@ -16,7 +16,7 @@ of GPT-OSS (``swiglu_clamp``) is::
     g = min(gate, limit);  u = clip(up, -limit, limit);  act = (u + beta) * g * sigmoid(alpha * g)
 
 with :data:`SWIGLU_ALPHA`, :data:`SWIGLU_LIMIT`, :data:`SWIGLU_BETA` as defaults. Adding an activation means
-adding one entry here and nothing else: the native build (``native/gen_activations.py``, run by CMake) reads this
+adding one entry here and nothing else: the native build (``native/codegen.py``, run by CMake) reads this
 file with :mod:`ast` and generates the kernel's activation enum, name table, gated flags and per-element loops
 from the ``Activation(...)`` entries and the three defaults, so those must stay literals.
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "moe_kernel.h"
+#include "op_contract_gen.h"  // kDomain, kOpType, kOpsetVersion: generated from graph_passes/sharded_op.py
 #include "routing_log.h"
 
 #ifndef NDP_EP_VERSION
@@ -37,8 +38,6 @@ constexpr uint32_t kApiVersion = 23;        // the oldest ORT API this library n
 constexpr uint32_t kSchemaApiVersion = 24;  // OrtEpFactory::GetCustomOpDomains appeared in 1.24
 constexpr const char* kEpName = "NdpExecutionProvider";
 constexpr const char* kVendor = "ndp-ep";
-constexpr const char* kDomain = "ndp_ep";  // graph_passes.sharded_op.DOMAIN
-constexpr const char* kOpType = "ShardedMoEExperts";
 constexpr const char* kOptionPrefix = "ep.ndpexecutionprovider.";
 constexpr const char* kRunTagKey = "ep.ndpexecutionprovider.run_tag";  // run config entry
 constexpr size_t kDefaultRoutingCapacity = 16384;  // records (layer invocations) kept per session
@@ -484,8 +483,8 @@ struct SchemaOp : OrtCustomOp {
     GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
     GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 0; };
     InferOutputShapeFn = InferOutputShape;
-    GetStartVersion = [](const OrtCustomOp*) { return 1; };
-    GetEndVersion = [](const OrtCustomOp*) { return 1; };
+    GetStartVersion = [](const OrtCustomOp*) { return kOpsetVersion; };
+    GetEndVersion = [](const OrtCustomOp*) { return kOpsetVersion; };
   }
 };
 

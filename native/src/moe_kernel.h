@@ -21,7 +21,7 @@
 namespace ndp {
 
 // enum class Activation, kActivations, ApplyActivation and the kDefaultActivation* constants are generated at build
-// time from the catalog graph_passes/activations.py (native/gen_activations.py).
+// time from the catalog graph_passes/activations.py (native/codegen.py).
 // Parses a name of the catalog; false for an unknown name.
 bool ParseActivation(const std::string& name, Activation* out);
 bool IsGated(Activation activation);

@@ -89,8 +89,8 @@ def test_every_implementation_matches_the_float64_formula(name):
 
 @functools.cache
 def _generator():
-    """native/gen_activations.py (a build script, not a package module) loaded from its path."""
-    spec = importlib.util.spec_from_file_location("ndp_gen_activations", ROOT / "native" / "gen_activations.py")
+    """native/codegen.py (a build script, not a package module) loaded from its path."""
+    spec = importlib.util.spec_from_file_location("ndp_codegen", ROOT / "native" / "codegen.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -117,3 +117,15 @@ def test_the_native_generator_refuses_an_entry_without_a_native_expression(tmp_p
     broken.write_text(source.replace(", " + relu, ""))
     with pytest.raises(_generator().CatalogError, match="needs literal name, gated and native"):
         _generator().read_catalog(broken)
+
+
+def test_the_native_op_contract_header_carries_the_python_domain_type_and_opset(tmp_path):
+    from graph_passes import sharded_op
+
+    generator = _generator()
+    assert generator.main([str(ROOT), str(tmp_path)]) == 0
+    header = (tmp_path / "op_contract_gen.h").read_text()
+    assert f'constexpr const char* kDomain = "{sharded_op.DOMAIN}";' in header
+    assert f'constexpr const char* kOpType = "{sharded_op.OP_TYPE}";' in header
+    assert f"constexpr int kOpsetVersion = {sharded_op.OPSET};" in header
+    assert (tmp_path / "activations_gen.h").read_text().startswith("// Generated from graph_passes/activations.py")

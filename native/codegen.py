@@ -1,14 +1,20 @@
-"""Generates the native kernel's activation code from the Python catalog (graph_passes/activations.py).
+"""Generates the native library's copies of Python-defined contracts, so each stays defined once, in Python.
 
-    python native/gen_activations.py graph_passes/activations.py BUILD/generated/activations_gen.h
+    python native/codegen.py SOURCE_ROOT BUILD/generated
 
 CMake runs this at build time (also inside ``pip install``'s isolated build environment, so it uses the standard
-library only): the catalog is read with :mod:`ast`, never imported. From every ``Activation(...)`` entry it takes
-the name, the gated flag and the ``native`` C++ expression; from the module, the SwiGLU defaults. The header
-holds ``enum class Activation`` (one enumerator per entry, ``silu_glu`` -> ``kSiluGlu``), the name table
-``kActivations``, one inline function ``act_<name>`` per entry, ``ApplyActivation`` (the per-row loop, one
-switch case per entry) and ``kDefaultActivationAlpha/Limit/Beta``. The file is rewritten only when its text
-changes, so an unrelated edit of the catalog recompiles nothing.
+library only): the Python sources are read with :mod:`ast`, never imported. It writes two headers:
+
+- ``activations_gen.h`` from the activation catalog (``graph_passes/activations.py``): from every
+  ``Activation(...)`` entry the name, the gated flag and the ``native`` C++ expression, and the module's SwiGLU
+  defaults. The header holds ``enum class Activation`` (one enumerator per entry, ``silu_glu`` -> ``kSiluGlu``),
+  the name table ``kActivations``, one inline function ``act_<name>`` per entry, ``ApplyActivation`` (the per-row
+  loop, one switch case per entry) and ``kDefaultActivationAlpha/Limit/Beta``.
+- ``op_contract_gen.h`` from the sharded op's contract (``graph_passes/sharded_op.py``): the op's domain, type and
+  opset version (``kDomain``, ``kOpType``, ``kOpsetVersion``), which GetCapability matches and the custom-op
+  domain registers.
+
+A header is rewritten only when its text changes, so an unrelated edit of a source recompiles nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+ACTIVATIONS_SOURCE = "graph_passes/activations.py"
+CONTRACT_SOURCE = "graph_passes/sharded_op.py"
+CONTRACT = {"DOMAIN": ("kDomain", str), "OP_TYPE": ("kOpType", str), "OPSET": ("kOpsetVersion", int)}
 
 DEFAULTS = {
     "SWIGLU_ALPHA": "kDefaultActivationAlpha",
@@ -92,7 +102,7 @@ def _float(value: float) -> str:
 def render(entries: list[NativeActivation], defaults: dict[str, float], source: str) -> str:
     """The text of the generated header."""
     out = [
-        f"// Generated from {source} by native/gen_activations.py at build time: do not edit, do not commit.",
+        f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit.",
         "#pragma once",
         "",
         "#include <algorithm>",
@@ -133,20 +143,62 @@ def render(entries: list[NativeActivation], defaults: dict[str, float], source: 
     return "\n".join(out)
 
 
+def read_constants(path: Path, wanted: dict[str, tuple[str, type]]) -> dict[str, str | int]:
+    """The module-level literals ``wanted`` names (``NAME -> (C++ name, type)``), read from the source of ``path``."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    found: dict[str, str | int] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in wanted:
+            value = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
+            kind = wanted[target.id][1]
+            if type(value) is not kind:
+                raise CatalogError(f"{path}:{node.lineno}: {target.id} must be a {kind.__name__} literal")
+            found[target.id] = value
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise CatalogError(f"{path}: no literal {', '.join(missing)}")
+    return found
+
+
+def render_contract(constants: dict[str, str | int], source: str) -> str:
+    """The text of the op-contract header."""
+    out = [
+        f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit.",
+        "#pragma once",
+        "",
+        "namespace ndp {",
+        "",
+    ]
+    for name, (cpp_name, kind) in CONTRACT.items():
+        value = constants[name]
+        if kind is str:
+            out.append(f'constexpr const char* {cpp_name} = "{value}";  // {name}')
+        else:
+            out.append(f"constexpr int {cpp_name} = {value};  // {name}")
+    out += ["", "}  // namespace ndp", ""]
+    return "\n".join(out)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: gen_activations.py CATALOG.py OUTPUT.h", file=sys.stderr)
+        print("usage: codegen.py SOURCE_ROOT OUTPUT_DIR", file=sys.stderr)
         return 2
-    catalog, output = Path(argv[0]), Path(argv[1])
+    root, output = Path(argv[0]), Path(argv[1])
     try:
-        entries, defaults = read_catalog(catalog)
-    except (OSError, SyntaxError, CatalogError) as error:
-        print(f"gen_activations: {error}", file=sys.stderr)
+        entries, defaults = read_catalog(root / ACTIVATIONS_SOURCE)
+        constants = read_constants(root / CONTRACT_SOURCE, CONTRACT)
+    except (OSError, SyntaxError, ValueError, CatalogError) as error:
+        print(f"codegen: {error}", file=sys.stderr)
         return 1
-    text = render(entries, defaults, "graph_passes/activations.py")
-    if not output.exists() or output.read_text(encoding="utf-8") != text:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+    _write_if_changed(output / "activations_gen.h", render(entries, defaults, ACTIVATIONS_SOURCE))
+    _write_if_changed(output / "op_contract_gen.h", render_contract(constants, CONTRACT_SOURCE))
     return 0
 
 
