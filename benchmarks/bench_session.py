@@ -212,26 +212,24 @@ def main() -> None:
         help="instead: what `ndp-ep run` imports beyond import onnxruntime + one run, per package (min of N starts)",
     )
     args = parser.parse_args()
-    if args.startup_imports:
+    if args.startup_imports or args.startup:
         model = ROOT / "sample_models" / "moe_decoder.onnx"
         with tempfile.TemporaryDirectory() as tmp:
             converted = Path(tmp) / "moe_decoder.ndp.onnx"
             ndp_ep.convert_model(model, converted, shards=4)
-            print(f"import time (python -X importtime self times, min of {args.startup_imports} starts) of the modules")
-            print("`ndp-ep run` loads beyond `import onnxruntime` + one run, by the package whose import loaded them")
+            cache = Path(tmp) / "pycache"
+            if args.startup_imports:
+                print(f"import time (python -X importtime self times, min of {args.startup_imports} starts) of the")
+                print("modules `ndp-ep run` loads beyond `import onnxruntime` + one run, by the package loading them")
+            else:
+                print(f"{args.startup} alternating process starts each; best and median wall times")
             for label, path in (("converted", converted), ("original", model)):
-                costs = startup_imports(model, path, args.startup_imports, Path(tmp) / "pycache")
-                listed = ", ".join(f"{group} {ms:.1f}" for group, ms in costs.items())
-                print(f"ndp-ep run {label} {path.name}: {sum(costs.values()):.1f} ms: {listed} (ms)")
-        return
-    if args.startup:
-        model = ROOT / "sample_models" / "moe_decoder.onnx"
-        with tempfile.TemporaryDirectory() as tmp:
-            converted = Path(tmp) / "moe_decoder.ndp.onnx"
-            ndp_ep.convert_model(model, converted, shards=4)
-            print(f"{args.startup} alternating process starts each; best and median wall times")
-            for label, path in (("converted", converted), ("original", model)):
-                stock, ours = startup(model, path, args.startup, Path(tmp) / "pycache")
+                if args.startup_imports:
+                    costs = startup_imports(model, path, args.startup_imports, cache)
+                    listed = ", ".join(f"{group} {ms:.1f}" for group, ms in costs.items())
+                    print(f"ndp-ep run {label} {path.name}: {sum(costs.values()):.1f} ms: {listed} (ms)")
+                    continue
+                stock, ours = startup(model, path, args.startup, cache)
                 best, median = min(ours) / min(stock), statistics.median(ours) / statistics.median(stock)
                 print(
                     f"ndp-ep run {label} {path.name}: best {min(ours):.3f} s, median {statistics.median(ours):.3f} s; "
