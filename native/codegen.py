@@ -12,7 +12,7 @@ library only): the Python sources are read with :mod:`ast`, never imported. It w
   loop, one switch case per entry) and ``kDefaultActivationAlpha/Limit/Beta``.
 - ``op_contract_gen.h`` from the sharded op's contract (``graph_passes/sharded_op.py``): the op's domain, type and
   opset version (``kDomain``, ``kOpType``, ``kOpsetVersion``), which GetCapability matches and the custom-op
-  domain registers.
+  domain registers, and the attribute names (``attr::kNumExperts`` ...) the node reader uses.
 
 A header is rewritten only when its text changes, so an unrelated edit of a source recompiles nothing.
 """
@@ -161,8 +161,29 @@ def read_constants(path: Path, wanted: dict[str, tuple[str, type]]) -> dict[str,
     return found
 
 
-def render_contract(constants: dict[str, str | int], source: str) -> str:
-    """The text of the op-contract header."""
+def read_attributes(path: Path) -> dict[str, str]:
+    """The op's attributes, ``name -> type name``, from the ``ATTRIBUTES`` dict literal in the source of ``path``."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if not (isinstance(target, ast.Name) and target.id == "ATTRIBUTES" and isinstance(node.value, ast.Dict)):
+            continue
+        attributes = {}
+        for key, value in zip(node.value.keys, node.value.values, strict=True):
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Name)):
+                raise CatalogError(f"{path}:{node.lineno}: ATTRIBUTES must map string literals to type names")
+            attributes[key.value] = value.id
+        return attributes
+    raise CatalogError(f"{path}: no ATTRIBUTES dict literal")
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def render_contract(constants: dict[str, str | int], attributes: dict[str, str], source: str) -> str:
+    """The text of the op-contract header: the op's identity, then one ``attr::k<Name>`` per attribute (the
+    native reader spells attribute names only through these, so a renamed attribute fails to compile)."""
     out = [
         f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit.",
         "#pragma once",
@@ -176,7 +197,9 @@ def render_contract(constants: dict[str, str | int], source: str) -> str:
             out.append(f'constexpr const char* {cpp_name} = "{value}";  // {name}')
         else:
             out.append(f"constexpr int {cpp_name} = {value};  // {name}")
-    out += ["", "}  // namespace ndp", ""]
+    out += ["", "namespace attr {"]
+    out += [f'constexpr const char* k{_camel(name)} = "{name}";  // {kind}' for name, kind in attributes.items()]
+    out += ["}  // namespace attr", "", "}  // namespace ndp", ""]
     return "\n".join(out)
 
 
@@ -194,11 +217,12 @@ def main(argv: list[str]) -> int:
     try:
         entries, defaults = read_catalog(root / ACTIVATIONS_SOURCE)
         constants = read_constants(root / CONTRACT_SOURCE, CONTRACT)
+        attributes = read_attributes(root / CONTRACT_SOURCE)
     except (OSError, SyntaxError, ValueError, CatalogError) as error:
         print(f"codegen: {error}", file=sys.stderr)
         return 1
     _write_if_changed(output / "activations_gen.h", render(entries, defaults, ACTIVATIONS_SOURCE))
-    _write_if_changed(output / "op_contract_gen.h", render_contract(constants, CONTRACT_SOURCE))
+    _write_if_changed(output / "op_contract_gen.h", render_contract(constants, attributes, CONTRACT_SOURCE))
     return 0
 
 

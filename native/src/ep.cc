@@ -100,34 +100,34 @@ OrtStatus* ReadString(const OrtNode* node, const char* name, std::string* out, b
 }
 
 OrtStatus* ReadSpec(const OrtNode* node, MoESpec* spec) {
-  NDP_RETURN_IF_ERROR(ReadString(node, "layer", &spec->layer, true));
-  NDP_RETURN_IF_ERROR(ReadInt(node, "num_experts", &spec->num_experts, true));
-  NDP_RETURN_IF_ERROR(ReadInt(node, "top_k", &spec->top_k, true));
-  NDP_RETURN_IF_ERROR(ReadInt(node, "hidden", &spec->hidden, true));
-  NDP_RETURN_IF_ERROR(ReadInt(node, "ffn", &spec->ffn, true));
-  NDP_RETURN_IF_ERROR(ReadInt(node, "shards", &spec->shards, true));
+  NDP_RETURN_IF_ERROR(ReadString(node, attr::kLayer, &spec->layer, true));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kNumExperts, &spec->num_experts, true));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kTopK, &spec->top_k, true));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kHidden, &spec->hidden, true));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kFfn, &spec->ffn, true));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kShards, &spec->shards, true));
   std::string activation, dtype = "float32";
-  NDP_RETURN_IF_ERROR(ReadString(node, "activation", &activation, true));
+  NDP_RETURN_IF_ERROR(ReadString(node, attr::kActivation, &activation, true));
   if (!ParseActivation(activation, &spec->activation))
     return Error(ORT_INVALID_GRAPH, spec->layer + ": unknown activation " + activation);
-  NDP_RETURN_IF_ERROR(ReadFloat(node, "activation_alpha", &spec->alpha));
-  NDP_RETURN_IF_ERROR(ReadFloat(node, "activation_limit", &spec->limit));
-  NDP_RETURN_IF_ERROR(ReadFloat(node, "activation_beta", &spec->beta));
+  NDP_RETURN_IF_ERROR(ReadFloat(node, attr::kActivationAlpha, &spec->alpha));
+  NDP_RETURN_IF_ERROR(ReadFloat(node, attr::kActivationLimit, &spec->limit));
+  NDP_RETURN_IF_ERROR(ReadFloat(node, attr::kActivationBeta, &spec->beta));
   int64_t flag = 0;
-  NDP_RETURN_IF_ERROR(ReadInt(node, "has_first_bias", &flag, false));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kHasFirstBias, &flag, false));
   spec->has_first_bias = flag != 0;
   flag = 0;
-  NDP_RETURN_IF_ERROR(ReadInt(node, "has_down_bias", &flag, false));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kHasDownBias, &flag, false));
   spec->has_down_bias = flag != 0;
-  NDP_RETURN_IF_ERROR(ReadString(node, "weight_dtype", &dtype, false));
+  NDP_RETURN_IF_ERROR(ReadString(node, attr::kWeightDtype, &dtype, false));
   if (!ParseWeightDtype(dtype, &spec->weight_dtype))
     return Error(ORT_INVALID_GRAPH, spec->layer + ": unknown weight_dtype " + dtype);
-  NDP_RETURN_IF_ERROR(ReadInt(node, "quant_block_size", &spec->quant_block_size, false));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kQuantBlockSize, &spec->quant_block_size, false));
   flag = 0;
-  NDP_RETURN_IF_ERROR(ReadInt(node, "has_zero_points", &flag, false));
+  NDP_RETURN_IF_ERROR(ReadInt(node, attr::kHasZeroPoints, &flag, false));
   spec->has_zero_points = flag != 0;
-  for (auto [name, out] : {std::make_pair("first_layout", &spec->first_out_in),
-                           std::make_pair("down_layout", &spec->down_out_in)}) {
+  for (auto [name, out] : {std::make_pair(attr::kFirstLayout, &spec->first_out_in),
+                           std::make_pair(attr::kDownLayout, &spec->down_out_in)}) {
     std::string layout = "in_out";
     NDP_RETURN_IF_ERROR(ReadString(node, name, &layout, false));
     if (!ParseLayout(layout, out))

@@ -128,4 +128,7 @@ def test_the_native_op_contract_header_carries_the_python_domain_type_and_opset(
     assert f'constexpr const char* kDomain = "{sharded_op.DOMAIN}";' in header
     assert f'constexpr const char* kOpType = "{sharded_op.OP_TYPE}";' in header
     assert f"constexpr int kOpsetVersion = {sharded_op.OPSET};" in header
+    for name in sharded_op.ATTRIBUTES:  # one constant per attribute, the native reader's only spelling of it
+        camel = "".join(part.capitalize() for part in name.split("_"))
+        assert f'constexpr const char* k{camel} = "{name}";' in header
     assert (tmp_path / "activations_gen.h").read_text().startswith("// Generated from graph_passes/activations.py")
