@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         choices=tuple(formats),
-        default="text",
-        help="what to print: " + "; ".join(f"{name}: {r.description}" for name, r in formats.items()),
+        default=None,
+        help="what to print (default text): " + "; ".join(f"{name}: {r.description}" for name, r in formats.items()),
     )
     add_json_args(parser, what="the ndp-ep.diff/1 document", file_option=True)
     parser.add_argument(
@@ -54,8 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from graph_passes.model_io import model_files
     from ndp_ep.diff import RenderOptions, diff_models, renderers
+    from ndp_ep.errors import NdpEpError
     from ndp_io import check_no_clobber, write_text
 
+    if args.json and args.format not in (None, "json"):
+        raise NdpEpError(f"--json prints the json format; it cannot go with --format {args.format}")
     files = {name: path for name, path in (("html", args.html), ("json", args.json_out)) if path}
     if files:  # never clobber an input (either model or their data files), checked before any work
         check_no_clobber(list(files.values()), [*model_files(args.model_a), *model_files(args.model_b)])
@@ -67,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
         colour = args.color == "always" or (
             args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         )
-        chosen = "json" if args.json else args.format
+        chosen = "json" if args.json else args.format or "text"
         sys.stdout.write(formats[chosen].render(result, RenderOptions(colour=colour, max_items=args.max_items)))
     return 0 if result.equivalent else 1

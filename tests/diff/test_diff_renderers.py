@@ -74,3 +74,11 @@ def test_text_options_reach_the_text_renderer(sample_pairs):
     assert "\x1b[" in text(diff, RenderOptions(colour=True)) and "\x1b[" not in text(diff, RenderOptions())
     for max_items in (0, 1):
         assert text(diff, RenderOptions(max_items=max_items)) == render_text(diff, max_items=max_items)
+
+
+def test_json_with_another_format_is_a_one_line_error(sample_pairs, capsys):
+    a, b = map(str, sample_pairs["one_node_changed"])
+    assert main(["diff", "--json", "--format", "html", a, b]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ndp-ep diff: error: --json prints the json format; it cannot go with --format html"]
+    assert main(["diff", "--json", "--format", "json", a, b]) == 1  # the same thing said twice is fine
