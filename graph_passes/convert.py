@@ -8,6 +8,8 @@ returns the rewritten model (lazy weights) and a
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
 from graph_passes.rules import MoERule, default_rules, explain_no_anchor
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
-from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, choose_readings
+from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, Verdict, choose_readings
 from graph_passes.weights import WeightStore
 
 DEFAULT_SHARDS = 4
@@ -50,10 +52,21 @@ class BlockReport:
 
 
 @dataclass(frozen=True)
+class PendingCheck:
+    """The numeric check of a block rewritten on a speculative reading (``plan``), still to run."""
+
+    block: str
+    plan: MoEBlockPlan
+    check: Callable[[], Verdict]
+
+
+@dataclass(frozen=True)
 class ConversionReport:
     blocks: tuple[BlockReport, ...] = ()
     skipped: tuple[Skip, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # blocks rewritten before their check ran (``convert(..., defer_checks=True)``): see :func:`settle`
+    pending: tuple[PendingCheck, ...] = field(default=(), compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {
@@ -107,9 +120,13 @@ def plan_conversion(
     base_dir: str | Path | None = None,
     *,
     check: bool = True,
+    defer_checks: bool = False,
 ) -> ConversionPlan:
     """Detect, plan and verify every MoE block of ``source``; nothing is rewritten or written. ``check=False``:
-    the caller has just run :func:`graph_passes.model_check.check_model` on ``source`` itself."""
+    the caller has just run :func:`graph_passes.model_check.check_model` on ``source`` itself.
+    ``defer_checks``: blocks checked on their first experts are planned on their structural reading and their
+    checks are left in ``report.pending``; the caller must run them and :func:`settle` the report before it
+    commits anything (:class:`BackgroundChecks` runs them while the conversion is written)."""
     if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
         raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
     model, data_dir = load_model(source, check=check)
@@ -136,8 +153,15 @@ def plan_conversion(
         (skipped if isinstance(found, Skip) else typed).append(found)
     decoder = None if isinstance(source, onnx.ModelProto) else read_genai_config(source)
     verdicts = choose_readings(
-        model_copy, typed, store, max_weight_bytes=max_check_weight_bytes, index=index, decoder=decoder
+        model_copy,
+        typed,
+        store,
+        max_weight_bytes=max_check_weight_bytes,
+        index=index,
+        decoder=decoder,
+        defer_sampled=defer_checks,
     )
+    pending: list[PendingCheck] = []
     for verdict in verdicts:
         if verdict.skip is not None:
             skipped.append(verdict.skip)
@@ -151,26 +175,86 @@ def plan_conversion(
                 f"using {count} shards"
             )
         shards_by_block[plan.name] = count
-        if verdict.note:
-            notes.append(f"{plan.name}: {verdict.note}")
-        if not verdict.checked_numerically:
-            notes.append(f"{plan.name}: weights too large for the numeric check; accepted on data-flow structure")
         plans.append(plan)
-        reports.append(
-            BlockReport(
-                name=plan.name,
-                **plan.summary(count),
-                replaced_nodes=len(plan.replaced_nodes),
-                checked_numerically=verdict.checked_numerically,
-                max_abs_error=verdict.max_abs_error,
-                checked_in_isolation=verdict.isolated,
-            )
-        )
+        reports.append(_block_report(plan, count, verdict))
+        if verdict.deferred is not None:
+            pending.append(PendingCheck(plan.name, plan, verdict.deferred))
+        else:
+            notes.extend(_verdict_notes(verdict))
     if strict and skipped:
         first = skipped[0]
         raise UnsupportedModelError(f"strict: block at {first.where} was skipped: {first.reason}")
-    report = ConversionReport(tuple(reports), tuple(skipped), tuple(notes))
+    report = ConversionReport(tuple(reports), tuple(skipped), tuple(notes), tuple(pending))
     return ConversionPlan(model_copy, store, plans, shards_by_block, report)
+
+
+def _block_report(plan: MoEBlockPlan, shards: int, verdict: Verdict) -> BlockReport:
+    return BlockReport(
+        name=plan.name,
+        **plan.summary(shards),
+        replaced_nodes=len(plan.replaced_nodes),
+        checked_numerically=verdict.checked_numerically,
+        max_abs_error=verdict.max_abs_error,
+        checked_in_isolation=verdict.isolated,
+    )
+
+
+def _verdict_notes(verdict: Verdict) -> list[str]:
+    name = verdict.plan.name
+    notes = [f"{name}: {verdict.note}"] if verdict.note else []
+    if not verdict.checked_numerically:
+        notes.append(f"{name}: weights too large for the numeric check; accepted on data-flow structure")
+    return notes
+
+
+def settle(report: ConversionReport, outcomes: Sequence[Verdict]) -> ConversionReport | None:
+    """``report`` with its pending checks' ``outcomes`` (in order) filled in, or None when one of them did not
+    confirm the reading its block was rewritten on (skipped, or another reading): then the rewrite is void and
+    the caller converts again, checking first."""
+    if len(outcomes) != len(report.pending):
+        raise ValueError(f"expected {len(report.pending)} check outcomes, got {len(outcomes)}")
+    blocks = {block.name: block for block in report.blocks}
+    notes = list(report.notes)
+    for pending, verdict in zip(report.pending, outcomes, strict=True):
+        if verdict.plan != pending.plan:
+            return None
+        block = blocks[pending.block]
+        blocks[pending.block] = replace(
+            block,
+            checked_numerically=verdict.checked_numerically,
+            max_abs_error=verdict.max_abs_error,
+            checked_in_isolation=verdict.isolated,
+        )
+        notes.extend(_verdict_notes(verdict))
+    return replace(report, blocks=tuple(blocks.values()), notes=tuple(notes), pending=())
+
+
+class BackgroundChecks:
+    """Runs a report's pending checks, one after the other, on a thread of their own from construction on (ONNX
+    Runtime and NumPy release the GIL, so they overlap the caller's writing); :meth:`settled` waits for them."""
+
+    def __init__(self, report: ConversionReport) -> None:
+        self._report = report
+        self._outcomes: list[Verdict] = []
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ndp-ep-checks", daemon=True)
+        if report.pending:
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcomes = [pending.check() for pending in self._report.pending]
+        except BaseException as exc:  # re-raised in the caller's thread by settled()
+            self._failure = exc
+
+    def settled(self) -> ConversionReport | None:
+        """The settled report (see :func:`settle`); a check that raised raises here."""
+        if not self._report.pending:
+            return self._report
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+        return settle(self._report, self._outcomes)
 
 
 def convert(
@@ -182,10 +266,13 @@ def convert(
     base_dir: str | Path | None = None,
     *,
     check: bool = True,
+    defer_checks: bool = False,
 ) -> tuple[RewrittenModel, ConversionReport]:
-    """Convert every provable MoE block of ``source`` into sharded expert ops (``check``: see
+    """Convert every provable MoE block of ``source`` into sharded expert ops (``check``, ``defer_checks``: see
     :func:`plan_conversion`)."""
-    planned = plan_conversion(source, shards, strict, rules, max_check_weight_bytes, base_dir, check=check)
+    planned = plan_conversion(
+        source, shards, strict, rules, max_check_weight_bytes, base_dir, check=check, defer_checks=defer_checks
+    )
     rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
     # the rewrite also drops side nodes only the block used (shape arithmetic): count what the node records
     recorded = {

@@ -43,6 +43,8 @@ from graph_passes.graph_index import copy_without_initializers
 from ndp_io import check_output_path, directory_lock, staged_file
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from graph_passes.rewrite import RewrittenModel
 
 EXTERNAL_THRESHOLD_BYTES = 1_800_000_000
@@ -292,12 +294,23 @@ def _remove_old_data(path: Path, keep: Path | None) -> None:
                 old.unlink()
 
 
-def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool | None = None) -> list[Path]:
+class CommitRefused(Exception):
+    """``save_rewritten``'s ``before_commit`` said no: nothing was written (the staged files are gone)."""
+
+
+def save_rewritten(
+    rewritten: RewrittenModel,
+    path: str | Path,
+    external: bool | None = None,
+    before_commit: Callable[[], bool] | None = None,
+) -> list[Path]:
     """Write the model to ``path``, replacing any previous model and weights there as one unit.
 
     Weights are streamed one tensor at a time to a data file beside ``path`` when ``external`` (default:
     when the input used external data or the weights exceed the 2 GB protobuf limit); returns the files
     written. The sequence that keeps every intermediate state consistent is in the module docstring.
+    ``before_commit`` is asked once everything is staged and before anything replaces what is at ``path``;
+    False raises :class:`CommitRefused` with nothing written.
     """
     path = check_output_path(path)
     model = rewritten.model
@@ -314,6 +327,7 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
         if not external:
             with staged_file(path) as staged:
                 _write_embedded(rewritten, staged.file)
+                _ask(before_commit)
                 staged.commit()
             _remove_old_data(path, keep=None)
             return [path]
@@ -321,11 +335,17 @@ def save_rewritten(rewritten: RewrittenModel, path: str | Path, external: bool |
         check_output_path(data_path)
         with staged_file(data_path) as data, staged_file(path) as model_file:
             header = _write_external(rewritten, data.file, data_path.name)
+            _ask(before_commit)
             data.commit()
             model_file.file.write(header.SerializeToString())
             model_file.commit()
         _remove_old_data(path, keep=data_path)
     return [path, data_path]
+
+
+def _ask(before_commit: Callable[[], bool] | None) -> None:
+    if before_commit is not None and not before_commit():
+        raise CommitRefused("the conversion was withdrawn before it was committed")
 
 
 def _write_external(rewritten: RewrittenModel, data_file, location: str) -> onnx.ModelProto:

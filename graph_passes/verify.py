@@ -25,7 +25,7 @@ keeps its best structural reading (the caller reports that).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +54,9 @@ class Verdict:
     max_abs_error: float | None = None
     isolated: bool = False  # checked on the block's own region (not a whole-model run)
     note: str = ""
+    # a speculative verdict: ``plan`` is the reading the still-pending check is expected to confirm, and
+    # ``deferred()`` runs that check (safe on another thread) and returns the real verdict
+    deferred: Callable[[], Verdict] | None = None
 
 
 def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activation_block: int = 0) -> np.ndarray:
@@ -162,14 +165,17 @@ def choose_readings(
     seed: int = 0,
     index: GraphIndex | None = None,
     decoder: DecoderConfig | None = None,
+    defer_sampled: bool = False,
 ) -> list[Verdict]:
-    """Pick, for every candidate, the reading that reproduces its output (in isolation where possible)."""
+    """Pick, for every candidate, the reading that reproduces its output (in isolation where possible).
+    ``defer_sampled``: a block checked on its first experts gets a speculative verdict whose ``deferred`` check
+    the caller runs later (for instance while it writes the conversion, committing only once it is confirmed)."""
     index = index if index is not None else GraphIndex(model)
     verdicts: dict[int, Verdict] = {}
     whole_model: list[MoECandidate] = []
     for position, candidate in enumerate(candidates):
         if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
-            verdicts[position] = _sampled_verdict(model, index, candidate, store, max_weight_bytes, seed)
+            verdicts[position] = _sampled_verdict(model, index, candidate, store, max_weight_bytes, seed, defer_sampled)
             continue
         region = isolated_region(model, index, candidate.readings[0])
         if region is None:
@@ -506,9 +512,11 @@ def _sampled_verdict(
     store: WeightStore,
     max_weight_bytes: int,
     seed: int,
+    defer: bool = False,
 ) -> Verdict:
     """The verdict on a block too large to check whole, from its first few experts (see the module docstring);
-    the best structural reading when not even that can run."""
+    the best structural reading when not even that can run. ``defer``: the expensive part (reading the experts,
+    running ONNX Runtime, judging the readings) is returned as the speculative verdict's ``deferred`` check."""
     first = candidate.readings[0]
     structural = Verdict(candidate.readings[candidate.structural_choice], None, False)
     experts = sampled_expert_count(first)
@@ -520,23 +528,27 @@ def _sampled_verdict(
     region = isolated_region(model, index, first, SAMPLED_TOKENS)
     if region is None or not _first_experts(region, first, names, experts):
         return structural
-    arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
-    captured = None
-    for probe, values in (_widened_to_float32(region, arrays), (region, arrays)):
-        if probe is None:
-            continue
-        try:
-            captured = _capture(probe, store, _random_region_feeds(probe, first, seed, experts), values)
-            break
-        except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
-            continue
-    if captured is None:
-        return structural
-    verdict = _judge(candidate, _HeldExperts(store, values), captured, isolated=True)
-    if verdict.plan is None:
-        return verdict
-    note = f"weights too large to check whole: checked on its first {experts} of {first.num_experts} experts"
-    return dataclasses.replace(verdict, note=note)
+
+    def check() -> Verdict:
+        arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
+        captured = None
+        for probe, values in (_widened_to_float32(region, arrays), (region, arrays)):
+            if probe is None:
+                continue
+            try:
+                captured = _capture(probe, store, _random_region_feeds(probe, first, seed, experts), values)
+                break
+            except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
+                continue
+        if captured is None:
+            return structural
+        verdict = _judge(candidate, _HeldExperts(store, values), captured, isolated=True)
+        if verdict.plan is None:
+            return verdict
+        note = f"weights too large to check whole: checked on its first {experts} of {first.num_experts} experts"
+        return dataclasses.replace(verdict, note=note)
+
+    return dataclasses.replace(structural, deferred=check) if defer else check()
 
 
 # ------------------------------------------------------------------------------------------- running ORT

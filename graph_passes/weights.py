@@ -8,6 +8,7 @@ model of thousands of experts does not open and map its file thousands of times.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ class WeightStore:
         self._raw_cache: dict[str, bytes] = {}
         self._ranges: dict[str, tuple[Path, int, int]] = {}
         self._mapped: dict[Path, np.ndarray] = {}
+        self._lock = threading.Lock()  # a deferred numeric check may read experts while the writer does
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         self.data_files = external_data_files(model, self.base_dir)  # read by no-clobber checks
         for tensor in model.graph.initializer:
@@ -97,10 +99,11 @@ class WeightStore:
         """All of ``path`` as read-only bytes, mapped on first use (checked ranges only are ever sliced). A plain
         array over the ``np.memmap``: a slice of a memmap would carry the whole map's ``offset`` as its own, which
         :func:`graph_passes.model_io.file_range_of` reads to copy the slice's bytes file to file."""
-        mapped = self._mapped.get(path)
-        if mapped is None:
-            mapped = self._mapped[path] = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
-        return mapped
+        with self._lock:
+            mapped = self._mapped.get(path)
+            if mapped is None:
+                mapped = self._mapped[path] = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+            return mapped
 
     def _raw_bytes(self, tensor: TensorProto) -> bytes:
         """``tensor.raw_data``, kept for the few most recently read tensors.
@@ -108,13 +111,14 @@ class WeightStore:
         Every access to a protobuf bytes field copies the whole field; reading E experts of a stacked
         inline tensor one by one would copy it E times.
         """
-        cached = self._raw_cache.pop(tensor.name, None)
-        if cached is None:
-            cached = tensor.raw_data
-            while len(self._raw_cache) >= RAW_CACHE_TENSORS:
-                self._raw_cache.pop(next(iter(self._raw_cache)))
-        self._raw_cache[tensor.name] = cached
-        return cached
+        with self._lock:
+            cached = self._raw_cache.pop(tensor.name, None)
+            if cached is None:
+                cached = tensor.raw_data
+                while len(self._raw_cache) >= RAW_CACHE_TENSORS:
+                    self._raw_cache.pop(next(iter(self._raw_cache)))
+            self._raw_cache[tensor.name] = cached
+            return cached
 
     def full(self, name: str) -> np.ndarray:
         tensor = self.tensors[name]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import onnx
 
-from graph_passes.convert import ConversionReport, convert
-from graph_passes.model_io import output_files, save_rewritten
+from graph_passes.convert import BackgroundChecks, ConversionReport, convert
+from graph_passes.model_io import CommitRefused, output_files, save_rewritten
 from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
 from hw_model.hardware import SystemSpec, load_system
 from hw_model.policies import DEFAULT_POLICY
@@ -72,7 +72,8 @@ def convert_model(
     genai = None if isinstance(source, onnx.ModelProto) else genai_folder_config(Path(source), output_path)
     requested = shards if shards is not None else max(system.num_ndp_units, 1)
     with graph_pass_errors():
-        rewritten, report = convert(source, shards=requested, strict=strict)
+        # the numeric checks of blocks too large to check whole run while the conversion is written
+        rewritten, report = convert(source, shards=requested, strict=strict, defer_checks=True)
     already = 0 if report.blocks else sum(1 for node in rewritten.model.graph.node if is_sharded_node(node))
     if strict and not report.blocks:
         name = "the model" if isinstance(source, onnx.ModelProto) else str(source)
@@ -82,16 +83,35 @@ def convert_model(
             else ("no MoE block found")
         )
         raise ConversionError(f"strict: nothing to convert: {found}")
+    checks = BackgroundChecks(report)
+    settled: list[ConversionReport | None] = []
+
+    def confirmed() -> bool:
+        with graph_pass_errors():
+            settled.append(checks.settled())
+        return settled[0] is not None
+
+    try:
+        files = _save(rewritten, output_path, system, inputs, external_data, confirmed)
+        report = settled[0] if settled else report
+    except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again, checked
+        with graph_pass_errors():
+            rewritten, report = convert(source, shards=requested, strict=strict)
+        files = _save(rewritten, output_path, system, inputs, external_data, None)
+    if genai is not None:
+        files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
+    return ConversionResult(report, tuple(files), system, requested, already)
+
+
+def _save(rewritten, output_path: Path, system: SystemSpec, inputs: list[Path], external_data, before_commit):
+    """Annotate the placement and write ``rewritten`` (``before_commit``: see :func:`save_rewritten`)."""
     annotate_placement(rewritten.model, system, DEFAULT_POLICY)
     data_files = rewritten.store.data_files if rewritten.store is not None else []
     try:
         check_no_clobber(output_files(output_path), [*inputs, *data_files])
-        files = save_rewritten(rewritten, output_path, external=external_data)
+        return save_rewritten(rewritten, output_path, external=external_data, before_commit=before_commit)
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
-    if genai is not None:
-        files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
-    return ConversionResult(report, tuple(files), system, requested, already)
 
 
 GENAI_CONFIG = "genai_config.json"
