@@ -3,6 +3,12 @@
 :func:`plan_conversion` decides (what ``ndp-ep inspect`` lists); ``convert(model_or_path, shards=...)``
 returns the rewritten model (lazy weights) and a
 :class:`ConversionReport` listing each rewritten block and each skipped candidate with its reason.
+
+With ``defer_checks`` the numeric checks of blocks too large to check whole (see :mod:`graph_passes.verify`)
+are left pending: those blocks are planned on their structural reading, :class:`BackgroundChecks` runs the
+checks while the caller stages its output, and :func:`settle` says whether every one confirmed its reading.
+The caller commits nothing before that (``ndp_ep.convert_model`` converts again, checking first, when one
+did not), so what is written is always what checking first would have written.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Read initializer bytes lazily, one expert at a time, whether embedded or in external data files.
 
 Stacked expert weights ``[E, ...]`` are contiguous per expert, so expert ``e`` of an external tensor is a
-window of its data file: converting a model never needs more than one expert's bytes in memory. Each data file
-is mapped once (read-only, pages loaded only when touched) and every window is a view of that mapping, so a
-model of thousands of experts does not open and map its file thousands of times.
+single ``np.memmap`` window: converting a model never needs more than one expert's bytes in memory.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ class WeightStore:
         self.tensors = {t.name: t for t in model.graph.initializer}
         self._raw_cache: dict[str, bytes] = {}
         self._ranges: dict[str, tuple[Path, int, int]] = {}
-        self._mapped: dict[Path, np.ndarray] = {}
         self._lock = threading.Lock()  # a deferred numeric check may read experts while the writer does
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         self.data_files = external_data_files(model, self.base_dir)  # read by no-clobber checks
@@ -83,27 +80,17 @@ class WeightStore:
         if tensor.data_location == TensorProto.EXTERNAL:
             path, offset, _ = self._external(tensor)
             start = offset + expert * per_expert * dtype.itemsize
-            if not per_expert:
-                return np.empty(dims[1:], dtype)
-            # a read-only view of the file: the caller's copy (or the kernel's, file to file) is the only one made
-            window = self._file_bytes(path)[start : start + per_expert * dtype.itemsize]
-            return window.view(dtype).reshape(dims[1:])
+            # a read-only window of the file, unmapped when the caller drops it (a mapping kept for the whole file
+            # would keep every page the conversion touched resident): the caller's copy, or the kernel's, file to
+            # file, is the only one made
+            window = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(per_expert,))
+            return window.view(np.ndarray).reshape(dims[1:])
         raw = self._raw_bytes(tensor)
         if raw:
             start = expert * per_expert * dtype.itemsize
             flat = np.frombuffer(raw, dtype=dtype, count=per_expert, offset=start)
             return flat.reshape(dims[1:]).copy()
         return numpy_helper.to_array(tensor)[expert]
-
-    def _file_bytes(self, path: Path) -> np.ndarray:
-        """All of ``path`` as read-only bytes, mapped on first use (checked ranges only are ever sliced). A plain
-        array over the ``np.memmap``: a slice of a memmap would carry the whole map's ``offset`` as its own, which
-        :func:`graph_passes.model_io.file_range_of` reads to copy the slice's bytes file to file."""
-        with self._lock:
-            mapped = self._mapped.get(path)
-            if mapped is None:
-                mapped = self._mapped[path] = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
-            return mapped
 
     def _raw_bytes(self, tensor: TensorProto) -> bytes:
         """``tensor.raw_data``, kept for the few most recently read tensors.
