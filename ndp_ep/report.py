@@ -72,6 +72,7 @@ class RunReport:
     layers: tuple[LayerReport, ...]
     simulator: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # what the figures leave out or approximate (skipped blocks, unknown shapes)
+    weights: str = ""  # what the expert weights were costed as (default: ``dtype``)
 
     def __post_init__(self) -> None:
         if self.run_index < 0 or self.tokens < 0 or self.ndp_units < 0:
@@ -94,6 +95,7 @@ class RunReport:
             "ndp_units": self.ndp_units,
             "policy": self.policy,
             "dtype": self.dtype,
+            "weights": self.weights or self.dtype,
             "phase": self.phase,
             "tokens": self.tokens,
             "simulated_latency_s": self.simulated_latency_s,
@@ -141,7 +143,7 @@ class RunReport:
             f"simulated latency {self.simulated_latency_s * 1e3:.3f} ms  "
             f"({self.phase}, {plural(self.tokens, 'token')}, "
             f"{self.hardware} with {plural(self.ndp_units, 'NDP unit')}, "
-            f"policy {self.policy}, weights costed as {self.dtype})",
+            f"policy {self.policy}, weights costed as {self.weights or self.dtype})",
         ]
         rows = [["non-expert ops on GPU", f"{self.non_expert_gpu_s * 1e3:.3f} ms", "", ""]]
         for layer in self.layers:

@@ -23,16 +23,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES, parse_shard_name
 from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
 from hw_model.policies import DEFAULT_POLICY
 from hw_model.simulator import MoESimulator
-from hw_model.workload import ExpertShape, MoELayerShape
+from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
 from ndp_ep.ep import RoutingReader
 from ndp_ep.errors import NdpEpError
 from ndp_ep.partition import ClaimedNode, claim
 from ndp_ep.report import LayerReport, RunReport
 
 DEFAULT_REPORT_RING = 256
+DEPLOYMENT_DTYPE = "bf16"  # what float experts are costed in unless a dtype is given
 UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
 
@@ -73,7 +75,7 @@ class SessionReporter:
         session_key: str,
         *,
         policy: str | None = None,
-        dtype: str = "bf16",
+        dtype: str | None = None,
         report_ring: int = DEFAULT_REPORT_RING,
         claimed: tuple[ClaimedNode, ...] | None = None,
         notes: Sequence[str] = (),
@@ -81,26 +83,30 @@ class SessionReporter:
     ) -> None:
         if not isinstance(report_ring, int) or report_ring < 1:
             raise NdpEpError(f"report_ring must be a positive integer, got {report_ring!r}")
-        if dtype not in DTYPE_BYTES:
+        if dtype is not None and dtype not in DTYPE_BYTES:
             raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
         self.system = system
         self.policy = policy or DEFAULT_POLICY
-        self.dtype = dtype
+        self.dtype = dtype or DEPLOYMENT_DTYPE
         self.claimed = claim(model) if claimed is None else claimed
+        # an explicit dtype costs every expert's weights in it; otherwise quantized experts move the bytes they
+        # are stored in (packed values and scales) and float experts are costed in the deployment dtype
+        formats = [None if dtype is not None else stored_weight_format(model, c) for c in self.claimed]
         self.layers = [
             MoELayerShape(
                 name=c.spec.layer,
                 num_experts=c.spec.num_experts,
                 top_k=c.spec.top_k,
-                expert=ExpertShape(c.spec.hidden, c.spec.ffn, c.spec.gated, dtype),
+                expert=ExpertShape(c.spec.hidden, c.spec.ffn, c.spec.gated, self.dtype, weight_format),
             )
-            for c in self.claimed
+            for c, weight_format in zip(self.claimed, formats, strict=True)
         ]
+        self.weights = describe_weights(self.dtype, formats)
         self._layer_of_node = {c.name: c.index for c in self.claimed}
         self.notes = tuple(notes)
         if not self.layers:
             self.notes += ("the model has no MoE block the provider runs: there is no expert work to simulate",)
-        self.non_expert_weight_bytes = non_expert_weight_bytes(model, self.claimed, dtype)
+        self.non_expert_weight_bytes = non_expert_weight_bytes(model, self.claimed, self.dtype)
         self.simulator = (
             MoESimulator(system, self.layers, self.policy, gpu_reserved_bytes=self.non_expert_weight_bytes)
             if self.layers
@@ -265,6 +271,7 @@ class SessionReporter:
             ndp_units=self.system.num_ndp_units,
             policy=self.policy,
             dtype=self.dtype,
+            weights=self.weights,
             phase=phase,
             tokens=tokens,
             non_expert_gpu_s=gpu_s,
@@ -272,6 +279,36 @@ class SessionReporter:
             simulator=self.simulator.summary() if self.simulator is not None else {},
             notes=tuple(notes),
         )
+
+
+def stored_weight_format(model, node: ClaimedNode) -> WeightFormat | None:
+    """How a quantized node's expert weights are stored (packed values, block size, scale dtype as in the model),
+    or None for float experts (costed in the deployment dtype)."""
+    spec = node.spec
+    if spec.weight_dtype not in QUANTIZED_WEIGHT_DTYPES:
+        return None
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    scales = "float32"
+    for graph_node in model.graph.node:
+        if graph_node.name != node.name:
+            continue
+        for name in graph_node.input:
+            parsed = parse_shard_name(name)
+            if parsed is not None and parsed.kind.endswith("_scales") and name in types:
+                scales = FLOAT_WEIGHT_DTYPE_OF_ONNX.get(types[name], scales)
+                break
+    return WeightFormat(spec.weight_dtype, block_size=spec.quant_block_size, scale_dtype=scales)
+
+
+def describe_weights(dtype: str, formats: Sequence[WeightFormat | None]) -> str:
+    """What the report says its expert weights were costed as."""
+    stored = sorted(
+        {f"{f.dtype} as stored (blocks of {f.block_size}, {f.scale_dtype} scales)" for f in formats if f is not None}
+    )
+    if not stored:
+        return dtype
+    floats = [f"{dtype} for float experts"] if any(f is None for f in formats) else []
+    return "; ".join([*stored, *floats]) + f", computed in {dtype}"
 
 
 @dataclass(frozen=True)
@@ -367,7 +404,7 @@ def reporter_for(session) -> SessionReporter:
             system,
             key,
             policy=session_option(options, "policy"),
-            dtype=session_option(options, "dtype") or "bf16",
+            dtype=session_option(options, "dtype"),
         )
         _plain_reporters[session] = reporter
         return reporter

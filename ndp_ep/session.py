@@ -31,7 +31,7 @@ from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_se
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
-from ndp_ep.reporter import DEFAULT_REPORT_RING, SessionReporter
+from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
 
 PROVIDER_NAME = EP_NAME
 _ORT_TYPES = {
@@ -53,7 +53,8 @@ class InferenceSession:
     ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count;
     ``policy``: a scheduling policy of :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
-    raises :class:`ConversionError`; ``dtype``: the deployment dtype the report simulates; ``report_ring``: how
+    raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
+    quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
     many reports the session keeps. ``sess_options`` is copied, not modified. ``providers`` and
     ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs on
     ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes, and ``get_providers()``
@@ -72,7 +73,7 @@ class InferenceSession:
         policy: str | None = None,
         shards: int | None = None,
         strict: bool = False,
-        dtype: str = "bf16",
+        dtype: str | None = None,
         report_ring: int = DEFAULT_REPORT_RING,
         **kwargs,
     ) -> None:
@@ -84,7 +85,7 @@ class InferenceSession:
             self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
         else:
             self.system = load_system(hw, ndp_units)
-        self.dtype = dtype
+        self.dtype = dtype if dtype is not None else DEPLOYMENT_DTYPE  # what non-expert work is costed in
         proto, base_dir, source_path = _load(path_or_bytes)
         claimed = _claim(proto)
         if claimed:

@@ -20,6 +20,8 @@ HELP = "run an ONNX model (converted or not) through the NDP provider and report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hw_model.hardware import DTYPE_BYTES
+
     parser.add_argument("model", help="ONNX model (converted by ndp-ep convert, or an exported MoE model)")
     parser.add_argument(
         "--inputs", metavar="FEEDS.npz", help=".npz of input feeds (default: random feeds from the input signature)"
@@ -27,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outputs", type=output_file, metavar="OUT.npz", help="write the outputs to this .npz file")
     add_hardware_args(parser)
     add_policy_arg(parser)
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPE_BYTES),
+        help="cost every expert's weights in this dtype (default: quantized experts as stored, float experts in "
+        "bf16, the deployment dtype)",
+    )
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
     parser.add_argument(
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
-    session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy)
+    session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy, dtype=args.dtype)
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
     if mismatch:

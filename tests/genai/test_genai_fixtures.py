@@ -146,3 +146,30 @@ def test_an_unreadable_genai_config_fails_the_conversion_before_writing(tmp_path
     assert main(["convert", str(source / "model.onnx"), "-o", str(tmp_path / "out" / "model.onnx")]) == 2
     assert "is not a readable GenAI config" in capsys.readouterr().err
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["lfm2_moe_int4", "gpt_oss_int8", "gpt_oss_fp16"])
+def test_the_report_costs_quantized_experts_as_stored_unless_a_dtype_is_given(name, tmp_path, capsys):
+    from ndp_ep.cli import main
+    from ndp_ep.session import InferenceSession
+
+    path = tmp_path / "model.onnx"
+    convert_json(GENAI_DIR / name / "model.onnx", path, capsys)
+    model = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in model.graph.node if is_sharded_node(n))
+    spec = parse_node(node)
+    weights = (3 if spec.gated else 2) * spec.hidden * spec.ffn
+    bf16 = 2.0 * weights
+    if spec.weight_dtype in ("int4", "int8"):  # packed values plus one scale per block, as the model stores them
+        types = {t.name: t.data_type for t in model.graph.initializer}
+        scale_bytes = {1: 4, 10: 2}[types[next(i for i in node.input if i.endswith("_scales"))]]
+        per_weight = {"int4": 0.5, "int8": 1.0}[spec.weight_dtype] + scale_bytes / spec.quant_block_size
+        expected, says = weights * per_weight, f"{spec.weight_dtype} as stored (blocks of {spec.quant_block_size}"
+    else:  # float experts: the bf16 deployment dtype
+        expected, says = bf16, "bf16"
+    assert InferenceSession(str(path)).reporter.layers[0].expert.weight_bytes() == pytest.approx(expected)
+    assert InferenceSession(str(path), dtype="bf16").reporter.layers[0].expert.weight_bytes() == pytest.approx(bf16)
+    assert main(["run", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"].startswith(says)
+    assert main(["run", str(path), "--json", "--dtype", "bf16"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"] == "bf16"
