@@ -26,12 +26,12 @@ from pathlib import Path
 
 ACTIVATIONS_SOURCE = "graph_passes/activations.py"
 CONTRACT_SOURCE = "graph_passes/sharded_op.py"
+# module-level literals copied into the headers: Python name -> (C++ name, type)
 CONTRACT = {"DOMAIN": ("kDomain", str), "OP_TYPE": ("kOpType", str), "OPSET": ("kOpsetVersion", int)}
-
 DEFAULTS = {
-    "SWIGLU_ALPHA": "kDefaultActivationAlpha",
-    "SWIGLU_LIMIT": "kDefaultActivationLimit",
-    "SWIGLU_BETA": "kDefaultActivationBeta",
+    "SWIGLU_ALPHA": ("kDefaultActivationAlpha", float),
+    "SWIGLU_LIMIT": ("kDefaultActivationLimit", float),
+    "SWIGLU_BETA": ("kDefaultActivationBeta", float),
 }
 
 
@@ -47,7 +47,34 @@ class NativeActivation:
 
     @property
     def enumerator(self) -> str:
-        return "k" + "".join(part.capitalize() for part in self.name.split("_"))
+        return "k" + _camel(self.name)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+
+
+def _constants(tree: ast.Module, path: Path, wanted: dict[str, tuple[str, type]]) -> dict[str, str | int | float]:
+    """The module-level literals ``wanted`` names (``NAME -> (C++ name, type)``; a float may be written as an int)."""
+    found: dict[str, str | int | float] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in wanted:
+            value = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
+            kind = wanted[target.id][1]
+            if kind is float and type(value) is int:
+                value = float(value)
+            if type(value) is not kind:
+                raise CatalogError(f"{path}:{node.lineno}: {target.id} must be a {kind.__name__} literal")
+            found[target.id] = value
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise CatalogError(f"{path}: no literal {', '.join(missing)}")
+    return found
 
 
 def _fields(tree: ast.Module) -> list[str]:
@@ -60,19 +87,9 @@ def _fields(tree: ast.Module) -> list[str]:
 
 def read_catalog(path: Path) -> tuple[list[NativeActivation], dict[str, float]]:
     """The catalog's entries (in file order) and its SwiGLU defaults, read from the source of ``path``."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    tree = _parse(path)
     fields = _fields(tree)
-    defaults: dict[str, float] = {}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(target, ast.Name) and target.id in DEFAULTS:
-            try:
-                defaults[target.id] = float(ast.literal_eval(node.value))
-            except (TypeError, ValueError) as error:
-                raise CatalogError(f"{path}:{node.lineno}: {target.id} must be a number literal") from error
-    missing = sorted(set(DEFAULTS) - set(defaults))
-    if missing:
-        raise CatalogError(f"{path}: no literal {', '.join(missing)}")
+    defaults = _constants(tree, path, DEFAULTS)
     found: list[tuple[int, int, NativeActivation]] = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Activation"):
@@ -95,24 +112,31 @@ def read_catalog(path: Path) -> tuple[list[NativeActivation], dict[str, float]]:
     return entries, defaults
 
 
-def _float(value: float) -> str:
-    return f"{value!r}f"  # repr of a float always has a '.' or an exponent: 7.0 -> 7.0f, 1e-05 -> 1e-05f
+def _constant_lines(constants: dict[str, str | int | float], wanted: dict[str, tuple[str, type]]) -> list[str]:
+    """One ``constexpr`` per constant (a float's repr always has a '.' or an exponent: 7.0 -> 7.0f)."""
+    lines = []
+    for name, (cpp_name, kind) in wanted.items():
+        value = constants[name]
+        if kind is str:
+            lines.append(f'constexpr const char* {cpp_name} = "{value}";  // {name}')
+        elif kind is float:
+            lines.append(f"constexpr float {cpp_name} = {value!r}f;  // {name}")
+        else:
+            lines.append(f"constexpr int {cpp_name} = {value};  // {name}")
+    return lines
+
+
+def _header(source: str, includes: list[str], body: list[str]) -> str:
+    """A generated header: the provenance line, ``includes``, then ``body`` inside ``namespace ndp``."""
+    out = [f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit."]
+    out.append("#pragma once")
+    out += ["", *(f"#include <{name}>" for name in includes)] if includes else []
+    return "\n".join([*out, "", "namespace ndp {", "", *body, "", "}  // namespace ndp", ""])
 
 
 def render(entries: list[NativeActivation], defaults: dict[str, float], source: str) -> str:
-    """The text of the generated header."""
-    out = [
-        f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit.",
-        "#pragma once",
-        "",
-        "#include <algorithm>",
-        "#include <cmath>",
-        "#include <cstdint>",
-        "",
-        "namespace ndp {",
-        "",
-    ]
-    out += [f"constexpr float {DEFAULTS[key]} = {_float(defaults[key])};  // {key}" for key in DEFAULTS]
+    """The text of the generated activations header."""
+    out = _constant_lines(defaults, DEFAULTS)
     out += ["", f"enum class Activation {{ {', '.join(e.enumerator for e in entries)} }};", ""]
     out += ["struct ActivationInfo {", "  const char* name;", "  Activation value;", "  bool gated;", "};", ""]
     out.append("inline constexpr ActivationInfo kActivations[] = {")
@@ -139,31 +163,15 @@ def render(entries: list[NativeActivation], defaults: dict[str, float], source: 
             f"      for (int64_t j = 0; j < n; ++j) row[j] = activation_impl::act_{e.name}({args});",
             "      return;",
         ]
-    out += ["  }", "}", "", "}  // namespace ndp", ""]
-    return "\n".join(out)
+    out += ["  }", "}"]
+    return _header(source, ["algorithm", "cmath", "cstdint"], out)
 
 
-def read_constants(path: Path, wanted: dict[str, tuple[str, type]]) -> dict[str, str | int]:
-    """The module-level literals ``wanted`` names (``NAME -> (C++ name, type)``), read from the source of ``path``."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
-    found: dict[str, str | int] = {}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(target, ast.Name) and target.id in wanted:
-            value = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
-            kind = wanted[target.id][1]
-            if type(value) is not kind:
-                raise CatalogError(f"{path}:{node.lineno}: {target.id} must be a {kind.__name__} literal")
-            found[target.id] = value
-    missing = sorted(set(wanted) - set(found))
-    if missing:
-        raise CatalogError(f"{path}: no literal {', '.join(missing)}")
-    return found
-
-
-def read_attributes(path: Path) -> dict[str, str]:
-    """The op's attributes, ``name -> type name``, from the ``ATTRIBUTES`` dict literal in the source of ``path``."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+def read_contract(path: Path) -> tuple[dict[str, str | int | float], dict[str, str]]:
+    """The op's identity (:data:`CONTRACT`) and its attributes (``name -> type name``, from the ``ATTRIBUTES``
+    dict literal), read from the source of ``path``."""
+    tree = _parse(path)
+    constants = _constants(tree, path, CONTRACT)
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else None
         if not (isinstance(target, ast.Name) and target.id == "ATTRIBUTES" and isinstance(node.value, ast.Dict)):
@@ -173,34 +181,18 @@ def read_attributes(path: Path) -> dict[str, str]:
             if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Name)):
                 raise CatalogError(f"{path}:{node.lineno}: ATTRIBUTES must map string literals to type names")
             attributes[key.value] = value.id
-        return attributes
+        return constants, attributes
     raise CatalogError(f"{path}: no ATTRIBUTES dict literal")
 
 
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
-def render_contract(constants: dict[str, str | int], attributes: dict[str, str], source: str) -> str:
+def render_contract(constants: dict[str, str | int | float], attributes: dict[str, str], source: str) -> str:
     """The text of the op-contract header: the op's identity, then one ``attr::k<Name>`` per attribute (the
     native reader spells attribute names only through these, so a renamed attribute fails to compile)."""
-    out = [
-        f"// Generated from {source} by native/codegen.py at build time: do not edit, do not commit.",
-        "#pragma once",
-        "",
-        "namespace ndp {",
-        "",
-    ]
-    for name, (cpp_name, kind) in CONTRACT.items():
-        value = constants[name]
-        if kind is str:
-            out.append(f'constexpr const char* {cpp_name} = "{value}";  // {name}')
-        else:
-            out.append(f"constexpr int {cpp_name} = {value};  // {name}")
+    out = _constant_lines(constants, CONTRACT)
     out += ["", "namespace attr {"]
     out += [f'constexpr const char* k{_camel(name)} = "{name}";  // {kind}' for name, kind in attributes.items()]
-    out += ["}  // namespace attr", "", "}  // namespace ndp", ""]
-    return "\n".join(out)
+    out.append("}  // namespace attr")
+    return _header(source, [], out)
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -216,8 +208,7 @@ def main(argv: list[str]) -> int:
     root, output = Path(argv[0]), Path(argv[1])
     try:
         entries, defaults = read_catalog(root / ACTIVATIONS_SOURCE)
-        constants = read_constants(root / CONTRACT_SOURCE, CONTRACT)
-        attributes = read_attributes(root / CONTRACT_SOURCE)
+        constants, attributes = read_contract(root / CONTRACT_SOURCE)
     except (OSError, SyntaxError, ValueError, CatalogError) as error:
         print(f"codegen: {error}", file=sys.stderr)
         return 1
