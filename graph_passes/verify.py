@@ -18,8 +18,8 @@ its first :func:`sampled_expert_count` experts: the same region with every stack
 experts (router logits narrowed to match), run on ids drawn among them, against each reading computed from the
 same experts' stored bytes. The reading's arithmetic is the same for every expert, so this proves the reading
 while holding only a few experts in memory; the convert note names the experts checked. Only a block that not
-even that sample can check (per-expert initializers, bfloat16 weights, a region that does not run cut down)
-keeps its best structural reading (the caller reports that).
+even that sample can check (per-expert initializers, a region that does not run cut down) keeps its best
+structural reading (the caller reports that).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def choose_readings(
             whole_model.append(candidate)
             continue
         captured, note = None, ""
-        for probe in (region, _bfloat16_as_float32(region, store)):
+        for probe in (region, _widened_to_float32(region, store, (onnx.TensorProto.BFLOAT16,))[0]):
             if probe is None:
                 continue
             try:
@@ -271,30 +271,6 @@ def isolated_region(
         if value in made:
             probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
     return probe
-
-
-def _bfloat16_as_float32(probe: onnx.ModelProto, store: WeightStore) -> onnx.ModelProto | None:
-    """``probe`` computing in float32 from float32 copies of its bfloat16 weights and inputs, or None.
-
-    ONNX Runtime's CPU provider has no bfloat16 MoE kernel; the semantics a reading must reproduce (layouts,
-    activation, routing) do not depend on the float type, and bfloat16 widens to float32 exactly.
-    """
-    bf16 = onnx.TensorProto.BFLOAT16
-    if not any(t.data_type == bf16 for t in probe.graph.initializer):
-        return None
-    for node in probe.graph.node:
-        if any(a.name == "to" and a.i == bf16 for a in node.attribute):
-            return None
-    out = onnx.ModelProto()
-    out.CopyFrom(probe)
-    for position, tensor in enumerate(out.graph.initializer):
-        if tensor.data_type == bf16:
-            array = store.full(tensor.name).astype(np.float32)
-            out.graph.initializer[position].CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))
-    for value in out.graph.input:
-        if value.type.tensor_type.elem_type == bf16:
-            value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-    return out
 
 
 def _reads(nodes: list[onnx.NodeProto]) -> tuple[set[str], set[str]]:
@@ -458,34 +434,36 @@ def _first_experts(region: onnx.ModelProto, plan: MoEBlockPlan, names: set[str],
 
 
 def _widened_to_float32(
-    region: onnx.ModelProto, arrays: dict[str, np.ndarray]
+    probe: onnx.ModelProto,
+    store: WeightStore,
+    narrow: tuple[int, ...],
+    held: dict[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, np.ndarray]]:
-    """``region`` (cut down, its expert tensors in ``arrays``) computing in float32 from float32 copies of its
-    float16/bfloat16 weights and inputs, or None when nothing is narrow or a node casts to a narrow float.
+    """``probe`` computing in float32 from float32 copies of its weights and inputs of the ``narrow`` float types
+    (ONNX data types), or None when none is narrow or a node casts to a narrow type; and ``held`` (values handed
+    over for the probe's header initializers, see :func:`_capture`) with the narrow ones widened.
 
-    The reading a sample proves (layouts, activation, routing) does not depend on the float type, the narrow
-    types widen exactly, and ONNX Runtime's CPU kernels multiply float32 many times faster than float16.
+    The semantics a reading must reproduce (layouts, activation, routing) do not depend on the float type, and
+    float16/bfloat16 widen to float32 exactly: ONNX Runtime's CPU provider has no bfloat16 MoE kernel, and it
+    multiplies float32 many times faster than float16.
     """
-    narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-    none: tuple[None, dict[str, np.ndarray]] = (None, arrays)
-    if not any(t.data_type in narrow for t in region.graph.initializer):
-        return none
-    if any(a.name == "to" and a.i in narrow for node in region.graph.node for a in node.attribute):
-        return none
+    held = held or {}
+    if not any(t.data_type in narrow for t in probe.graph.initializer):
+        return None, held
+    if any(a.name == "to" and a.i in narrow for node in probe.graph.node for a in node.attribute):
+        return None, held
     wide = onnx.ModelProto()
-    wide.CopyFrom(region)
-    widened = dict(arrays)
-    for tensor in wide.graph.initializer:
+    wide.CopyFrom(probe)
+    widened = dict(held)
+    for position, tensor in enumerate(wide.graph.initializer):
         if tensor.data_type not in narrow:
             continue
-        if tensor.name in arrays:  # a header: its values are handed over
+        if tensor.name in held:  # a header: its values are handed over
             tensor.data_type = onnx.TensorProto.FLOAT
-            widened[tensor.name] = arrays[tensor.name].astype(np.float32)
-        elif tensor.data_location == onnx.TensorProto.EXTERNAL:
-            return none
+            widened[tensor.name] = held[tensor.name].astype(np.float32)
         else:
-            values = onnx.numpy_helper.to_array(tensor).astype(np.float32)
-            tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+            values = store.full(tensor.name).astype(np.float32)
+            wide.graph.initializer[position].CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
     for value in wide.graph.input:
         if value.type.tensor_type.elem_type in narrow:
             value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
@@ -532,7 +510,8 @@ def _sampled_verdict(
     def check() -> Verdict:
         arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
         captured = None
-        for probe, values in (_widened_to_float32(region, arrays), (region, arrays)):
+        narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        for probe, values in (_widened_to_float32(region, store, narrow, arrays), (region, arrays)):
             if probe is None:
                 continue
             try:
