@@ -243,8 +243,8 @@ class BackgroundChecks:
         self._report = report
         self._outcomes: list[Verdict] = []
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ndp-ep-checks", daemon=True)
-        if report.pending:
+        self._thread = threading.Thread(target=self._run, name="ndp-ep-checks", daemon=True) if report.pending else None
+        if self._thread is not None:
             self._thread.start()
 
     def _run(self) -> None:
@@ -254,8 +254,9 @@ class BackgroundChecks:
             self._failure = exc
 
     def settled(self) -> ConversionReport | None:
-        """The settled report (see :func:`settle`); a check that raised raises here."""
-        if not self._report.pending:
+        """The settled report (see :func:`settle`; None when a check refuted its block's reading); a check that
+        raised raises here."""
+        if self._thread is None:
             return self._report
         self._thread.join()
         if self._failure is not None:

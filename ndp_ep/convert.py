@@ -80,20 +80,18 @@ def convert_model(
         found = (
             f"{name} is already converted ({plural(already, f'{DOMAIN}::{OP_TYPE} node')})"
             if already
-            else ("no MoE block found")
+            else "no MoE block found"
         )
         raise ConversionError(f"strict: nothing to convert: {found}")
     checks = BackgroundChecks(report)
-    settled: list[ConversionReport | None] = []
 
     def confirmed() -> bool:
         with graph_pass_errors():
-            settled.append(checks.settled())
-        return settled[0] is not None
+            return checks.settled() is not None
 
     try:
         files = _save(rewritten, output_path, system, inputs, external_data, confirmed)
-        report = settled[0] if settled else report
+        report = checks.settled()
     except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again, checked
         with graph_pass_errors():
             rewritten, report = convert(source, shards=requested, strict=strict)
