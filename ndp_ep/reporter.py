@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES, parse_shard_name
+from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES
 from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
 from hw_model.policies import DEFAULT_POLICY
 from hw_model.simulator import MoESimulator
@@ -91,7 +91,7 @@ class SessionReporter:
         self.claimed = claim(model) if claimed is None else claimed
         # an explicit dtype costs every expert's weights in it; otherwise quantized experts move the bytes they
         # are stored in (packed values and scales) and float experts are costed in the deployment dtype
-        formats = [None if dtype is not None else stored_weight_format(model, c) for c in self.claimed]
+        formats = [None] * len(self.claimed) if dtype is not None else stored_weight_formats(model, self.claimed)
         self.layers = [
             MoELayerShape(
                 name=c.spec.layer,
@@ -281,23 +281,24 @@ class SessionReporter:
         )
 
 
-def stored_weight_format(model, node: ClaimedNode) -> WeightFormat | None:
-    """How a quantized node's expert weights are stored (packed values, block size, scale dtype as in the model),
-    or None for float experts (costed in the deployment dtype)."""
-    spec = node.spec
-    if spec.weight_dtype not in QUANTIZED_WEIGHT_DTYPES:
-        return None
+def stored_weight_formats(model, claimed: Sequence[ClaimedNode]) -> list[WeightFormat | None]:
+    """How each claimed node's expert weights are stored: quantized ones as packed values with their block size and
+    the scale dtype the model has; None for float experts (costed in the deployment dtype)."""
+    quantized = {c.name for c in claimed if c.spec.weight_dtype in QUANTIZED_WEIGHT_DTYPES}
+    if not quantized:
+        return [None] * len(claimed)
     types = {t.name: t.data_type for t in model.graph.initializer}
-    scales = "float32"
-    for graph_node in model.graph.node:
-        if graph_node.name != node.name:
+    weight_inputs = {n.name: n.input[3:] for n in model.graph.node if n.name in quantized}
+    formats: list[WeightFormat | None] = []
+    for node in claimed:
+        spec = node.spec
+        if node.name not in quantized:
+            formats.append(None)
             continue
-        for name in graph_node.input:
-            parsed = parse_shard_name(name)
-            if parsed is not None and parsed.kind.endswith("_scales") and name in types:
-                scales = FLOAT_WEIGHT_DTYPE_OF_ONNX.get(types[name], scales)
-                break
-    return WeightFormat(spec.weight_dtype, block_size=spec.quant_block_size, scale_dtype=scales)
+        scales = spec.split_inputs(weight_inputs[node.name])["first_scales"][0]
+        scale_dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX.get(types.get(scales, 1), "float32")
+        formats.append(WeightFormat(spec.weight_dtype, block_size=spec.quant_block_size, scale_dtype=scale_dtype))
+    return formats
 
 
 def describe_weights(dtype: str, formats: Sequence[WeightFormat | None]) -> str:
