@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graph_passes.activations import ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
-from graph_passes.sharded_op import WEIGHT_DTYPES, ExpertForm
+from graph_passes.sharded_op import LAYOUTS, WEIGHT_DTYPES, ExpertForm
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class StackedMatrix:
             raise ValueError("StackedMatrix: zero_points without scales")
         if self.scales and (self.layout != "out_in" or self.per_expert):
             raise ValueError("StackedMatrix: a quantized matrix must be one stacked [E, out, in] initializer")
-        if self.layout not in ("in_out", "out_in"):
-            raise ValueError(f"StackedMatrix.layout must be 'in_out' or 'out_in', got {self.layout!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"StackedMatrix.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if self.columns not in ("all", "first_half", "second_half", "even", "odd"):
             raise ValueError(f"StackedMatrix.columns: unknown selection {self.columns!r}")
         if bool(self.initializer) == bool(self.per_expert):
