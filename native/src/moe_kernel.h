@@ -4,8 +4,9 @@
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
 // Weights of every precision and layout of the contract are converted to float32 once, when the node is
 // compiled, into the x @ W layout ([in, out]; an out_in float shard is transposed then, so the compute and
-// its rounding do not depend on the layout); the compute groups tokens by expert, computes only the routed tokens, runs each
-// shard's gate/up columns and down rows with cblas_sgemm and reduces the shards' partial sums in shard order.
+// its rounding do not depend on the layout); the compute groups tokens by expert, computes only the routed
+// tokens, runs each shard's gate/up columns and down rows with cblas_sgemm and reduces the shards' partial
+// sums in shard order.
 // Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
 // their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
 #pragma once
