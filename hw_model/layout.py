@@ -1,9 +1,10 @@
 """One MoE layer invocation's placement decisions turned into its timeline, memoised.
 
-A policy records, per active expert, one decision on an :class:`InvocationLayout`: on the GPU (resident, or
-with its weights copied over PCIe first), sliced over all NDP units (tensor parallel), whole on its home unit,
-or split between the GPU and the units. :meth:`InvocationLayout.finish` turns the decisions into a
-:class:`LayoutPlan`:
+The simulator describes each invocation (its layer, its active experts and their token counts) as an
+:class:`InvocationLayout`, and the policy records on it, per active expert, one decision: on the GPU (resident,
+or with its weights copied over PCIe first), sliced over all NDP units (tensor parallel), whole on its home
+unit, or split between the GPU and the units. :meth:`InvocationLayout.finish` turns the decisions into the
+invocation's plan:
 
 - its :class:`LayoutSummary` (latency, busy seconds per resource, bytes over the host link, the idle PCIe
   windows after the NDP work), memoised per run by the decisions *without expert ids*: experts of one layer
@@ -26,10 +27,10 @@ import numpy as np
 
 from hw_model.cost import expert_shard_time_s
 from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
-from hw_model.workload import MoELayerShape
 
 if TYPE_CHECKING:  # the policies module imports this one
-    from hw_model.policies import Policy, PolicyState, RunContext
+    from hw_model.policies import ExpertCosts, Policy, PolicyState, RunContext
+    from hw_model.workload import ExpertShape
 
 GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical order
 MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
@@ -81,40 +82,146 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
     )
 
 
-class PolicyOutcome(NamedTuple):
-    """What a policy's ``place`` returns: the invocation's plan and policy-specific numbers."""
+class InvocationLayout:
+    """One MoE layer invocation: its active experts, the decisions a policy records for them (see the module
+    docstring), and the resulting plan: :attr:`summary` (set by :meth:`finish`), policy-specific numbers
+    (:attr:`extra`), and the timeline and placement, built on first read.
 
-    plan: LayoutPlan
-    extra: dict[str, float]
+    The simulator makes one per invocation and hands it to the policy's ``place``; it also gives the policies
+    the per-item view of the active experts their balancing rules and the packer use.
+    """
 
-
-class LayoutPlan:
-    """One invocation's summary, and its timeline and placement built on first read."""
-
-    __slots__ = ("summary", "_layout", "_timeline", "_placement")
+    __slots__ = (
+        "ctx",
+        "policy",
+        "state",
+        "layer_index",
+        "layer",
+        "active",
+        "active_tokens",
+        "decisions",
+        "ids",
+        "extra",
+        "summary",
+        "_timeline",
+        "_placement",
+    )
 
     def __init__(
         self,
-        summary: LayoutSummary,
-        layout: InvocationLayout | None = None,
-        timeline: LayerTimeline | None = None,
-        placement: Mapping[int, str] | None = None,
+        ctx: RunContext,
+        policy: Policy,
+        state: PolicyState,
+        layer_index: int,
+        active: list[int],
+        active_tokens: list[int],
     ) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self.state = state
+        self.layer_index = layer_index
+        self.layer = ctx.layers[layer_index]
+        self.active = active  # the experts with tokens, ascending
+        self.active_tokens = active_tokens  # their token counts
+        self.decisions: list[Decision] = []  # id-free, in the order recorded
+        self.ids: list[int] = []  # the expert of each decision
+        self.extra: dict[str, float] = {}
+        self.summary: LayoutSummary | None = None
+        self._timeline: LayerTimeline | None = None
+        self._placement: Mapping[int, str] | None = None
+
+    # -- what the policies read ------------------------------------------------------------------------
+    @property
+    def costs(self) -> ExpertCosts:
+        return self.ctx.costs
+
+    @property
+    def expert(self) -> ExpertShape:
+        return self.layer.expert
+
+    @property
+    def units(self) -> int:
+        return self.ctx.system.num_ndp_units
+
+    @property
+    def sources(self) -> int:
+        """How many DIMMs an expert's copy reads in parallel (the policy's weight layout)."""
+        return self.policy.copy_sources(self.ctx.system.num_ndp_units)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.policy.tensor_parallel
+
+    @property
+    def tokens(self) -> int:
+        """Token rows in the invocation."""
+        return max(1, -(-sum(self.active_tokens) // self.layer.top_k))
+
+    def home(self, e: int) -> int:
+        return e % self.units
+
+    # -- recording decisions ---------------------------------------------------------------------------
+    def to_gpu(self, e: int, tokens: int, resident: bool) -> None:
+        """Expert ``e`` (``tokens`` tokens) on the GPU; unless ``resident``, its weights are copied first (counted
+        as on-demand)."""
+        self.ids.append(e)
+        if resident:
+            self.decisions.append((GPU, tokens, 1, 0))
+            return
+        ctx = self.ctx
+        self.state.on_demand_bytes += ctx.costs.weight_bytes(self.layer.expert)
+        units = ctx.system.num_ndp_units
+        home = e % units if units and self.policy.copy_sources(units) == 1 else 0
+        self.decisions.append((GPU, tokens, 0, home))
+
+    def whole_on_units(self, experts: list[int], tokens: list[int]) -> None:
+        """Each of ``experts`` (``tokens[i]`` tokens) whole on its home unit."""
+        units = self.units
+        self.ids += experts
+        self.decisions += [(WHOLE, t, e % units, 0) for e, t in zip(experts, tokens, strict=True)]
+
+    def sliced(self, experts: list[int], tokens: list[int]) -> None:
+        """Each of ``experts`` (``tokens[i]`` tokens) sliced over all units."""
+        self.ids += experts
+        self.decisions += [(SLICED, t, 0, 0) for t in tokens]
+
+    def on_ndp(self, experts: list[int], tokens: list[int]) -> None:
+        """Each of ``experts`` on the NDP units as the policy's layout has it: sliced or whole on its home unit."""
+        if self.policy.tensor_parallel:
+            self.sliced(experts, tokens)
+        else:
+            self.whole_on_units(experts, tokens)
+
+    def split(self, e: int, tokens: int, k: int) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+        self.ids.append(e)
+        self.state.on_demand_bytes += self.layer.expert.weight_bytes() / k
+        self.decisions.append((SPLIT, tokens, k, 0))
+
+    def finish(self) -> None:
+        """Set :attr:`summary` from the recorded decisions: from the run's memo, laid out on a miss."""
+        key = (self.ctx.layer_classes[self.layer_index], tuple(sorted(self.decisions)))
+        memo = self.state.layout_memo
+        summary = memo.get(key)
+        if summary is None:
+            self._timeline = self.lay_out()
+            summary = summarize(self._timeline)
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[key] = summary
         self.summary = summary
-        self._layout = layout
+
+    def finish_with_timeline(self, timeline: LayerTimeline, placement: Mapping[int, str]) -> None:
+        """Finish with a timeline the policy laid out itself (not from recorded decisions)."""
         self._timeline = timeline
         self._placement = placement
+        self.summary = summarize(timeline)
 
-    @classmethod
-    def of_timeline(cls, timeline: LayerTimeline, placement: Mapping[int, str]) -> LayoutPlan:
-        """A plan a policy laid out itself (not from decisions)."""
-        return cls(summarize(timeline), timeline=timeline, placement=placement)
-
+    # -- the plan, built on first read -----------------------------------------------------------------
     @property
     def timeline(self) -> LayerTimeline:
         if self._timeline is None:
-            assert self._layout is not None
-            self._timeline = self._layout.lay_out()
+            self._timeline = self.lay_out()
         return self._timeline
 
     @property
@@ -125,105 +232,10 @@ class LayoutPlan:
     def placement(self) -> Mapping[int, str]:
         """Expert id to ``"gpu"``, ``"ndp"`` (sliced), ``"ndpU"`` (whole on unit U) or ``"split"``."""
         if self._placement is None:
-            assert self._layout is not None
             names = {GPU: "gpu", SLICED: "ndp", SPLIT: "split"}
-            decisions = sorted(zip(self._layout.ids, self._layout.decisions, strict=True))
+            decisions = sorted(zip(self.ids, self.decisions, strict=True))
             self._placement = {e: f"ndp{d[2]}" if d[0] == WHOLE else names[d[0]] for e, d in decisions}
         return self._placement
-
-
-def tokens_in_invocation(layer: MoELayerShape, counts: np.ndarray) -> int:
-    return max(1, -(-int(counts.sum()) // layer.top_k))
-
-
-def shape_class(state: PolicyState, layer: MoELayerShape) -> int:
-    """A small id shared by the layers whose placement decisions and layouts coincide for equal decisions: equal
-    expert shape (by value, so every layer of a model shares one) and ``top_k`` (it sets the activation copy)."""
-    entry = state.layer_classes.get(id(layer))
-    if entry is None or entry[0] is not layer:  # the entry keeps its layer alive, so an id is never reused
-        classes = state.shape_classes
-        entry = state.layer_classes[id(layer)] = (layer, classes.setdefault((layer.expert, layer.top_k), len(classes)))
-    return entry[1]
-
-
-class InvocationLayout:
-    """Collects one invocation's decisions (see the module docstring), and the per-item view of its active
-    experts the balancing rules and the packer use."""
-
-    def __init__(
-        self, ctx: RunContext, policy: Policy, state: PolicyState, layer: MoELayerShape, counts: np.ndarray
-    ) -> None:
-        self.ctx = ctx
-        self.costs = ctx.costs
-        self.state = state
-        self.layer = layer
-        self.expert = layer.expert
-        self.counts = counts
-        self.units = ctx.system.num_ndp_units
-        self.sources = policy.copy_sources(self.units)
-        self.tensor_parallel = policy.tensor_parallel
-        self.decisions: list[Decision] = []  # id-free, in the order recorded
-        self.ids: list[int] = []  # the expert of each decision
-        self.extra: dict[str, float] = {}
-
-    @property
-    def tokens(self) -> int:
-        """Token rows in the invocation."""
-        return tokens_in_invocation(self.layer, self.counts)
-
-    def home(self, e: int) -> int:
-        return e % self.units
-
-    def to_gpu(self, e: int, resident: bool) -> None:
-        """Expert ``e`` on the GPU; unless ``resident``, its weights are copied first (counted as on-demand)."""
-        self.ids.append(e)
-        if resident:
-            self.decisions.append((GPU, int(self.counts[e]), 1, 0))
-            return
-        self.state.on_demand_bytes += self.costs.weight_bytes(self.expert)
-        home = e % self.units if self.sources == 1 and self.units else 0
-        self.decisions.append((GPU, int(self.counts[e]), 0, home))
-
-    def whole_on_unit(self, e: int) -> None:
-        self.ids.append(e)
-        self.decisions.append((WHOLE, int(self.counts[e]), e % self.units, 0))
-
-    def sliced(self, e: int) -> None:
-        self.ids.append(e)
-        self.decisions.append((SLICED, int(self.counts[e]), 0, 0))
-
-    def sliced_many(self, experts: list[int]) -> None:
-        """:meth:`sliced` for each of ``experts``."""
-        if experts:
-            self.ids += experts
-            self.decisions += [(SLICED, c, 0, 0) for c in self.counts[experts].tolist()]
-
-    def split(self, e: int, k: int) -> None:
-        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
-        self.ids.append(e)
-        self.state.on_demand_bytes += self.expert.weight_bytes() / k
-        self.decisions.append((SPLIT, int(self.counts[e]), k, 0))
-
-    def on_ndp(self, e: int) -> None:
-        if self.tensor_parallel:
-            self.sliced(e)
-        else:
-            self.whole_on_unit(e)
-
-    def finish(self) -> PolicyOutcome:
-        """The plan of the recorded decisions (its summary from the run's memo, laid out on a miss) and
-        :attr:`extra`."""
-        key = (shape_class(self.state, self.layer), tuple(sorted(self.decisions)))
-        memo = self.state.layout_memo
-        summary = memo.get(key)
-        if summary is not None:
-            return PolicyOutcome(LayoutPlan(summary, self), self.extra)
-        timeline = self.lay_out()
-        summary = summarize(timeline)
-        if len(memo) >= MEMO_SIZE:
-            memo.clear()
-        memo[key] = summary
-        return PolicyOutcome(LayoutPlan(summary, self, timeline), self.extra)
 
     def lay_out(self) -> LayerTimeline:
         """The timeline of the recorded decisions, laid out in the canonical order (see the module docstring)."""
@@ -327,12 +339,11 @@ class InvocationLayout:
         return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
 
     def item_arrays(
-        self, active: np.ndarray, resident: np.ndarray, whole: np.ndarray | None = None
+        self, ids: list[int], tokens: list[int], resident: Sequence[bool], whole: Sequence[bool] | None = None
     ) -> dict[str, np.ndarray]:
-        """:meth:`item_lists` of the active experts as arrays (``ndp`` and ``copy``: experts x units), for
-        the packer."""
-        items = self.item_lists(active.tolist(), self.counts[active].tolist(), resident.tolist(), whole)
-        shape = (active.size, self.units)
+        """:meth:`item_lists` as arrays (``ndp`` and ``copy``: experts x units), for the packer."""
+        items = self.item_lists(ids, tokens, resident, whole)
+        shape = (len(ids), self.units)
         arrays = {key: np.array(values, dtype=np.float64) for key, values in items.items()}
         arrays["ndp"] = arrays["ndp"].reshape(shape)
         arrays["copy"] = arrays["copy"].reshape(shape)

@@ -44,14 +44,14 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from operator import add, sub
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hw_model.cost import expert_shard_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
-from hw_model.layout import InvocationLayout, LayoutPlan, LayoutSummary, PolicyOutcome, shape_class
+from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
 from hw_model.scheduler import PlacementProblem, pack
 from hw_model.timeline import LayerTimeline, TimelineEvent
@@ -121,6 +121,17 @@ class ExpertCosts:
             value = self._store(key, expert, expert.weight_bytes())
         return value
 
+    def beyond_ndp_ridge(self, expert: ExpertShape, tokens: int) -> bool:
+        """Whether ``expert`` over ``tokens`` tokens has more FLOPs per weight byte than the NDP unit's ridge point
+        (its achievable FLOP/s over its bandwidth): compute-bound on NDP."""
+        key = (id(expert), 7, tokens, 0)
+        value = self._memo.get(key)
+        if value is None:
+            unit = self.system.ndp_unit
+            ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
+            value = self._store(key, expert, expert.flops(tokens) / expert.weight_bytes() > ridge)
+        return value
+
     def copy_bandwidth(self, sources: int) -> float:
         """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
         pcie = self.system.host_link.bandwidth_bytes_per_s
@@ -161,8 +172,15 @@ class RunContext:
     drift_smoothing: float = 0.1
     prefetch_interval_tokens: int = 32
     prefetch_decay: float = 0.5
+    # per layer, a small id shared by the layers whose placement decisions and layouts coincide for equal
+    # decisions: equal expert shape (by value, so every layer of a model shares one) and top_k (it sets the
+    # activation copy); the memo keys of layouts and packer decisions start with it
+    layer_classes: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        classes: dict[tuple[ExpertShape, int], int] = {}
+        layer_classes = tuple(classes.setdefault((lay.expert, lay.top_k), len(classes)) for lay in self.layers)
+        object.__setattr__(self, "layer_classes", layer_classes)  # a derived field of a frozen dataclass
         if self.residency_cap_bytes < 0 or self.staging_cap_bytes < 0:
             raise WorkloadError("residency and staging caps must be non-negative")
         if self.drift_threshold < 0:
@@ -193,10 +211,14 @@ class DriftTracker:
         self.plans: list[frozenset[int]] = [frozenset()] * num_layers
         self._all_seen = False
         self._all_planned = False
+        self._replanned: list[int] = []  # layers planned since the last update (see replan)
         self.drift: dict[int, float] = {}  # layer -> drift of its pending invocation (set by update)
 
     def update(self, layers: list[int], counts: np.ndarray) -> None:
         """Smooth ``counts[i]`` (layer ``layers[i]``'s token counts) into the histograms; record each drift."""
+        if self._replanned:  # their plans were made on the histograms as they are until now
+            self.planned_on[self._replanned] = self.smoothed[self._replanned]
+            self._replanned.clear()
         alpha = self.smoothing
         totals = counts.sum(axis=1)
         np.maximum(totals, 1, out=totals)
@@ -222,8 +244,9 @@ class DriftTracker:
         self.drift.update(zip(layers, drift.tolist(), strict=True))
 
     def replan(self, layer: int, gpu_set: frozenset[int]) -> None:
-        """A plan was made for ``layer`` on its current smoothed histogram."""
-        self.planned_on[layer] = self.smoothed[layer]
+        """A plan was made for ``layer`` on its current smoothed histogram (noted now, copied at the next
+        :meth:`update`, before the histograms change: one array operation for all the layers planned)."""
+        self._replanned.append(layer)
         self.plans[layer] = gpu_set
         if not self._all_planned:
             self.has_plan[layer] = True
@@ -237,10 +260,8 @@ class PolicyState:
     prefetcher: ExpertPrefetcher | None = None
     lru: ExpertLRUCache | None = None
     histograms: dict[str, DriftTracker] = field(default_factory=dict)  # per phase
-    pack_memo: dict[tuple, np.ndarray] = field(default_factory=dict)
+    pack_memo: dict[tuple, Any] = field(default_factory=dict)  # packer and balancing-rule decisions
     layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
-    layer_classes: dict[int, tuple[MoELayerShape, int]] = field(default_factory=dict)
-    shape_classes: dict[tuple[ExpertShape, int], int] = field(default_factory=dict)
     recomputations: int = 0
     reuses: int = 0
     decode_recomputations: int = 0
@@ -274,16 +295,9 @@ class Policy(ABC):
         return None
 
     @abstractmethod
-    def place(
-        self,
-        ctx: RunContext,
-        state: PolicyState,
-        layer_index: int,
-        layer: MoELayerShape,
-        counts: np.ndarray,
-        phase: str,
-    ) -> PolicyOutcome:
-        """Place one invocation's active experts and lay out its timeline."""
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
+        """Place one invocation's active experts (``out.active``, with ``out.active_tokens`` tokens each): record
+        a decision for each on ``out`` and finish it (:meth:`InvocationLayout.finish`)."""
 
     def copy_sources(self, units: int) -> int:
         """How many DIMMs one expert's copy reads in parallel under this policy's weight layout."""
@@ -409,17 +423,18 @@ class GpuOffload(Policy):
     def new_state(self, ctx: RunContext) -> PolicyState:
         return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        assert state.prefetcher is not None and state.lru is not None
-        resident = state.prefetcher.resident_mask(layer_index, layer.num_experts)
-        weight_bytes = layer.expert.weight_bytes()
-        for e in np.flatnonzero(counts).tolist():
-            hit = bool(resident[e]) or state.lru.use((layer_index, e), weight_bytes)
-            out.to_gpu(e, hit)
+    def place(self, ctx, state, out, phase):
+        prefetcher, lru = state.prefetcher, state.lru
+        assert prefetcher is not None and lru is not None
+        layer_index = out.layer_index
+        resident = prefetcher.resident_sets[layer_index]
+        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+        for e, tokens in zip(out.active, out.active_tokens, strict=True):
+            hit = e in resident or lru.use((layer_index, e), weight_bytes)
+            out.to_gpu(e, tokens, hit)
             if not hit:
-                state.prefetcher.adopt_staged(layer_index, e)
-        return out.finish()
+                prefetcher.adopt_staged(layer_index, e)
+        out.finish()
 
 
 @register
@@ -429,34 +444,33 @@ class NdpExpertPerUnit(Policy):
     description = "whole experts on NDP units, expert e on unit e mod N; no GPU, no tensor parallelism"
     source = "the NDP-only design point of NDP-DIMM papers (Hermes, HPCA 2025)"
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        for e in np.flatnonzero(counts).tolist():
-            out.whole_on_unit(e)
-        return out.finish()
+    def place(self, ctx, state, out, phase):
+        out.whole_on_units(out.active, out.active_tokens)
+        out.finish()
 
 
 class _Balanced(Policy):
     """MoNDE's rule: move experts to the GPU in load-aware order, as many as balance GPU and NDP time."""
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        active = np.flatnonzero(counts)
-        resident = self._resident(state, layer_index, active)
-        chosen = self._moved(ctx, state, out, active, resident)
-        weight_bytes = ctx.costs.weight_bytes(layer.expert)
-        for i, e in enumerate(active.tolist()):
+    def place(self, ctx, state, out, phase):
+        layer_index = out.layer_index
+        resident = self._resident(state, layer_index, out.active)
+        chosen = self._moved(ctx, state, out, resident)
+        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+        on_ndp: list[int] = []
+        ndp_tokens: list[int] = []
+        for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in chosen:
-                out.to_gpu(e, bool(resident[i]))
+                out.to_gpu(e, tokens, res)
                 self._keep(state, layer_index, e, weight_bytes)
             else:
-                out.on_ndp(e)
-        out.extra["resident_selected"] = float(resident.sum())
-        return out.finish()
+                on_ndp.append(e)
+                ndp_tokens.append(tokens)
+        out.on_ndp(on_ndp, ndp_tokens)
+        out.extra["resident_selected"] = float(sum(resident))
+        out.finish()
 
-    def _moved(
-        self, ctx: RunContext, state: PolicyState, out: InvocationLayout, active: np.ndarray, resident: np.ndarray
-    ) -> set[int]:
+    def _moved(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, resident: list[bool]) -> set[int]:
         """The active experts this rule moves to the GPU, memoised (a pure speed-up: the choice is identical).
 
         The rule sees each expert only through its tokens, its home unit (whole layouts) and its residency, and
@@ -465,30 +479,30 @@ class _Balanced(Policy):
         non-resident experts share each (tokens, home): memoised by that signature as, per resident expert,
         whether it moves and, per group, how many of its lowest ids move. A choice that does not take a group's
         lowest ids is not memoised."""
-        ids = active.tolist()
-        tokens = out.counts[active].tolist()
-        homes = [0] * len(ids) if self.tensor_parallel or not out.units else [e % out.units for e in ids]
+        ids = out.active
+        tokens = out.active_tokens
+        units = out.units
+        homes = [0] * len(ids) if self.tensor_parallel or not units else [e % units for e in ids]
         groups: dict[tuple[int, int], list[int]] = {}  # (tokens, home) of non-resident experts -> ids, ascending
         first: list[tuple[int, int, int]] = []  # resident (tokens, home, id), hottest first, then by id
-        for e, t, h, r in zip(ids, tokens, homes, resident.tolist(), strict=True):
+        for e, t, h, r in zip(ids, tokens, homes, resident, strict=True):
             if r:
                 first.append((t, h, e))
             else:
                 groups.setdefault((t, h), []).append(e)
         first.sort(key=lambda item: -item[0])
         key = (
-            shape_class(state, out.layer),
-            out.units,
+            ctx.layer_classes[out.layer_index],
+            units,
             tuple(item[:2] for item in first),
             tuple(sorted((group, len(members)) for group, members in groups.items())),
         )
         memo = state.pack_memo.get(key)
         if memo is None:
-            res = resident.tolist()
-            items = out.item_lists(ids, tokens, res)
+            items = out.item_lists(ids, tokens, resident)
             started = time.perf_counter()
-            order = _load_aware_order(items["ndp"], tokens, res, out.units)
-            k = _best_prefix(items, order, out.units, out.activation_s(), ctx.staging_cap_bytes)
+            order = _load_aware_order(items["ndp"], tokens, resident, units)
+            k = _best_prefix(items, order, units, out.activation_s(), ctx.staging_cap_bytes)
             state.decision_times_s.append(time.perf_counter() - started)
             chosen = {ids[i] for i in order[:k]}
             moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
@@ -503,8 +517,9 @@ class _Balanced(Policy):
             chosen.update(members[: moved[group]])
         return chosen
 
-    def _resident(self, state: PolicyState, layer_index: int, active: np.ndarray) -> np.ndarray:
-        return np.zeros(active.size, dtype=bool)
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
+        """Per active expert, whether its weights are on the GPU already."""
+        return [False] * len(active)
 
     def _keep(self, state: PolicyState, layer_index: int, e: int, weight_bytes: float) -> None:
         return None
@@ -534,7 +549,7 @@ class MondeCache(_Balanced):
 
     def _resident(self, state, layer_index, active):
         assert state.lru is not None
-        return np.array([(layer_index, e) in state.lru for e in active.tolist()], dtype=bool)
+        return [(layer_index, e) in state.lru for e in active]
 
     def _keep(self, state, layer_index, e, weight_bytes):
         assert state.lru is not None
@@ -553,22 +568,23 @@ class Duplex(Policy):
     tensor_parallel = True
     layout = "sliced"
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        expert = layer.expert
-        unit = ctx.system.ndp_unit
-        ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
+    def place(self, ctx, state, out, phase):
+        costs = ctx.costs
+        expert = out.layer.expert
+        weight_bytes = costs.weight_bytes(expert)
         staged = 0.0
-        active = np.flatnonzero(counts)
-        for e in active[np.argsort(-counts[active], kind="stable")].tolist():
-            op_per_byte = expert.flops(int(counts[e])) / expert.weight_bytes()
-            fits = staged + expert.weight_bytes() <= ctx.staging_cap_bytes
-            if op_per_byte > ridge and fits:
-                out.to_gpu(e, resident=False)
-                staged += expert.weight_bytes()
+        on_ndp: list[int] = []
+        ndp_tokens: list[int] = []
+        hottest_first = sorted(zip(out.active, out.active_tokens, strict=True), key=lambda item: -item[1])  # stable
+        for e, tokens in hottest_first:
+            if costs.beyond_ndp_ridge(expert, tokens) and staged + weight_bytes <= ctx.staging_cap_bytes:
+                out.to_gpu(e, tokens, resident=False)
+                staged += weight_bytes
             else:
-                out.sliced(e)
-        return out.finish()
+                on_ndp.append(e)
+                ndp_tokens.append(tokens)
+        out.sliced(on_ndp, ndp_tokens)
+        out.finish()
 
 
 @register
@@ -593,8 +609,9 @@ class TensorParallelLoadBalanced(Policy):
     tensor_parallel = True
     layout = "sliced"
 
-    def _resident(self, state: PolicyState, layer_index: int, num_experts: int) -> np.ndarray:
-        return np.zeros(num_experts, dtype=bool)
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
+        """Per active expert, whether its weights are on the GPU already."""
+        return [False] * len(active)
 
     def begin_step(self, ctx, state, layers, counts, phase):
         tracker = state.histograms.get(phase)
@@ -603,26 +620,25 @@ class TensorParallelLoadBalanced(Policy):
             tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.drift_smoothing)
         tracker.update(layers, counts)
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        active = counts.nonzero()[0]  # counts is one-dimensional
-        resident = self._resident(state, layer_index, layer.num_experts)
-        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
-        weight_bytes = ctx.costs.weight_bytes(layer.expert)
-        prefetcher, lru = state.prefetcher, state.lru
-        res_active = resident[active].tolist()
-        on_ndp = []
-        for e, res in zip(active.tolist(), res_active, strict=True):
-            if e not in on_gpu:
-                on_ndp.append(e)
-                continue
-            out.to_gpu(e, res)
-            adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
-            if lru is not None and not adopted:  # keep the staged copy until its space is needed
-                lru.use((layer_index, e), weight_bytes)
-        out.sliced_many(on_ndp)
-        out.extra["resident_selected"] = float(sum(res_active))
-        return out.finish()
+    def place(self, ctx, state, out, phase):
+        layer_index, active, active_tokens = out.layer_index, out.active, out.active_tokens
+        resident = self._resident(state, layer_index, active)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        if on_gpu:
+            weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+            prefetcher, lru = state.prefetcher, state.lru
+            for e, tokens, res in zip(active, active_tokens, resident, strict=True):
+                if e in on_gpu:
+                    out.to_gpu(e, tokens, res)
+                    adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
+                    if lru is not None and not adopted:  # keep the staged copy until its space is needed
+                        lru.use((layer_index, e), weight_bytes)
+            on_ndp = [i for i, e in enumerate(active) if e not in on_gpu]
+            out.sliced([active[i] for i in on_ndp], [active_tokens[i] for i in on_ndp])
+        else:
+            out.sliced(active, active_tokens)
+        out.extra["resident_selected"] = float(sum(resident))
+        out.finish()
 
 
 @register
@@ -639,16 +655,11 @@ class Ours(TensorParallelLoadBalanced):
         # the staging area keeps its copies, least recently used out first, as gpu-offload's does
         return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
-    def _resident(self, state, layer_index, num_experts):
+    def _resident(self, state, layer_index, active):
         assert state.prefetcher is not None and state.lru is not None
-        resident = state.prefetcher.resident_mask(layer_index, num_experts)
+        prefetched = state.prefetcher.resident_sets[layer_index]
         cached = state.lru.experts_of(layer_index)
-        if len(cached) > 16:
-            resident[list(cached)] = True
-        else:  # a few: item by item is cheaper than building an index array
-            for e in cached:
-                resident[e] = True
-        return resident
+        return [e in prefetched or e in cached for e in active]
 
 
 @register
@@ -662,10 +673,11 @@ class OursLookahead(Ours):
     source = "pre-gating systems (Pre-gated MoE, ISCA 2024; AdapMoE); predictor accuracy is a stated knob"
     lookahead = True
 
-    def _resident(self, state, layer_index, num_experts):
-        resident = super()._resident(state, layer_index, num_experts)
-        for e in state.staged_ahead.pop(layer_index, ()):
-            resident[e] = True
+    def _resident(self, state, layer_index, active):
+        resident = super()._resident(state, layer_index, active)
+        staged = state.staged_ahead.pop(layer_index, None)
+        if staged:
+            resident = [r or e in staged for e, r in zip(active, resident, strict=True)]
         return resident
 
 
@@ -680,33 +692,38 @@ class OursSplit(Ours):
     )
     source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        active = np.flatnonzero(counts)
-        resident = self._resident(state, layer_index, layer.num_experts)
-        on_gpu = _scheduled_gpu_set(ctx, state, out, layer_index, counts, active, resident, phase)
-        on_ndp = [e for e in active.tolist() if e not in on_gpu]
-        split = _best_split(out, active, resident, on_gpu, on_ndp) if on_ndp else None
-        weight_bytes = layer.expert.weight_bytes()
-        for e in active.tolist():
+    def place(self, ctx, state, out, phase):
+        layer_index = out.layer_index
+        resident = self._resident(state, layer_index, out.active)
+        on_gpu = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        tokens_of = dict(zip(out.active, out.active_tokens, strict=True))
+        resident_of = dict(zip(out.active, resident, strict=True))
+        on_ndp = [e for e in out.active if e not in on_gpu]
+        split = _best_split(out, tokens_of, resident_of, on_gpu, on_ndp) if on_ndp else None
+        weight_bytes = out.layer.expert.weight_bytes()
+        for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in on_gpu:
-                out.to_gpu(e, bool(resident[e]))
+                out.to_gpu(e, tokens, res)
                 adopted = False
-                if not resident[e] and state.prefetcher is not None:
+                if not res and state.prefetcher is not None:
                     adopted = state.prefetcher.adopt_staged(layer_index, e)
                 if state.lru is not None and not adopted:
                     state.lru.use((layer_index, e), weight_bytes)
             elif split is not None and e == split[0]:
-                out.split(e, split[1])
+                out.split(e, tokens, split[1])
             else:
-                out.sliced(e)
-        out.extra["resident_selected"] = float(resident[active].sum())
+                out.sliced([e], [tokens])
+        out.extra["resident_selected"] = float(sum(resident))
         out.extra["split_parts"] = float(split[1]) if split is not None else 0.0
-        return out.finish()
+        out.finish()
 
 
 def _best_split(
-    out: InvocationLayout, active: np.ndarray, resident: np.ndarray, on_gpu: set[int], on_ndp: list[int]
+    out: InvocationLayout,
+    tokens_of: dict[int, int],
+    resident_of: dict[int, bool],
+    on_gpu: set[int],
+    on_ndp: list[int],
 ) -> tuple[int, int] | None:
     """(expert, k) when running 1/k of the hottest NDP expert on the GPU shortens the layer, else None."""
     costs, expert, units = out.costs, out.expert, out.units
@@ -714,17 +731,17 @@ def _best_split(
     unit = out.activation_s()
     pcie = gpu = 0.0
     for e in on_gpu:
-        tokens = int(out.counts[e])
+        tokens = tokens_of[e]
         gpu += costs.gpu_s(expert, tokens)
-        if not resident[e]:
+        if not resident_of[e]:
             pcie += costs.transfer_s(expert, sources)
             unit += costs.copy_read_s(expert, sources)
     for e in on_ndp:
-        tokens = int(out.counts[e])
+        tokens = tokens_of[e]
         unit += max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
     current = max(unit, pcie, gpu)
-    hot = max(on_ndp, key=lambda e: (int(out.counts[e]), -e))
-    tokens = int(out.counts[hot])
+    hot = max(on_ndp, key=lambda e: (tokens_of[e], -e))
+    tokens = tokens_of[hot]
     whole_ndp = max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
     best: tuple[float, int] | None = None
     for k in range(2, 9):
@@ -757,14 +774,13 @@ class OursVariableDegree(Ours):
     def begin_step(self, ctx, state, layers, counts, phase):
         return None  # it packs every invocation: no plan to reuse, so no drift to track
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        out = InvocationLayout(ctx, self, state, layer, counts)
-        active = np.flatnonzero(counts)
-        resident = self._resident(state, layer_index, layer.num_experts)
-        res = resident[active]
+    def place(self, ctx, state, out, phase):
+        layer_index = out.layer_index
+        active, active_tokens = out.active, out.active_tokens
+        res = self._resident(state, layer_index, active)
         started = time.perf_counter()
-        whole = choose_whole(out, active)
-        items = out.item_arrays(active, res, whole)
+        whole = choose_whole(out)
+        items = out.item_arrays(active, active_tokens, res, whole)
         problem = PlacementProblem(
             ndp_time_s=items["ndp"],
             gpu_compute_s=items["gpu"],
@@ -779,37 +795,37 @@ class OursVariableDegree(Ours):
         state.recomputations += 1
         if phase == "decode":
             state.decode_recomputations += 1
-        weight_bytes = layer.expert.weight_bytes()
-        for i, e in enumerate(active.tolist()):
+        weight_bytes = out.layer.expert.weight_bytes()
+        for i, (e, tokens) in enumerate(zip(active, active_tokens, strict=True)):
             if on_gpu[i]:
-                out.to_gpu(e, bool(res[i]))
+                out.to_gpu(e, tokens, res[i])
                 adopted = False
                 if not res[i] and state.prefetcher is not None:
                     adopted = state.prefetcher.adopt_staged(layer_index, e)
                 if state.lru is not None and not adopted:
                     state.lru.use((layer_index, e), weight_bytes)
             elif whole[i]:
-                out.whole_on_unit(e)
+                out.whole_on_units([e], [tokens])
             else:
-                out.sliced(e)
-        out.extra["resident_selected"] = float(res.sum())
+                out.sliced([e], [tokens])
+        out.extra["resident_selected"] = float(sum(res))
         out.extra["whole_on_unit"] = float(whole.sum())
-        return out.finish()
+        out.finish()
 
 
-def choose_whole(out: InvocationLayout, active: np.ndarray) -> np.ndarray:
+def choose_whole(out: InvocationLayout) -> np.ndarray:
     """Per active expert, whether to run it whole on its home unit (per-unit bins): every unit takes the same
     number ``m`` of its own coldest experts whole (``m`` = the fewest active experts any unit is home to), which
     keeps the units balanced while each whole expert saves the fixed costs of N - 1 shards; kept only if the
     busiest unit's load drops. Everything else stays sliced."""
     costs, expert, units = out.costs, out.expert, out.units
-    tokens = out.counts[active].tolist()
-    homes = [out.home(int(e)) for e in active.tolist()]
+    tokens = out.active_tokens
+    homes = [out.home(e) for e in out.active]
     by_unit: list[list[int]] = [[] for _ in range(units)]
-    for i in sorted(range(active.size), key=lambda i: tokens[i]):
+    for i in sorted(range(len(tokens)), key=lambda i: tokens[i]):
         by_unit[homes[i]].append(i)
     m = min(len(members) for members in by_unit) if units > 1 else 0
-    whole = np.zeros(active.size, dtype=bool)
+    whole = np.zeros(len(tokens), dtype=bool)
     if m == 0:
         return whole
     for members in by_unit:
@@ -820,7 +836,7 @@ def choose_whole(out: InvocationLayout, active: np.ndarray) -> np.ndarray:
     after = [sum(s for i, s in enumerate(sliced_s) if not whole[i])] * units
     for i in np.flatnonzero(whole).tolist():
         after[homes[i]] += whole_s[i]
-    return whole if max(after) < before * (1 - 1e-12) else np.zeros(active.size, dtype=bool)
+    return whole if max(after) < before * (1 - 1e-12) else np.zeros(len(tokens), dtype=bool)
 
 
 @register
@@ -835,8 +851,8 @@ class LowerBound(Policy):
     needs_ndp = False
     layout = "sliced"
 
-    def place(self, ctx, state, layer_index, layer, counts, phase):
-        return _lower_bound(ctx, layer, counts, np.flatnonzero(counts))
+    def place(self, ctx, state, out, phase):
+        _lower_bound(ctx, out)
 
 
 POLICIES: tuple[str, ...] = policy_names()
@@ -854,55 +870,67 @@ def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
 
 
 def _scheduled_gpu_set(
-    ctx: RunContext,
-    state: PolicyState,
-    out: InvocationLayout,
-    layer_index: int,
-    counts: np.ndarray,
-    active: np.ndarray,
-    resident: np.ndarray,
-    phase: str,
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, resident: list[bool], phase: str
 ) -> set[int]:
-    """The packer's GPU set, reused while the smoothed activation histogram stays close to the plan's.
-    ``out`` is the invocation's layout (the packer reads its per-item view when a plan is made)."""
+    """The packer's GPU set for the invocation ``out`` (``resident[i]``: whether its active expert ``i`` is on the
+    GPU already), reused while the smoothed activation histogram stays close to the plan's."""
     tracker = state.histograms[phase]
+    layer_index, active = out.layer_index, out.active
     if tracker.drift.pop(layer_index) <= ctx.drift_threshold:
         state.reuses += 1
         # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
-        return {e for e in active.tolist() if resident[e] or e in planned_gpu}
-    res = resident[active]
-    # Items differ only by token count and residency, so equal signatures get the same decision; the packer
-    # runs once per distinct signature (a pure speed-up of the simulation, the decision is identical).
-    tokens_per = counts[active]
-    canonical = np.lexsort((res, tokens_per))
-    signature = (shape_class(state, out.layer), out.units, tokens_per[canonical].tobytes(), res[canonical].tobytes())
-    memo = state.pack_memo.get(signature)
-    if memo is None:
-        items = out.item_arrays(active, res)
-        problem = PlacementProblem(
-            ndp_time_s=items["ndp"][canonical],
-            gpu_compute_s=items["gpu"][canonical],
-            transfer_s=items["transfer"][canonical],
-            transfer_bytes=items["staged"][canonical],
-            staging_cap_bytes=ctx.staging_cap_bytes,
-            unit_base_s=np.full(out.units, out.activation_s()),
-            copy_unit_s=items["copy"][canonical],
-        )
-        started = time.perf_counter()
-        memo = pack(problem)
-        state.decision_times_s.append(time.perf_counter() - started)
-        if len(state.pack_memo) > 200_000:
-            state.pack_memo.clear()
-        state.pack_memo[signature] = memo
-    on_gpu = np.empty_like(memo)
-    on_gpu[canonical] = memo
+        return {e for e, res in zip(active, resident, strict=True) if res or e in planned_gpu}
+    # Items differ only by token count and residency, so the packer's decision is a function of the items'
+    # (tokens, resident) sequence: memoised per sequence (a pure speed-up, the decision is identical). A new
+    # sequence is put in one canonical order (by tokens, then residency, then position), so the packer runs
+    # once per distinct set of items, whatever their order.
+    units, active_tokens = out.units, out.active_tokens
+    layer_class = ctx.layer_classes[layer_index]
+    signature = (layer_class, units, tuple(active_tokens), tuple(resident))
+    on_gpu = state.pack_memo.get(signature)
+    if on_gpu is None:
+        canonical = sorted(range(len(active)), key=list(zip(active_tokens, resident, strict=True)).__getitem__)
+        tokens = [active_tokens[i] for i in canonical]
+        res = [resident[i] for i in canonical]
+        canonical_signature = (layer_class, units, tuple(tokens), tuple(res))
+        decision = state.pack_memo.get(canonical_signature)
+        if decision is None:
+            decision = _pack_decision(ctx, state, out, [active[i] for i in canonical], tokens, res)
+            state.pack_memo[canonical_signature] = decision
+        on_gpu = [False] * len(active)
+        for i, chosen in zip(canonical, decision, strict=True):
+            on_gpu[i] = chosen
+        state.pack_memo[signature] = on_gpu
     state.recomputations += 1
     if phase == "decode":
         state.decode_recomputations += 1
-    chosen = frozenset(active[on_gpu].tolist())
-    tracker.replan(layer_index, chosen)
-    return set(chosen)
+    planned = frozenset([e for e, chosen in zip(active, on_gpu, strict=True) if chosen])
+    tracker.replan(layer_index, planned)
+    return set(planned)
+
+
+def _pack_decision(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, ids: list[int], tokens: list[int], resident: list[bool]
+) -> list[bool]:
+    """The load-balancing packer's choice (per item: on the GPU?) for experts ``ids`` of the invocation ``out``
+    with ``tokens`` tokens each, ``resident`` or not; its wall time is recorded as a decision time."""
+    items = out.item_arrays(ids, tokens, resident)
+    problem = PlacementProblem(
+        ndp_time_s=items["ndp"],
+        gpu_compute_s=items["gpu"],
+        transfer_s=items["transfer"],
+        transfer_bytes=items["staged"],
+        staging_cap_bytes=ctx.staging_cap_bytes,
+        unit_base_s=np.full(out.units, out.activation_s()),
+        copy_unit_s=items["copy"],
+    )
+    started = time.perf_counter()
+    decision = pack(problem).tolist()
+    state.decision_times_s.append(time.perf_counter() - started)
+    if len(state.pack_memo) > 200_000:
+        state.pack_memo.clear()
+    return decision
 
 
 def gpu_expert_slots(ctx: RunContext, layer: MoELayerShape) -> float:
@@ -910,7 +938,7 @@ def gpu_expert_slots(ctx: RunContext, layer: MoELayerShape) -> float:
     return (ctx.residency_cap_bytes + ctx.staging_cap_bytes) / layer.expert.weight_bytes()
 
 
-def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, active: np.ndarray) -> PolicyOutcome:
+def _lower_bound(ctx: RunContext, out: InvocationLayout) -> None:
     """A per-invocation lower bound on every policy; the larger of two relaxations of one problem:
 
     - compute: the expert work spread fractionally over the GPU and all NDP units, no copies (GPU vs NDP);
@@ -919,14 +947,15 @@ def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, acti
     """
     system, costs = ctx.system, ctx.costs
     units = system.num_ndp_units
+    layer = out.layer
     expert = layer.expert
-    gpu_s = np.array([costs.gpu_s(expert, int(counts[e])) for e in active])
+    gpu_s = np.array([costs.gpu_s(expert, tokens) for tokens in out.active_tokens])
     if units:
         # per-unit time if the expert's work is spread evenly, whichever of whole/sharded kernels is cheaper
         ndp_s = np.array(
             [
-                min(costs.ndp_s(expert, int(counts[e]), 1) / units, costs.ndp_s(expert, int(counts[e]), units))
-                for e in active
+                min(costs.ndp_s(expert, tokens, 1) / units, costs.ndp_s(expert, tokens, units))
+                for tokens in out.active_tokens
             ]
         )
         gpu_load, ndp_load = 0.0, float(ndp_s.sum())
@@ -953,7 +982,7 @@ def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, acti
         memory_bound = max(left, pcie)
     else:
         gpu_load, ndp_load = float(gpu_s.sum()), 0.0
-        extra = max(0.0, active.size - gpu_expert_slots(ctx, layer))
+        extra = max(0.0, len(out.active) - gpu_expert_slots(ctx, layer))
         memory_bound = extra * expert.weight_bytes() / system.host_link.bandwidth_bytes_per_s
     gpu_load, ndp_load, memory_bound = float(gpu_load), float(ndp_load), float(memory_bound)
     latency = max(gpu_load, ndp_load, memory_bound)
@@ -962,8 +991,8 @@ def _lower_bound(ctx: RunContext, layer: MoELayerShape, counts: np.ndarray, acti
         TimelineEvent(f"ndp{u}", 0.0, ndp_load, "expert work (fractional)") for u in range(units) if ndp_load > 0
     ]
     timeline = LayerTimeline(tuple(events), latency, 0.0, 0.0, "none")
-    plan = LayoutPlan.of_timeline(timeline, {int(e): "split" for e in active})
-    return PolicyOutcome(plan, {"memory_bound_s": memory_bound})
+    out.extra["memory_bound_s"] = memory_bound
+    out.finish_with_timeline(timeline, dict.fromkeys(out.active, "split"))
 
 
 __all__ = [
@@ -971,7 +1000,6 @@ __all__ = [
     "POLICIES",
     "ExpertCosts",
     "Policy",
-    "PolicyOutcome",
     "PolicyState",
     "RunContext",
     "best_prefix",

@@ -56,8 +56,11 @@ class ExpertPrefetcher:
         self.valid = np.zeros((len(num_experts), width), dtype=bool)
         for layer, count in enumerate(num_experts):
             self.valid[layer, :count] = True
-        self.resident = np.zeros_like(self.valid)
-        self.wanted = np.zeros_like(self.valid)
+        # per layer, the experts whose copy is on the GPU (sets: the simulator asks about a handful of experts
+        # per invocation, where a set look-up is much cheaper than indexing an array)
+        self.resident_sets: list[set[int]] = [set() for _ in num_experts]
+        self.wanted = np.zeros_like(self.valid)  # the plan (written by _plan only), mirrored per layer below
+        self._wanted_sets: list[set[int]] = [set() for _ in num_experts]
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
         self._queued_bytes = 0.0
         self._decode_steps = 0
@@ -71,8 +74,14 @@ class ExpertPrefetcher:
         self.adopted = 0
 
     # -- what the simulator asks ------------------------------------------------------------------------
-    def resident_mask(self, layer: int, num_experts: int) -> np.ndarray:
-        return self.resident[layer, :num_experts].copy()
+    @property
+    def resident(self) -> np.ndarray:
+        """Resident experts as a layers x experts boolean array (a fresh copy of :attr:`resident_sets`)."""
+        mask = np.zeros_like(self.valid)
+        for layer, experts in enumerate(self.resident_sets):
+            if experts:
+                mask[layer, list(experts)] = True
+        return mask
 
     def before_invocation(self, layer: int, phase: str) -> None:
         """Re-plan at the first decode step (from prefill counts) and every ``update_interval_tokens`` after."""
@@ -89,15 +98,16 @@ class ExpertPrefetcher:
         """Count this invocation's selections (and, in decode, its hits and misses against the current
         residency): :meth:`count_hits` and :meth:`add_scores` in one call."""
         if phase == "decode":
-            self.count_hits(layer, np.flatnonzero(counts))
+            self.count_hits(layer, np.flatnonzero(counts).tolist())
         self.add_scores(layer, counts)
 
-    def count_hits(self, layer: int, active: np.ndarray) -> tuple[int, int]:
+    def count_hits(self, layer: int, active: list[int]) -> tuple[int, int]:
         """Count a decode invocation's selected experts ``active`` as hits (resident now) or misses."""
-        hit = int(np.count_nonzero(self.resident[layer, active]))
+        hit = len(self.resident_sets[layer].intersection(active))
+        miss = len(active) - hit
         self.hits += hit
-        self.misses += active.size - hit
-        return hit, active.size - hit
+        self.misses += miss
+        return hit, miss
 
     def add_scores(self, layers: int | slice | np.ndarray, counts: np.ndarray) -> None:
         """Add selection counts to the scores: one layer's ``counts``, or rows of ``counts`` for ``layers``."""
@@ -106,34 +116,36 @@ class ExpertPrefetcher:
         else:
             self.scores[layers, : counts.shape[1]] += counts
 
-    def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> list[tuple[int, int, float]]:
-        """Copy queued experts for ``seconds`` of idle PCIe time; returns (layer, expert, bytes) copied."""
+    def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> float:
+        """Copy queued experts for ``seconds`` of idle PCIe time; returns the bytes copied."""
         budget = max(seconds, 0.0) * bandwidth_bytes_per_s
-        copied = []
-        while budget > 0 and self._queue:
-            layer, expert, left = self._queue[0]
-            if self.resident[layer, expert]:  # adopted from an on-demand copy meanwhile: nothing to copy
-                self._queue.popleft()
+        copied: list[float] = []  # each copy's bytes, summed at the end
+        queue, resident = self._queue, self.resident_sets
+        while budget > 0 and queue:
+            layer, expert, left = queue[0]
+            if expert in resident[layer]:  # adopted from an on-demand copy meanwhile: nothing to copy
+                queue.popleft()
                 self._queued_bytes -= left
                 continue
             step = min(left, budget)
             budget -= step
             self._queued_bytes -= step
             self.bytes_moved += step
-            copied.append((layer, expert, step))
+            copied.append(step)
             if step >= left:
-                self._queue.popleft()
-                if self.wanted[layer, expert]:
-                    self.resident[layer, expert] = True
+                queue.popleft()
+                if expert in self._wanted_sets[layer]:
+                    resident[layer].add(expert)
                     self.loads_completed += 1
             else:
-                self._queue[0] = (layer, expert, left - step)
-        return copied
+                queue[0] = (layer, expert, left - step)
+        return sum(copied, 0.0)
 
     def adopt_staged(self, layer: int, expert: int) -> bool:
         """An on-demand (miss fallback) copy of ``expert`` reached the GPU: keep it if the plan wants it."""
-        if self.wanted[layer, expert] and not self.resident[layer, expert]:
-            self.resident[layer, expert] = True
+        resident = self.resident_sets[layer]
+        if expert in self._wanted_sets[layer] and expert not in resident:
+            resident.add(expert)
             self.loads_completed += 1
             self.adopted += 1
             return True
@@ -159,13 +171,16 @@ class ExpertPrefetcher:
         chosen[order[fits]] = True
         new_wanted = chosen.reshape(self.valid.shape)
         dropped = self.wanted & ~new_wanted
-        self.evictions += int((dropped & self.resident).sum())
-        self.resident &= new_wanted
+        resident = self.resident
+        self.evictions += int((dropped & resident).sum())
+        resident &= new_wanted
         self.wanted = new_wanted
+        self.resident_sets = _per_layer_sets(resident)
+        self._wanted_sets = _per_layer_sets(new_wanted)
         self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if new_wanted[lay, exp])
         self._queued_bytes = float(sum(left for _, _, left in self._queue))
         queued = {(lay, exp) for lay, exp, _ in self._queue}
-        layers, experts = np.nonzero(new_wanted & ~self.resident)
+        layers, experts = np.nonzero(new_wanted & ~resident)
         # in layer order: decode needs layer 0 first
         for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
             if (layer, expert) not in queued:
@@ -179,8 +194,17 @@ class ExpertPrefetcher:
             "prefetch_evictions": self.evictions,
             "prefetch_replans": self.replans,
             "prefetch_adopted_from_misses": self.adopted,
-            "resident_experts": int(np.count_nonzero(self.resident)),
+            "resident_experts": sum(len(experts) for experts in self.resident_sets),
         }
+
+
+def _per_layer_sets(mask: np.ndarray) -> list[set[int]]:
+    """The true entries of a layers x experts boolean array, as one set of experts per layer."""
+    sets: list[set[int]] = [set() for _ in range(mask.shape[0])]
+    layers, experts = np.nonzero(mask)
+    for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
+        sets[layer].add(expert)
+    return sets
 
 
 class ExpertLRUCache:

@@ -30,7 +30,7 @@ import numpy as np
 from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
-from hw_model.layout import LayoutPlan, LayoutSummary
+from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy, row_selector
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
@@ -90,7 +90,7 @@ class LayerResult:
         layer_index: int,
         phase: str,
         tokens: int,
-        plan: LayoutPlan,
+        plan: InvocationLayout,
         extra: Mapping[str, float],
         policy: str,
         added_events: tuple[TimelineEvent, ...] = (),
@@ -180,17 +180,17 @@ class StepResult:
             i += len(self._records)
         result = self._results.get(i)
         if result is None:
-            layer_index, plan, policy_extra, recomputed, hits, misses, copied, added = self._records[i]
-            extra = dict(policy_extra)
+            plan, recomputed, hits, misses, copied, added = self._records[i]
+            extra = dict(plan.extra)
             extra["recomputed"] = float(recomputed)
             if self._prefetch:
                 extra["prefetch_hits"] = float(hits)
                 extra["prefetch_misses"] = float(misses)
             extra["prefetch_bytes"] = copied
+            layer_index = plan.layer_index
             tokens = -(-int(self._counts[i].sum()) // self._layers[layer_index].top_k)
-            result = self._results[i] = LayerResult(
-                layer_index, self.phase, tokens, plan, extra, self._policy, tuple(added)
-            )
+            events = tuple(TimelineEvent(*event) for event in added)
+            result = self._results[i] = LayerResult(layer_index, self.phase, tokens, plan, extra, self._policy, events)
         return result
 
     def __iter__(self):
@@ -271,7 +271,7 @@ class MoESimulator:
         self._latency_s = {phase: 0.0 for phase in PHASES}
         self._busy_s: dict[str, float] = {}
         self._width = max(layer.num_experts for layer in self.layers)
-        self._busy_counts: dict[int, list] = {}  # id(summary) -> [summary, invocations]: see _count_busy
+        self._busy_counts: dict[int, list] = {}  # id(summary) -> [summary, invocations]: see _count_first_busy
         self._host_to_gpu_bytes = 0.0
         self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
         self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
@@ -349,43 +349,55 @@ class MoESimulator:
         policy = self.policy_impl
         prefetcher = state.prefetcher
         policy.begin_step(context, state, indices, counts, phase)
-        records = []
-        latencies = []
+        decode = phase == "decode"
+        records: list[tuple] = []  # per invocation: (plan, recomputed, hits, misses, bytes copied, added events)
+        latencies: list[float] = []
+        # totals summed in locals, one invocation after another (the same sums as layer-by-layer calls give)
+        latency_total = self._latency_s[phase]
+        host_to_gpu_total = self._host_to_gpu_bytes
+        busy_counts = self._busy_counts
         scored = 0  # rows whose counts are already in the prefetcher's scores
-        for i, layer_index in enumerate(indices):
+        for i, (active, active_tokens) in enumerate(_active_experts(counts)):
+            layer_index = indices[i]
             if gap_before_layer_s > 0:
                 self.advance_time_s(gap_before_layer_s)
             if predictions is not None and predictions[i] is not None:
                 self.predict_next(layer_index + 1, predictions[i])
-            layer = self.layers[layer_index]
-            row = counts[i, : layer.num_experts]
             hits = misses = 0
             if prefetcher is not None:
-                if layer_index == 0 and i > scored:  # its re-plan reads the scores of the layers run before it
-                    prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
-                    scored = i
-                prefetcher.before_invocation(layer_index, phase)
-                if phase == "decode":  # against the residency the invocation is scheduled with
-                    hits, misses = prefetcher.count_hits(layer_index, row.nonzero()[0])
+                if layer_index == 0:  # the prefetcher re-plans before layer 0 of a decode step
+                    if i > scored:  # its re-plan reads the scores of the layers run before it
+                        prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
+                        scored = i
+                    prefetcher.before_invocation(layer_index, phase)
+                if decode:  # against the residency the invocation is scheduled with
+                    hits, misses = prefetcher.count_hits(layer_index, active)
             recomputed_before = state.recomputations
-            plan, policy_extra = policy.place(context, state, layer_index, layer, row, phase)
-            summary = plan.summary
-            added: list[TimelineEvent] = []
-            copied = self._drain_in_gaps(summary, added) if self._copies_queued() else 0.0
+            out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
+            policy.place(context, state, out, phase)
+            summary = out.summary
+            added: list[tuple[str, float, float, str]] = []
+            copied = 0.0
+            if self._ahead_queue or (prefetcher is not None and prefetcher.queued_bytes > 0):
+                copied = self._drain_in_gaps(summary, added)
             latency = summary.latency_s
             latencies.append(latency)
-            self._latency_s[phase] += latency  # one by one: the same sum as layer-by-layer calls give
-            if phase == "decode":
+            latency_total += latency
+            if decode:
                 self._last_latency_s[layer_index] = latency
-            self._count_busy(summary)
-            for event in added:
-                self._busy_s[event.resource] = self._busy_s.get(event.resource, 0.0) + (event.end_s - event.start_s)
-            self._host_to_gpu_bytes += summary.host_to_gpu_bytes
-            records.append(
-                (layer_index, plan, policy_extra, state.recomputations - recomputed_before, hits, misses, copied, added)
-            )
+            busy_count = busy_counts.get(id(summary))  # busy time is counted per summary: see _count_first_busy
+            if busy_count is None:
+                self._count_first_busy(summary)
+            else:
+                busy_count[1] += 1
+            for resource, start_s, end_s, _ in added:
+                self._busy_s[resource] = self._busy_s.get(resource, 0.0) + (end_s - start_s)
+            host_to_gpu_total += summary.host_to_gpu_bytes
+            records.append((out, state.recomputations - recomputed_before, hits, misses, copied, added))
         if prefetcher is not None and scored < len(indices):
             prefetcher.add_scores(row_selector(indices[scored:]), counts[scored:])
+        self._latency_s[phase] = latency_total
+        self._host_to_gpu_bytes = host_to_gpu_total
         self._invocations[phase] += len(indices)
         return StepResult(phase, latencies, counts, records, self)
 
@@ -412,15 +424,12 @@ class MoESimulator:
             if experts < counts.shape[1] and counts[i, experts:].any():
                 raise WorkloadError(f"{self.layers[layer_index].name}: tokens routed beyond its {experts} experts")
 
-    def _count_busy(self, summary: LayoutSummary) -> None:
-        """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed."""
-        entry = self._busy_counts.get(id(summary))
-        if entry is None:
-            if len(self._busy_counts) >= 4096:
-                self._fold_busy()
-            self._busy_counts[id(summary)] = [summary, 1]  # keeps the summary alive, so its id stays unique
-        else:
-            entry[1] += 1
+    def _count_first_busy(self, summary: LayoutSummary) -> None:
+        """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed (the
+        step's loop counts the later ones); this starts the count of a summary not counted yet."""
+        if len(self._busy_counts) >= 4096:
+            self._fold_busy()
+        self._busy_counts[id(summary)] = [summary, 1]  # keeps the summary alive, so its id stays unique
 
     def _fold_busy(self) -> None:
         busy = self._busy_s
@@ -428,10 +437,6 @@ class MoESimulator:
             for resource, seconds in summary.busy.items():
                 busy[resource] = busy.get(resource, 0.0) + count * seconds
         self._busy_counts.clear()
-
-    def _copies_queued(self) -> bool:
-        prefetcher = self._state.prefetcher
-        return bool(self._ahead_queue) or (prefetcher is not None and prefetcher.queued_bytes > 0)
 
     def predict_next(self, layer_index: int, predicted_counts: Sequence[int]) -> None:
         """Look-ahead hint (policies with ``lookahead``): the experts the next router is predicted to pick for
@@ -447,11 +452,7 @@ class MoESimulator:
         if counts.shape != (layer.num_experts,) or (counts < 0).any():
             raise WorkloadError(f"{layer.name}: expected {layer.num_experts} non-negative predicted counts")
         prefetcher = self._state.prefetcher
-        resident = (
-            prefetcher.resident_mask(layer_index, layer.num_experts)
-            if prefetcher is not None
-            else np.zeros(layer.num_experts, dtype=bool)
-        )
+        resident = prefetcher.resident_sets[layer_index] if prefetcher is not None else set()
         size = layer.expert.weight_bytes()
         budget = self.staging_cap_bytes
         self._ahead_queue = []
@@ -463,7 +464,7 @@ class MoESimulator:
         for e in np.argsort(-counts, kind="stable").tolist():
             if counts[e] <= 0 or budget < size:
                 break
-            if not resident[e]:
+            if e not in resident:
                 self._ahead_queue.append((layer_index, e, size))
                 budget -= size
 
@@ -485,25 +486,26 @@ class MoESimulator:
                 self._ahead_queue[0] = (layer, expert, left - step)
         return copied
 
-    def _drain_in_gaps(self, summary: LayoutSummary, events: list[TimelineEvent]) -> float:
+    def _drain_in_gaps(self, summary: LayoutSummary, events: list[tuple[str, float, float, str]]) -> float:
         """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
-        the NDP units are done (``summary.idle_pcie``); returns bytes copied."""
+        the NDP units are done (``summary.idle_pcie``); returns bytes copied. The copies are added to ``events``
+        as plain ``(resource, start_s, end_s, label)`` tuples (made :class:`TimelineEvent` when read)."""
         prefetcher = self._state.prefetcher
         bandwidth = self._copy_bandwidth
         copied_total = 0.0
         for start, end in summary.idle_pcie:  # the prefetcher's queue first (a resident expert helps every later token)
             if prefetcher is not None and prefetcher.queued_bytes:
-                copied = sum(step for _, _, step in prefetcher.drain(end - start, bandwidth))
+                copied = prefetcher.drain(end - start, bandwidth)
                 if copied:
-                    events.append(TimelineEvent("pcie", start, start + copied / bandwidth, "prefetch"))
+                    events.append(("pcie", start, start + copied / bandwidth, "prefetch"))
                     copied_total += copied
                     start += copied / bandwidth
             if self._ahead_queue:
                 ahead = self._drain_ahead(end - start)
                 if ahead:
-                    events.append(TimelineEvent("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
+                    events.append(("pcie", start, start + ahead / bandwidth, "look-ahead copy"))
                     copied_total += ahead
-            if not self._copies_queued():
+            if not self._ahead_queue and (prefetcher is None or prefetcher.queued_bytes <= 0):  # nothing left
                 break
         return copied_total
 
@@ -517,8 +519,10 @@ class MoESimulator:
         self._last_gap_s = seconds
         copied = 0.0
         if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
-            copied = sum(step for _, _, step in prefetcher.drain(seconds, self._copy_bandwidth))
-        return copied + self._drain_ahead(seconds - copied / self._copy_bandwidth)
+            copied = prefetcher.drain(seconds, self._copy_bandwidth)
+        if self._ahead_queue:
+            copied += self._drain_ahead(seconds - copied / self._copy_bandwidth)
+        return copied
 
     def _busy_totals(self) -> dict[str, float]:
         self._fold_busy()
@@ -563,3 +567,18 @@ class MoESimulator:
 def gpu_op_time_s(system: SystemSpec, flops: float, bytes_moved: float, dtype: str) -> float:
     """Time of one non-expert operation (attention, norm, router...) on the GPU."""
     return kernel_time_s(system.gpu, flops, bytes_moved, dtype, kernels=1)
+
+
+def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    """Per row of ``counts`` (one row per invocation): its active experts, ascending, and their token counts, as
+    lists (found with one ``nonzero`` for the whole step; policies look at a handful of experts each, where
+    numpy's per-call cost would dominate)."""
+    rows, experts = counts.nonzero()
+    tokens = counts[rows, experts].tolist()
+    expert_list = experts.tolist()
+    per_row = []
+    start = 0
+    for end in np.cumsum(np.bincount(rows, minlength=counts.shape[0])).tolist():
+        per_row.append((expert_list[start:end], tokens[start:end]))
+        start = end
+    return per_row

@@ -62,7 +62,7 @@ def test_a_reused_plan_runs_resident_experts_on_the_gpu():
     sim = _sim("tp+lb+prefetch", drift_threshold=0.5)
     sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
     prefetcher = sim._state.prefetcher
-    prefetcher.wanted[0, 9] = prefetcher.resident[0, 9] = True  # expert 9 of layer 0 became resident
+    prefetcher.resident_sets[0].add(9)  # expert 9 of layer 0 became resident
     result = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 9]), "decode")
     assert result.extra["recomputed"] == 0.0
     assert result.placement[9] == "gpu"
