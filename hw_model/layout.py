@@ -146,7 +146,7 @@ class InvocationLayout:
     @property
     def sources(self) -> int:
         """How many DIMMs an expert's copy reads in parallel (the policy's weight layout)."""
-        return self.policy.copy_sources(self.ctx.system.num_ndp_units)
+        return self.ctx.copy_sources
 
     @property
     def tensor_parallel(self) -> bool:
@@ -170,9 +170,8 @@ class InvocationLayout:
             return
         ctx = self.ctx
         self.state.on_demand_bytes += ctx.costs.weight_bytes(self.layer.expert)
-        units = ctx.system.num_ndp_units
-        home = e % units if units and self.policy.copy_sources(units) == 1 else 0
-        self.decisions.append((GPU, tokens, 0, home))
+        # a copy from one DIMM (whole layout) reads the expert's home unit
+        self.decisions.append((GPU, tokens, 0, e % ctx.system.num_ndp_units if ctx.copy_sources == 1 else 0))
 
     def whole_on_units(self, experts: list[int], tokens: list[int]) -> None:
         """Each of ``experts`` (``tokens[i]`` tokens) whole on its home unit."""

@@ -161,13 +161,15 @@ class ExpertCosts:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a policy may read about the run: the system, costs and memory budgets (one GPU memory pool)."""
+    """What a policy may read about the run: the system, costs and memory budgets (one GPU memory pool), and how
+    many DIMMs one expert's copy reads in parallel under the policy's weight layout (:meth:`Policy.copy_sources`)."""
 
     system: SystemSpec
     layers: tuple[MoELayerShape, ...]
     costs: ExpertCosts
     residency_cap_bytes: float
     staging_cap_bytes: float
+    copy_sources: int
     drift_threshold: float = 0.25
     drift_smoothing: float = 0.1
     prefetch_interval_tokens: int = 32

@@ -261,6 +261,7 @@ class MoESimulator:
             costs=self._costs,
             residency_cap_bytes=self.residency_cap_bytes,
             staging_cap_bytes=self.staging_cap_bytes,
+            copy_sources=self.policy_impl.copy_sources(system.num_ndp_units),
             drift_threshold=drift_threshold,
             drift_smoothing=drift_smoothing,
             prefetch_interval_tokens=prefetch_interval_tokens,
@@ -271,9 +272,10 @@ class MoESimulator:
         self._latency_s = {phase: 0.0 for phase in PHASES}
         self._busy_s: dict[str, float] = {}
         self._width = max(layer.num_experts for layer in self.layers)
+        self._narrow_layers = {i for i, layer in enumerate(self.layers) if layer.num_experts < self._width}
         self._busy_counts: dict[int, list] = {}  # id(summary) -> [summary, invocations]: see _count_first_busy
         self._host_to_gpu_bytes = 0.0
-        self._copy_bandwidth = self._costs.copy_bandwidth(self.policy_impl.copy_sources(system.num_ndp_units))
+        self._copy_bandwidth = self._costs.copy_bandwidth(self.context.copy_sources)
         self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
         self._last_latency_s: dict[int, float] = {}  # per layer, its latest decode invocation
         self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
@@ -420,9 +422,10 @@ class MoESimulator:
         if counts.size and counts.min() < 0:
             raise WorkloadError("expert token counts must be non-negative")
         for i, layer_index in enumerate(indices):
-            experts = self.layers[layer_index].num_experts
-            if experts < counts.shape[1] and counts[i, experts:].any():
-                raise WorkloadError(f"{self.layers[layer_index].name}: tokens routed beyond its {experts} experts")
+            if layer_index in self._narrow_layers:
+                experts = self.layers[layer_index].num_experts
+                if experts < counts.shape[1] and counts[i, experts:].any():
+                    raise WorkloadError(f"{self.layers[layer_index].name}: tokens routed beyond its {experts} experts")
 
     def _count_first_busy(self, summary: LayoutSummary) -> None:
         """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed (the
@@ -573,12 +576,13 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
     """Per row of ``counts`` (one row per invocation): its active experts, ascending, and their token counts, as
     lists (found with one ``nonzero`` for the whole step; policies look at a handful of experts each, where
     numpy's per-call cost would dominate)."""
-    rows, experts = counts.nonzero()
-    tokens = counts[rows, experts].tolist()
+    flat = np.flatnonzero(counts)  # row-major: by row, then by expert
+    tokens = counts.ravel()[flat].tolist()
+    rows, experts = np.divmod(flat, counts.shape[1])
     expert_list = experts.tolist()
     per_row = []
     start = 0
-    for end in np.cumsum(np.bincount(rows, minlength=counts.shape[0])).tolist():
+    for end in np.searchsorted(rows, np.arange(1, counts.shape[0] + 1)).tolist():
         per_row.append((expert_list[start:end], tokens[start:end]))
         start = end
     return per_row
