@@ -623,22 +623,23 @@ class TensorParallelLoadBalanced(Policy):
         tracker.update(layers, counts)
 
     def place(self, ctx, state, out, phase):
-        layer_index, active, active_tokens = out.layer_index, out.active, out.active_tokens
-        resident = self._resident(state, layer_index, active)
-        on_gpu = _scheduled_gpu_set(ctx, state, out, resident, phase)
-        if on_gpu:
-            weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
-            prefetcher, lru = state.prefetcher, state.lru
-            for e, tokens, res in zip(active, active_tokens, resident, strict=True):
-                if e in on_gpu:
-                    out.to_gpu(e, tokens, res)
-                    adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
-                    if lru is not None and not adopted:  # keep the staged copy until its space is needed
-                        lru.use((layer_index, e), weight_bytes)
-            on_ndp = [i for i, e in enumerate(active) if e not in on_gpu]
-            out.sliced([active[i] for i in on_ndp], [active_tokens[i] for i in on_ndp])
-        else:
-            out.sliced(active, active_tokens)
+        layer_index = out.layer_index
+        resident = self._resident(state, layer_index, out.active)
+        on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+        prefetcher, lru = state.prefetcher, state.lru
+        on_ndp: list[int] = []
+        ndp_tokens: list[int] = []
+        for e, tokens, res, gpu in zip(out.active, out.active_tokens, resident, on_gpu, strict=True):
+            if not gpu:
+                on_ndp.append(e)
+                ndp_tokens.append(tokens)
+                continue
+            out.to_gpu(e, tokens, res)
+            adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
+            if lru is not None and not adopted:  # keep the staged copy until its space is needed
+                lru.use((layer_index, e), weight_bytes)
+        out.sliced(on_ndp, ndp_tokens)
         out.extra["resident_selected"] = float(sum(resident))
         out.finish()
 
@@ -697,7 +698,9 @@ class OursSplit(Ours):
     def place(self, ctx, state, out, phase):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
-        on_gpu = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        gpu_flags, planned = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        # the GPU set as earlier versions built it: _best_split sums over it in its iteration order
+        on_gpu = set(planned) if planned is not None else {e for e, g in zip(out.active, gpu_flags, strict=True) if g}
         tokens_of = dict(zip(out.active, out.active_tokens, strict=True))
         resident_of = dict(zip(out.active, resident, strict=True))
         on_ndp = [e for e in out.active if e not in on_gpu]
@@ -873,29 +876,29 @@ def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
 
 def _scheduled_gpu_set(
     ctx: RunContext, state: PolicyState, out: InvocationLayout, resident: list[bool], phase: str
-) -> set[int]:
-    """The packer's GPU set for the invocation ``out`` (``resident[i]``: whether its active expert ``i`` is on the
-    GPU already), reused while the smoothed activation histogram stays close to the plan's."""
+) -> tuple[list[bool], frozenset[int] | None]:
+    """Per active expert of the invocation ``out``, whether the packer puts it on the GPU (``resident[i]``: whether
+    active expert ``i`` is there already); and the new plan (its GPU set), or None when the plan was reused (while
+    the smoothed activation histogram stays close to the plan's)."""
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
     if tracker.drift.pop(layer_index) <= ctx.drift_threshold:
         state.reuses += 1
         # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
-        return {e for e, res in zip(active, resident, strict=True) if res or e in planned_gpu}
+        return [res or e in planned_gpu for e, res in zip(active, resident, strict=True)], None
     # Items differ only by token count and residency, so the packer's decision is a function of the items'
     # (tokens, resident) sequence: memoised per sequence (a pure speed-up, the decision is identical). A new
     # sequence is put in one canonical order (by tokens, then residency, then position), so the packer runs
     # once per distinct set of items, whatever their order.
-    units, active_tokens = out.units, out.active_tokens
-    layer_class = ctx.layer_classes[layer_index]
-    signature = (layer_class, units, tuple(active_tokens), tuple(resident))
+    active_tokens = out.active_tokens
+    signature = (ctx.layer_classes[layer_index], tuple(active_tokens), tuple(resident))
     on_gpu = state.pack_memo.get(signature)
     if on_gpu is None:
         canonical = sorted(range(len(active)), key=list(zip(active_tokens, resident, strict=True)).__getitem__)
         tokens = [active_tokens[i] for i in canonical]
         res = [resident[i] for i in canonical]
-        canonical_signature = (layer_class, units, tuple(tokens), tuple(res))
+        canonical_signature = (signature[0], tuple(tokens), tuple(res))
         decision = state.pack_memo.get(canonical_signature)
         if decision is None:
             decision = _pack_decision(ctx, state, out, [active[i] for i in canonical], tokens, res)
@@ -909,7 +912,7 @@ def _scheduled_gpu_set(
         state.decode_recomputations += 1
     planned = frozenset([e for e, chosen in zip(active, on_gpu, strict=True) if chosen])
     tracker.replan(layer_index, planned)
-    return set(planned)
+    return on_gpu, planned
 
 
 def _pack_decision(
