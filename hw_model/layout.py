@@ -169,7 +169,7 @@ class InvocationLayout:
             self.decisions.append((GPU, tokens, 1, 0))
             return
         ctx = self.ctx
-        self.state.on_demand_bytes += ctx.costs.weight_bytes(self.layer.expert)
+        self.state.on_demand_bytes += ctx.expert_bytes[self.layer_index]
         # a copy from one DIMM (whole layout) reads the expert's home unit
         self.decisions.append((GPU, tokens, 0, e % ctx.system.num_ndp_units if ctx.copy_sources == 1 else 0))
 
@@ -240,6 +240,7 @@ class InvocationLayout:
         """The timeline of the recorded decisions, laid out in the canonical order (see the module docstring)."""
         ctx, costs, expert, units = self.ctx, self.costs, self.expert, self.units
         sources, tokens_all = self.sources, self.tokens
+        weight_bytes = ctx.expert_bytes[self.layer_index]
         unit_jobs: list[list[tuple[str, float]]] = [[] for _ in range(units)]
         unit_dram_s = [0.0] * units
         unit_tokens = [0] * units
@@ -254,7 +255,7 @@ class InvocationLayout:
                     gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, tokens), 0.0))
                     continue
                 transfer = costs.transfer_s(expert, sources)
-                gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, tokens), costs.weight_bytes(expert)))
+                gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, tokens), weight_bytes))
                 read_s = costs.copy_read_s(expert, sources)
                 if sources == 1 and units:
                     unit_dram_s[b] += read_s

@@ -113,14 +113,6 @@ class ExpertCosts:
             value = self._store(key, expert, expert_shard_time_s(self.system.gpu, expert, tokens))
         return value
 
-    def weight_bytes(self, expert: ExpertShape) -> float:
-        """``expert.weight_bytes()``, memoised."""
-        key = (id(expert), 6, 0, 0)
-        value = self._memo.get(key)
-        if value is None:
-            value = self._store(key, expert, expert.weight_bytes())
-        return value
-
     def beyond_ndp_ridge(self, expert: ExpertShape, tokens: int) -> bool:
         """Whether ``expert`` over ``tokens`` tokens has more FLOPs per weight byte than the NDP unit's ridge point
         (its achievable FLOP/s over its bandwidth): compute-bound on NDP."""
@@ -178,11 +170,14 @@ class RunContext:
     # decisions: equal expert shape (by value, so every layer of a model shares one) and top_k (it sets the
     # activation copy); the memo keys of layouts and packer decisions start with it
     layer_classes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # per layer, the bytes of one stored expert (``layer.expert.weight_bytes()``)
+    expert_bytes: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         classes: dict[tuple[ExpertShape, int], int] = {}
         layer_classes = tuple(classes.setdefault((lay.expert, lay.top_k), len(classes)) for lay in self.layers)
-        object.__setattr__(self, "layer_classes", layer_classes)  # a derived field of a frozen dataclass
+        object.__setattr__(self, "layer_classes", layer_classes)  # derived fields of a frozen dataclass
+        object.__setattr__(self, "expert_bytes", tuple(layer.expert.weight_bytes() for layer in self.layers))
         if self.residency_cap_bytes < 0 or self.staging_cap_bytes < 0:
             raise WorkloadError("residency and staging caps must be non-negative")
         if self.drift_threshold < 0:
@@ -430,7 +425,7 @@ class GpuOffload(Policy):
         assert prefetcher is not None and lru is not None
         layer_index = out.layer_index
         resident = prefetcher.resident_sets[layer_index]
-        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+        weight_bytes = ctx.expert_bytes[layer_index]
         for e, tokens in zip(out.active, out.active_tokens, strict=True):
             hit = e in resident or lru.use((layer_index, e), weight_bytes)
             out.to_gpu(e, tokens, hit)
@@ -458,7 +453,7 @@ class _Balanced(Policy):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         chosen = self._moved(ctx, state, out, resident)
-        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
+        weight_bytes = ctx.expert_bytes[layer_index]
         on_ndp: list[int] = []
         ndp_tokens: list[int] = []
         for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
@@ -573,7 +568,7 @@ class Duplex(Policy):
     def place(self, ctx, state, out, phase):
         costs = ctx.costs
         expert = out.layer.expert
-        weight_bytes = costs.weight_bytes(expert)
+        weight_bytes = ctx.expert_bytes[out.layer_index]
         staged = 0.0
         on_ndp: list[int] = []
         ndp_tokens: list[int] = []
@@ -626,20 +621,22 @@ class TensorParallelLoadBalanced(Policy):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
-        weight_bytes = ctx.costs.weight_bytes(out.layer.expert)
-        prefetcher, lru = state.prefetcher, state.lru
-        on_ndp: list[int] = []
-        ndp_tokens: list[int] = []
-        for e, tokens, res, gpu in zip(out.active, out.active_tokens, resident, on_gpu, strict=True):
-            if not gpu:
-                on_ndp.append(e)
-                ndp_tokens.append(tokens)
-                continue
-            out.to_gpu(e, tokens, res)
-            adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
-            if lru is not None and not adopted:  # keep the staged copy until its space is needed
-                lru.use((layer_index, e), weight_bytes)
-        out.sliced(on_ndp, ndp_tokens)
+        active, active_tokens = out.active, out.active_tokens
+        if any(on_gpu):
+            weight_bytes = ctx.expert_bytes[layer_index]
+            prefetcher, lru = state.prefetcher, state.lru
+            for i in [i for i, gpu in enumerate(on_gpu) if gpu]:
+                e, res = active[i], resident[i]
+                out.to_gpu(e, active_tokens[i], res)
+                adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
+                if lru is not None and not adopted:  # keep the staged copy until its space is needed
+                    lru.use((layer_index, e), weight_bytes)
+            out.sliced(
+                [e for e, gpu in zip(active, on_gpu, strict=True) if not gpu],
+                [t for t, gpu in zip(active_tokens, on_gpu, strict=True) if not gpu],
+            )
+        else:
+            out.sliced(active, active_tokens)
         out.extra["resident_selected"] = float(sum(resident))
         out.finish()
 

@@ -51,6 +51,7 @@ class ExpertPrefetcher:
             raise WorkloadError("one expert count and one expert size per layer are needed")
         self.config = config
         self.expert_bytes = np.asarray(expert_bytes, dtype=np.float64)
+        self._expert_bytes = self.expert_bytes.tolist()  # the same sizes as Python floats, per layer
         width = max(num_experts) if num_experts else 0
         self.scores = np.zeros((len(num_experts), width))
         self.valid = np.zeros((len(num_experts), width), dtype=bool)
@@ -62,7 +63,7 @@ class ExpertPrefetcher:
         self.wanted = np.zeros_like(self.valid)  # the plan (written by _plan only), mirrored per layer below
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
-        self._queued_bytes = 0.0
+        self.queued_bytes = 0.0  # bytes left to copy in the queue (0 when it is empty)
         self._decode_steps = 0
         self._planned = False
         self.hits = 0
@@ -78,9 +79,8 @@ class ExpertPrefetcher:
     def resident(self) -> np.ndarray:
         """Resident experts as a layers x experts boolean array (a fresh copy of :attr:`resident_sets`)."""
         mask = np.zeros_like(self.valid)
-        for layer, experts in enumerate(self.resident_sets):
-            if experts:
-                mask[layer, list(experts)] = True
+        width = mask.shape[1]
+        mask.ravel()[[layer * width + e for layer, experts in enumerate(self.resident_sets) for e in experts]] = True
         return mask
 
     def before_invocation(self, layer: int, phase: str) -> None:
@@ -118,18 +118,18 @@ class ExpertPrefetcher:
 
     def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> float:
         """Copy queued experts for ``seconds`` of idle PCIe time; returns the bytes copied."""
-        budget = max(seconds, 0.0) * bandwidth_bytes_per_s
+        budget = seconds * bandwidth_bytes_per_s
         copied: list[float] = []  # each copy's bytes, summed at the end
         queue, resident = self._queue, self.resident_sets
         while budget > 0 and queue:
             layer, expert, left = queue[0]
             if expert in resident[layer]:  # adopted from an on-demand copy meanwhile: nothing to copy
                 queue.popleft()
-                self._queued_bytes -= left
+                self.queued_bytes -= left
                 continue
-            step = min(left, budget)
+            step = left if left < budget else budget
             budget -= step
-            self._queued_bytes -= step
+            self.queued_bytes -= step
             self.bytes_moved += step
             copied.append(step)
             if step >= left:
@@ -139,6 +139,8 @@ class ExpertPrefetcher:
                     self.loads_completed += 1
             else:
                 queue[0] = (layer, expert, left - step)
+        if not queue:  # what the subtractions leave is rounding: nothing is queued
+            self.queued_bytes = 0.0
         return sum(copied, 0.0)
 
     def adopt_staged(self, layer: int, expert: int) -> bool:
@@ -150,10 +152,6 @@ class ExpertPrefetcher:
             self.adopted += 1
             return True
         return False
-
-    @property
-    def queued_bytes(self) -> float:
-        return self._queued_bytes if self._queue else 0.0
 
     # -- planning ---------------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -176,16 +174,17 @@ class ExpertPrefetcher:
         resident &= new_wanted
         self.wanted = new_wanted
         self.resident_sets = _per_layer_sets(resident)
-        self._wanted_sets = _per_layer_sets(new_wanted)
-        self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if new_wanted[lay, exp])
-        self._queued_bytes = float(sum(left for _, _, left in self._queue))
+        wanted = self._wanted_sets = _per_layer_sets(new_wanted)
+        self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if exp in wanted[lay])
+        self.queued_bytes = float(sum(left for _, _, left in self._queue))
         queued = {(lay, exp) for lay, exp, _ in self._queue}
         layers, experts = np.nonzero(new_wanted & ~resident)
         # in layer order: decode needs layer 0 first
         for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
             if (layer, expert) not in queued:
-                self._queue.append((layer, expert, float(self.expert_bytes[layer])))
-                self._queued_bytes += float(self.expert_bytes[layer])
+                size = self._expert_bytes[layer]
+                self._queue.append((layer, expert, size))
+                self.queued_bytes += size
 
     def stats(self) -> dict[str, float]:
         return {
@@ -200,10 +199,13 @@ class ExpertPrefetcher:
 
 def _per_layer_sets(mask: np.ndarray) -> list[set[int]]:
     """The true entries of a layers x experts boolean array, as one set of experts per layer."""
-    sets: list[set[int]] = [set() for _ in range(mask.shape[0])]
-    layers, experts = np.nonzero(mask)
-    for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
-        sets[layer].add(expert)
+    layers, experts = np.nonzero(mask)  # by layer, then by expert
+    expert_list = experts.tolist()
+    sets = []
+    start = 0
+    for end in np.searchsorted(layers, np.arange(1, mask.shape[0] + 1)).tolist():
+        sets.append(set(expert_list[start:end]))
+        start = end
     return sets
 
 
@@ -232,7 +234,10 @@ class ExpertLRUCache:
         self.bytes_moved += size_bytes
         if size_bytes <= self.capacity_bytes:
             self._entries[key] = size_bytes
-            self._by_layer.setdefault(key[0], set()).add(key[1])
+            cached = self._by_layer.get(key[0])
+            if cached is None:
+                cached = self._by_layer[key[0]] = set()
+            cached.add(key[1])
             self._used_bytes += size_bytes
             while self._used_bytes > self.capacity_bytes:
                 (layer, expert), freed = self._entries.popitem(last=False)
