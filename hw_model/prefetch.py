@@ -175,9 +175,14 @@ class ExpertPrefetcher:
         self.wanted = new_wanted
         self.resident_sets = _per_layer_sets(resident)
         wanted = self._wanted_sets = _per_layer_sets(new_wanted)
-        self._queue = deque((lay, exp, left) for lay, exp, left in self._queue if exp in wanted[lay])
-        self.queued_bytes = float(sum(left for _, _, left in self._queue))
-        queued = {(lay, exp) for lay, exp, _ in self._queue}
+        kept: deque[tuple[int, int, float]] = deque()  # the queued copies the new plan still wants
+        queued = set()
+        for entry in self._queue:
+            if entry[1] in wanted[entry[0]]:
+                kept.append(entry)
+                queued.add(entry[:2])
+        self._queue = kept
+        self.queued_bytes = float(sum(left for _, _, left in kept))
         layers, experts = np.nonzero(new_wanted & ~resident)
         # in layer order: decode needs layer 0 first
         for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):

@@ -576,13 +576,13 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
     """Per row of ``counts`` (one row per invocation): its active experts, ascending, and their token counts, as
     lists (found with one ``nonzero`` for the whole step; policies look at a handful of experts each, where
     numpy's per-call cost would dominate)."""
-    flat = np.flatnonzero(counts)  # row-major: by row, then by expert
+    width = counts.shape[1]
+    flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
     tokens = counts.ravel()[flat].tolist()
-    rows, experts = np.divmod(flat, counts.shape[1])
-    expert_list = experts.tolist()
+    expert_list = (flat % width).tolist()
     per_row = []
     start = 0
-    for end in np.searchsorted(rows, np.arange(1, counts.shape[0] + 1)).tolist():
+    for end in np.searchsorted(flat, np.arange(width, counts.size + 1, width)).tolist():
         per_row.append((expert_list[start:end], tokens[start:end]))
         start = end
     return per_row
