@@ -352,6 +352,9 @@ class MoESimulator:
         prefetcher = state.prefetcher
         policy.begin_step(context, state, indices, counts, phase)
         decode = phase == "decode"
+        between = gap_before_layer_s > 0 or predictions is not None  # work before each invocation
+        count_hits = prefetcher.count_hits if prefetcher is not None and decode else None
+        last_latency = self._last_latency_s if decode and policy.lookahead else None  # what predict_next reads
         records: list[tuple] = []  # per invocation: (plan, recomputed, hits, misses, bytes copied, added events)
         latencies: list[float] = []
         # totals summed in locals, one invocation after another (the same sums as layer-by-layer calls give)
@@ -359,34 +362,31 @@ class MoESimulator:
         host_to_gpu_total = self._host_to_gpu_bytes
         busy_counts = self._busy_counts
         scored = 0  # rows whose counts are already in the prefetcher's scores
-        for i, (active, active_tokens) in enumerate(_active_experts(counts)):
-            layer_index = indices[i]
-            if gap_before_layer_s > 0:
-                self.advance_time_s(gap_before_layer_s)
-            if predictions is not None and predictions[i] is not None:
-                self.predict_next(layer_index + 1, predictions[i])
-            hits = misses = 0
-            if prefetcher is not None:
-                if layer_index == 0:  # the prefetcher re-plans before layer 0 of a decode step
-                    if i > scored:  # its re-plan reads the scores of the layers run before it
-                        prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
-                        scored = i
-                    prefetcher.before_invocation(layer_index, phase)
-                if decode:  # against the residency the invocation is scheduled with
-                    hits, misses = prefetcher.count_hits(layer_index, active)
+        for i, (layer_index, (active, active_tokens)) in enumerate(zip(indices, _active_experts(counts), strict=True)):
+            if between:
+                if gap_before_layer_s > 0:
+                    self.advance_time_s(gap_before_layer_s)
+                if predictions is not None and predictions[i] is not None:
+                    self.predict_next(layer_index + 1, predictions[i])
+            if layer_index == 0 and prefetcher is not None:  # it re-plans before layer 0 of a decode step
+                if i > scored:  # its re-plan reads the scores of the layers run before it
+                    prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
+                    scored = i
+                prefetcher.before_invocation(layer_index, phase)
+            # hits against the residency the invocation is scheduled with
+            hits, misses = count_hits(layer_index, active) if count_hits is not None else (0, 0)
             recomputed_before = state.recomputations
             out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
             summary = out.summary
-            added: list[tuple[str, float, float, str]] = []
-            copied = 0.0
+            copied, added = 0.0, ()
             if self._ahead_queue or (prefetcher is not None and prefetcher.queued_bytes > 0):
-                copied = self._drain_in_gaps(summary, added)
+                copied, added = self._drain_in_gaps(summary)
             latency = summary.latency_s
             latencies.append(latency)
             latency_total += latency
-            if decode:
-                self._last_latency_s[layer_index] = latency
+            if last_latency is not None:
+                last_latency[layer_index] = latency
             busy_count = busy_counts.get(id(summary))  # busy time is counted per summary: see _count_first_busy
             if busy_count is None:
                 self._count_first_busy(summary)
@@ -489,20 +489,22 @@ class MoESimulator:
                 self._ahead_queue[0] = (layer, expert, left - step)
         return copied
 
-    def _drain_in_gaps(self, summary: LayoutSummary, events: list[tuple[str, float, float, str]]) -> float:
-        """Run look-ahead copies, then queued prefetch copies, in this layer's idle PCIe (host to GPU) time once
-        the NDP units are done (``summary.idle_pcie``); returns bytes copied. The copies are added to ``events``
-        as plain ``(resource, start_s, end_s, label)`` tuples (made :class:`TimelineEvent` when read)."""
+    def _drain_in_gaps(self, summary: LayoutSummary) -> tuple[float, list[tuple[str, float, float, str]]]:
+        """Run queued prefetch copies, then look-ahead copies, in this layer's idle PCIe (host to GPU) time once
+        the NDP units are done (``summary.idle_pcie``); returns the bytes copied and the copies as plain
+        ``(resource, start_s, end_s, label)`` tuples (made :class:`TimelineEvent` when read)."""
         prefetcher = self._state.prefetcher
         bandwidth = self._copy_bandwidth
         copied_total = 0.0
+        events: list[tuple[str, float, float, str]] = []
         for start, end in summary.idle_pcie:  # the prefetcher's queue first (a resident expert helps every later token)
             if prefetcher is not None and prefetcher.queued_bytes:
                 copied = prefetcher.drain(end - start, bandwidth)
                 if copied:
-                    events.append(("pcie", start, start + copied / bandwidth, "prefetch"))
+                    copy_end = start + copied / bandwidth
+                    events.append(("pcie", start, copy_end, "prefetch"))
                     copied_total += copied
-                    start += copied / bandwidth
+                    start = copy_end
             if self._ahead_queue:
                 ahead = self._drain_ahead(end - start)
                 if ahead:
@@ -510,7 +512,7 @@ class MoESimulator:
                     copied_total += ahead
             if not self._ahead_queue and (prefetcher is None or prefetcher.queued_bytes <= 0):  # nothing left
                 break
-        return copied_total
+        return copied_total, events
 
     def advance_time_s(self, seconds: float) -> float:
         """Time spent outside MoE layers (attention etc.) during which PCIe and the DIMMs are idle; prefetch
