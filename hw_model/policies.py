@@ -43,7 +43,8 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from operator import add, sub
+from itertools import compress
+from operator import add, not_, sub
 from typing import Any, ClassVar
 
 import numpy as np
@@ -622,19 +623,13 @@ class TensorParallelLoadBalanced(Policy):
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
         active, active_tokens = out.active, out.active_tokens
-        if any(on_gpu):
-            weight_bytes = ctx.expert_bytes[layer_index]
-            prefetcher, lru = state.prefetcher, state.lru
-            for i in [i for i, gpu in enumerate(on_gpu) if gpu]:
-                e, res = active[i], resident[i]
-                out.to_gpu(e, active_tokens[i], res)
-                adopted = not res and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
-                if lru is not None and not adopted:  # keep the staged copy until its space is needed
-                    lru.use((layer_index, e), weight_bytes)
-            out.sliced(
-                [e for e, gpu in zip(active, on_gpu, strict=True) if not gpu],
-                [t for t, gpu in zip(active_tokens, on_gpu, strict=True) if not gpu],
-            )
+        if True in on_gpu:
+            # itertools' compress picks the items without a Python loop
+            for e, tokens, res in compress(zip(active, active_tokens, resident, strict=True), on_gpu):
+                out.to_gpu(e, tokens, res)
+                _keep_copy(state, layer_index, e, res, ctx.expert_bytes[layer_index])
+            on_ndp = list(map(not_, on_gpu))
+            out.sliced(list(compress(active, on_ndp)), list(compress(active_tokens, on_ndp)))
         else:
             out.sliced(active, active_tokens)
         out.extra["resident_selected"] = float(sum(resident))
@@ -702,15 +697,10 @@ class OursSplit(Ours):
         resident_of = dict(zip(out.active, resident, strict=True))
         on_ndp = [e for e in out.active if e not in on_gpu]
         split = _best_split(out, tokens_of, resident_of, on_gpu, on_ndp) if on_ndp else None
-        weight_bytes = out.layer.expert.weight_bytes()
         for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in on_gpu:
                 out.to_gpu(e, tokens, res)
-                adopted = False
-                if not res and state.prefetcher is not None:
-                    adopted = state.prefetcher.adopt_staged(layer_index, e)
-                if state.lru is not None and not adopted:
-                    state.lru.use((layer_index, e), weight_bytes)
+                _keep_copy(state, layer_index, e, res, ctx.expert_bytes[layer_index])
             elif split is not None and e == split[0]:
                 out.split(e, tokens, split[1])
             else:
@@ -718,6 +708,16 @@ class OursSplit(Ours):
         out.extra["resident_selected"] = float(sum(resident))
         out.extra["split_parts"] = float(split[1]) if split is not None else 0.0
         out.finish()
+
+
+def _keep_copy(state: PolicyState, layer_index: int, e: int, resident: bool, weight_bytes: float) -> None:
+    """Expert ``e`` (``weight_bytes``) ran on the GPU: a copy made for it (not ``resident``) is adopted by the
+    prefetcher when its plan wants the expert, or else kept in the LRU staging area until its space is needed (a
+    resident expert is touched there)."""
+    prefetcher, lru = state.prefetcher, state.lru
+    adopted = not resident and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
+    if lru is not None and not adopted:
+        lru.use((layer_index, e), weight_bytes)
 
 
 def _best_split(
@@ -797,15 +797,10 @@ class OursVariableDegree(Ours):
         state.recomputations += 1
         if phase == "decode":
             state.decode_recomputations += 1
-        weight_bytes = out.layer.expert.weight_bytes()
         for i, (e, tokens) in enumerate(zip(active, active_tokens, strict=True)):
             if on_gpu[i]:
                 out.to_gpu(e, tokens, res[i])
-                adopted = False
-                if not res[i] and state.prefetcher is not None:
-                    adopted = state.prefetcher.adopt_staged(layer_index, e)
-                if state.lru is not None and not adopted:
-                    state.lru.use((layer_index, e), weight_bytes)
+                _keep_copy(state, layer_index, e, res[i], ctx.expert_bytes[layer_index])
             elif whole[i]:
                 out.whole_on_units([e], [tokens])
             else:
