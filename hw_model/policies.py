@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import add, not_, sub
@@ -187,8 +188,10 @@ class RunContext:
             raise WorkloadError(f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}")
 
 
-def row_selector(layers: list[int]) -> slice | list[int]:
+def row_selector(layers: Sequence[int]) -> slice | Sequence[int]:
     """Index rows ``layers`` of a per-layer array: a slice (a view) when they are consecutive and ascending."""
+    if isinstance(layers, range) and layers.step == 1:
+        return slice(layers.start, layers.stop)
     first = layers[0]
     if layers == list(range(first, first + len(layers))):
         return slice(first, first + len(layers))
@@ -212,7 +215,7 @@ class DriftTracker:
         self._replanned: list[int] = []  # layers planned since the last update (see replan)
         self.drift: dict[int, float] = {}  # layer -> drift of its pending invocation (set by update)
 
-    def update(self, layers: list[int], counts: np.ndarray) -> None:
+    def update(self, layers: Sequence[int], counts: np.ndarray) -> None:
         """Smooth ``counts[i]`` (layer ``layers[i]``'s token counts) into the histograms; record each drift."""
         if self._replanned:  # their plans were made on the histograms as they are until now
             self.planned_on[self._replanned] = self.smoothed[self._replanned]

@@ -341,7 +341,7 @@ class MoESimulator:
         layer, with the per-layer bookkeeping done for all of them at once."""
         if phase not in PHASES:
             raise WorkloadError(f"phase must be one of {PHASES}, got {phase!r}")
-        indices = list(range(len(self.layers))) if layers is None else [int(i) for i in layers]
+        indices: Sequence[int] = range(len(self.layers)) if layers is None else [int(i) for i in layers]
         counts = np.array(expert_token_counts, dtype=np.int64)  # a copy: results read it when first built
         self._check_step(indices, counts)
         if predictions is not None and len(predictions) != len(indices):
@@ -407,20 +407,24 @@ class MoESimulator:
     def has_prefetcher(self) -> bool:
         return self._state.prefetcher is not None
 
-    def _check_step(self, indices: list[int], counts: np.ndarray) -> None:
+    def _check_step(self, indices: Sequence[int], counts: np.ndarray) -> None:
+        """Reject a step's bad layer indices (every layer in order, a ``range``, is fine) and bad counts."""
         width = self._width
-        if not indices:
-            raise WorkloadError("a step needs at least one layer")
-        if min(indices) < 0 or max(indices) >= len(self.layers):
-            raise WorkloadError(f"layer index out of range (model has {len(self.layers)} MoE layers): {indices}")
-        if len(set(indices)) != len(indices):
-            raise WorkloadError(f"a step simulates each layer at most once, got {indices}")
+        if not isinstance(indices, range):
+            if not indices:
+                raise WorkloadError("a step needs at least one layer")
+            if min(indices) < 0 or max(indices) >= len(self.layers):
+                raise WorkloadError(f"layer index out of range (model has {len(self.layers)} MoE layers): {indices}")
+            if len(set(indices)) != len(indices):
+                raise WorkloadError(f"a step simulates each layer at most once, got {indices}")
         if counts.ndim != 2 or counts.shape[0] != len(indices) or counts.shape[1] > width:
             raise WorkloadError(
                 f"expected expert token counts of shape ({len(indices)}, {width}), got {list(counts.shape)}"
             )
         if counts.size and counts.min() < 0:
             raise WorkloadError("expert token counts must be non-negative")
+        if not self._narrow_layers:  # every layer is as wide as the rows
+            return
         for i, layer_index in enumerate(indices):
             if layer_index in self._narrow_layers:
                 experts = self.layers[layer_index].num_experts
