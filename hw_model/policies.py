@@ -490,13 +490,17 @@ class _Balanced(Policy):
             if r:
                 first.append((t, h, e))
             else:
-                groups.setdefault((t, h), []).append(e)
-        first.sort(key=lambda item: -item[0])
+                members = groups.get((t, h))
+                if members is None:
+                    groups[t, h] = [e]
+                else:
+                    members.append(e)
+        if first:
+            first.sort(key=lambda item: -item[0])
         key = (
             ctx.layer_classes[out.layer_index],
-            units,
-            tuple(item[:2] for item in first),
-            tuple(sorted((group, len(members)) for group, members in groups.items())),
+            tuple([item[:2] for item in first]),
+            tuple(sorted([(group, len(members)) for group, members in groups.items()])),
         )
         memo = state.pack_memo.get(key)
         if memo is None:
