@@ -105,6 +105,19 @@ def test_a_step_in_any_layer_order_equals_the_same_calls_one_by_one(policy):
     assert _without_wall_times(stepped.summary()) == _without_wall_times(single.summary())
 
 
+@pytest.mark.parametrize("policy", ["tp+lb+prefetch", "monde+cache"])
+def test_a_step_naming_every_layer_equals_the_default_step_over_all_layers(policy):
+    trace = _trace()
+    default, named = _sim(policy), _sim(policy)
+    every = list(range(len(LAYERS)))  # the default is a range: its rows are a slice of the per-layer arrays
+    default.simulate_step("prefill", trace.prefill_step_counts())
+    named.simulate_step("prefill", trace.prefill_step_counts(), layers=every)
+    for token in range(trace.prompt_tokens, trace.num_tokens):
+        got = default.simulate_step("decode", trace.token_counts(token)).latencies_s
+        assert got == named.simulate_step("decode", trace.token_counts(token), layers=every).latencies_s
+    assert _without_wall_times(default.summary()) == _without_wall_times(named.summary())
+
+
 def test_a_result_read_later_does_not_see_the_callers_buffer_change():
     sim = _sim("tp+lb+prefetch")
     counts = np.zeros(16, dtype=np.int64)
