@@ -554,7 +554,8 @@ class MondeCache(_Balanced):
 
     def _resident(self, state, layer_index, active):
         assert state.lru is not None
-        return [(layer_index, e) in state.lru for e in active]
+        cached = state.lru.experts_of(layer_index)
+        return [e in cached for e in active]
 
     def _keep(self, state, layer_index, e, weight_bytes):
         assert state.lru is not None
