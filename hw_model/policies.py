@@ -218,7 +218,8 @@ class DriftTracker:
     def update(self, layers: Sequence[int], counts: np.ndarray) -> None:
         """Smooth ``counts[i]`` (layer ``layers[i]``'s token counts) into the histograms; record each drift."""
         if self._replanned:  # their plans were made on the histograms as they are until now
-            self.planned_on[self._replanned] = self.smoothed[self._replanned]
+            replanned = row_selector(self._replanned)
+            self.planned_on[replanned] = self.smoothed[replanned]
             self._replanned.clear()
         alpha = self.smoothing
         totals = counts.sum(axis=1)

@@ -582,6 +582,9 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
     """Per row of ``counts`` (one row per invocation): its active experts, ascending, and their token counts, as
     lists (found with one ``nonzero`` for the whole step; policies look at a handful of experts each, where
     numpy's per-call cost would dominate)."""
+    if counts.shape[0] == 1:  # one invocation (simulate_layer): fewer array calls
+        experts = counts[0].nonzero()[0]
+        return [(experts.tolist(), counts[0, experts].tolist())]
     width = counts.shape[1]
     flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
     tokens = counts.ravel()[flat].tolist()
