@@ -11,6 +11,10 @@ Dataset-free prefetch keeps online counts of expert selections per (layer, exper
 
 Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drain`), so a prefetch is never
 free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
+
+Residency is kept per layer as Python sets (:attr:`ExpertPrefetcher.resident_sets`): an invocation asks about a
+handful of experts, where a set look-up is far cheaper than indexing an array; the re-plan, which ranks every
+(layer, expert) pair at once, works on arrays built from them.
 """
 
 from __future__ import annotations

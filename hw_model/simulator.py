@@ -3,7 +3,9 @@
 A :class:`MoESimulator` is created once per session (or per trace) and fed MoE layer invocations: which
 experts were selected and for how many tokens, one layer at a time (:meth:`MoESimulator.simulate_layer`) or a
 forward step's layers at once (:meth:`MoESimulator.simulate_step`, which does the per-layer bookkeeping for all
-of them in array operations; the results are identical). Each invocation gives a :class:`LayerResult` with the
+of them in array operations and finds every layer's active experts with one ``nonzero``; the results are
+identical). Each invocation is handed to the policy as an :class:`~hw_model.layout.InvocationLayout` (its active
+experts and their token counts, as plain lists) and gives a :class:`LayerResult` with the
 layer's latency and an event timeline (built on first read, see :mod:`hw_model.layout`) over the resources
 ``gpu``, ``pcie`` (host to GPU: expert weights and NDP outputs), ``pcie_d2h`` (GPU to host: hidden states for
 the NDP units), ``ndp0..ndpN-1`` and ``ndp_link``. The ORT session and the trace-driven ``bench`` both use
