@@ -56,17 +56,19 @@ def get_ep_name() -> str:
     return EP_NAME
 
 
-def _library_candidates() -> list[Path]:
+def _library_candidates() -> Iterator[Path]:
+    """Where the library may be, in order of preference; the installed distribution is looked up (a scan of
+    ``sys.path``) only when the package's own ``lib/`` and an in-tree build have none."""
     here = Path(__file__).resolve().parent
-    candidates = [here / "lib" / LIBRARY_NAME, here.parent / "build" / "native" / LIBRARY_NAME]
+    yield here / "lib" / LIBRARY_NAME
+    yield here.parent / "build" / "native" / LIBRARY_NAME
     try:  # the installed wheel's copy, when a source checkout's ndp_ep/ shadows the installed package
         from importlib.metadata import PackageNotFoundError, distribution
 
         installed = Path(str(distribution("ndp-ep").locate_file(f"ndp_ep/lib/{LIBRARY_NAME}")))
-        candidates.append(installed)
     except (ImportError, PackageNotFoundError):
-        pass
-    return candidates
+        return
+    yield installed
 
 
 def get_library_path() -> str:

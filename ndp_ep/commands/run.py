@@ -79,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
 
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
-    session = InferenceSession(args.model, hw=args.hw, ndp_units=args.ndp_units, policy=args.policy, dtype=args.dtype)
+    session = InferenceSession(
+        args.model,
+        hw=args.hw,
+        ndp_units=args.ndp_units,
+        policy=args.policy,
+        dtype=args.dtype,
+        input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
+    )
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
     if mismatch:
