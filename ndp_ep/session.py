@@ -346,11 +346,14 @@ _COPIED_OPTIONS = (
     "use_deterministic_compute",
     "optimized_model_filepath",
 )
+# session config entries copied when the caller set them (ONNX Runtime lists no entries, so only known keys)
+_COPIED_CONFIG_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 
 
 def _copy_session_options(options):
-    """A fresh SessionOptions with the caller's settings: adding the provider to the caller's own object would
-    make a second session created with it fail (the provider would be added twice)."""
+    """A fresh SessionOptions with the caller's settings (:data:`_COPIED_OPTIONS`, and the config entries of
+    :data:`_COPIED_CONFIG_ENTRIES` it sets): adding the provider to the caller's own object would make a second
+    session created with it fail (the provider would be added twice)."""
     import onnxruntime as ort
 
     fresh = ort.SessionOptions()
@@ -359,6 +362,12 @@ def _copy_session_options(options):
     if options is not None:
         for name in _COPIED_OPTIONS:
             setattr(fresh, name, getattr(options, name))
+        for key in _COPIED_CONFIG_ENTRIES:
+            try:
+                value = options.get_session_config_entry(key)
+            except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
+                continue
+            fresh.add_session_config_entry(key, value)
     return fresh
 
 

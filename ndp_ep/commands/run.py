@@ -65,6 +65,19 @@ def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None
     )
 
 
+def _one_run_options():
+    """Session options for a program that runs the model once: ONNX Runtime's intra-op threads sleep between
+    parallel sections instead of spinning (spinning only shortens back-to-back runs; after the one run it would
+    take a core from the report being built), and warnings stay quiet as in :class:`InferenceSession`'s own
+    options (every session would warn that the non-expert nodes run on the CPU provider)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -81,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     feeds = load_feeds(args.inputs) if args.inputs else None
     session = InferenceSession(
         args.model,
+        _one_run_options(),
         hw=args.hw,
         ndp_units=args.ndp_units,
         policy=args.policy,
