@@ -9,7 +9,8 @@ need no ``uuid``; the library's OpenBLAS starts no idle workers; the program ski
 not its exit code, ``atexit`` callbacks or buffered output; ONNX Runtime builds the session on another thread while
 the reports are set up (the simulator imported, the feeds' non-expert cost computed ahead, from a skeleton built
 without copying weights), and parsing ``run``'s options leaves the simulator unimported; the in-tree library is
-found without scanning the installed distributions. Each cut keeps its refusal: the failing cases still fail with
+found without scanning the installed distributions; ``ndp-ep run`` asks ONNX Runtime's threads not to spin after its
+one run. Each cut keeps its refusal: the failing cases still fail with
 the same message.
 """
 
@@ -397,3 +398,16 @@ def test_finding_the_built_library_does_not_scan_the_installed_distributions(rep
         pytest.skip("no in-tree build of the library")
     found = "import ndp_ep.ep\nprint(ndp_ep.ep.get_library_path())"
     assert _modules_after(found, repo_root, ("importlib.metadata",)) == []
+
+
+def test_the_run_command_asks_onnx_runtime_not_to_spin_and_sessions_keep_that_entry(samples_dir):
+    from ndp_ep.commands.run import _one_run_options
+
+    key = "session.intra_op.allow_spinning"
+    options = _one_run_options()
+    assert options.get_session_config_entry(key) == "0" and options.log_severity_level == 3
+    session = InferenceSession(samples_dir / "moe_block.onnx", options)
+    assert session.get_session_options().get_session_config_entry(key) == "0"  # the session ONNX Runtime runs
+    default = InferenceSession(samples_dir / "moe_block.onnx")
+    with pytest.raises(Exception, match=key):  # ONNX Runtime's own default (spinning) when the caller sets none
+        default.get_session_options().get_session_config_entry(key)
