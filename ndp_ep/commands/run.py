@@ -81,6 +81,11 @@ def _one_run_options():
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from ndp_ep.blas import single_threaded_blas_load
+
+    with single_threaded_blas_load():  # numpy's OpenBLAS: nothing here multiplies matrices in Python
+        import numpy  # noqa: F401
+
     from ndp_ep.cli import warn
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession

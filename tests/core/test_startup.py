@@ -10,7 +10,7 @@ not its exit code, ``atexit`` callbacks or buffered output; ONNX Runtime builds 
 the reports are set up (the simulator imported, the feeds' non-expert cost computed ahead, from a skeleton built
 without copying weights), and parsing ``run``'s options leaves the simulator unimported; the in-tree library is
 found without scanning the installed distributions; ``ndp-ep run`` asks ONNX Runtime's threads not to spin after its
-one run. Each cut keeps its refusal: the failing cases still fail with
+one run and loads numpy's OpenBLAS without idle workers. Each cut keeps its refusal: the failing cases still fail with
 the same message.
 """
 
@@ -142,6 +142,31 @@ def test_registering_the_library_starts_no_blas_threads_and_restores_the_environ
     before, after, value = json.loads(done.stdout.strip().splitlines()[-1])
     assert after == before  # the library's OpenBLAS started no idle worker threads
     assert value == preset
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no worker thread on one core")
+def test_ndp_ep_run_loads_numpys_blas_without_idle_workers(repo_root, samples_dir):
+    run = (
+        "import contextlib, io, json, os\n"
+        "{first}"
+        "from ndp_ep.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main(['run', {str(samples_dir / 'moe_block.onnx')!r}, '--inputs', "
+        f"{str(samples_dir / 'moe_block.inputs.npz')!r}]) == 0\n"
+        "print(json.dumps([len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS')]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo_root))
+    env.pop("OPENBLAS_NUM_THREADS", None)
+
+    def threads(first: str) -> tuple[int, str | None]:
+        done = subprocess.run(
+            [sys.executable, "-c", run.format(first=first)], capture_output=True, text=True, env=env, check=True
+        )
+        return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    ours, value = threads("")
+    numpy_first, _ = threads("import numpy\n")  # numpy loaded before the command: its OpenBLAS workers run
+    assert ours < numpy_first and value is None  # and the variable is the caller's again (unset)
 
 
 @pytest.mark.parametrize(("argv", "code"), [(["--version"], 0), (["run", "no-such-model.onnx"], 2)])
