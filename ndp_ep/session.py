@@ -242,7 +242,7 @@ class _SessionCreation:
 
         try:
             self._outcome.append(ort.InferenceSession(model, options, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - handed to the creating thread by result()
+        except BaseException as exc:  # noqa: BLE001 - handed to the creating thread by result()
             self._outcome.append(exc)
 
     def wait(self) -> None:
@@ -252,7 +252,7 @@ class _SessionCreation:
         """The session; ONNX Runtime's refusal as a one-line :class:`ModelLoadError`."""
         self.wait()
         outcome = self._outcome[0]
-        if isinstance(outcome, Exception):  # ORT's own exception types: one line naming the model problem
+        if isinstance(outcome, BaseException):  # ORT's own exception types: one line naming the model problem
             raise ModelLoadError(f"onnxruntime could not create the session: {_first_line(outcome)}") from None
         return outcome
 
