@@ -10,7 +10,8 @@ not its exit code, ``atexit`` callbacks or buffered output; ONNX Runtime builds 
 the reports are set up (the simulator imported, the feeds' non-expert cost computed ahead, from a skeleton built
 without copying weights), and parsing ``run``'s options leaves the simulator unimported; the in-tree library is
 found without scanning the installed distributions; ``ndp-ep run`` asks ONNX Runtime's threads not to spin after its
-one run and loads numpy's OpenBLAS without idle workers. Each cut keeps its refusal: the failing cases still fail with
+one run, loads numpy's OpenBLAS without idle workers and pauses the cyclic garbage collector (a session build leaves no
+cyclic garbage). Each cut keeps its refusal: the failing cases still fail with
 the same message.
 """
 
@@ -436,3 +437,41 @@ def test_the_run_command_asks_onnx_runtime_not_to_spin_and_sessions_keep_that_en
     default = InferenceSession(samples_dir / "moe_block.onnx")
     with pytest.raises(Exception, match=key):  # ONNX Runtime's own default (spinning) when the caller sets none
         default.get_session_options().get_session_config_entry(key)
+
+
+def test_ndp_ep_run_pauses_the_cyclic_collector_and_turns_it_back_on(samples_dir, monkeypatch, capsys):
+    import gc
+
+    from ndp_ep.cli import main
+    from ndp_ep.session import InferenceSession as Session
+
+    seen = []
+    real_run = Session.run
+    monkeypatch.setattr(Session, "run", lambda self, *a, **k: seen.append(gc.isenabled()) or real_run(self, *a, **k))
+    assert gc.isenabled()
+    block = samples_dir / "moe_block.onnx"
+    assert main(["run", str(block), "--inputs", str(samples_dir / "moe_block.inputs.npz")]) == 0
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        assert main(["run", str(block), "--inputs", str(samples_dir / "moe_block.inputs.npz")]) == 0
+        assert not gc.isenabled()  # the caller's state, not "on"
+    finally:
+        gc.enable()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "relative", ["moe_decoder.onnx", "genai/gpt_oss_int4/model.onnx", "hf/mixtral_model_dynamo.onnx"]
+)
+def test_building_a_session_leaves_no_cyclic_garbage(samples_dir, relative):
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        session = InferenceSession(samples_dir / relative)  # converted in memory
+        assert gc.collect() == 0  # what ndp-ep run's paused collector relies on
+    finally:
+        gc.enable()
+    assert session.reporter.layers
