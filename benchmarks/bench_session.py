@@ -15,13 +15,15 @@ not the eager-unrolled export, whose MoE block does not convert).
 
 ``--startup N`` instead times process start-up (target <= 1.5x): ``ndp-ep run`` on the converted and on the
 original ``moe_decoder`` against ``python -c 'import onnxruntime' + one run``, N alternating starts each, both
-with compiled bytecode (see :func:`startup`). ``--startup-imports N`` lists what the difference is made of at
-import time: the modules ``ndp-ep run`` imports beyond the stock program, by package (:func:`startup_imports`).
+with compiled bytecode (see :func:`startup`), with the machine's load average (1 minute) before and after.
+``--startup-imports N`` lists what the difference is made of at import time: the modules ``ndp-ep run`` imports
+beyond the stock program, by package (:func:`startup_imports`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -106,8 +108,6 @@ def _time_simulator(session) -> list[float]:
 
 def _startup_commands(original: Path, model: Path, pycache: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The two commands :func:`startup` times (stock, then ``ndp-ep run``) and their environment."""
-    import os
-
     inputs = original.with_name(original.name.replace(".onnx", ".inputs.npz"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(pycache))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -223,6 +223,7 @@ def main() -> None:
                 print("modules `ndp-ep run` loads beyond `import onnxruntime` + one run, by the package loading them")
             else:
                 print(f"{args.startup} alternating process starts each; best and median wall times")
+                print(f"load average before: {os.getloadavg()[0]:.2f}")
             for label, path in (("converted", converted), ("original", model)):
                 if args.startup_imports:
                     costs = startup_imports(model, path, args.startup_imports, cache)
@@ -234,7 +235,8 @@ def main() -> None:
                 print(
                     f"ndp-ep run {label} {path.name}: best {min(ours):.3f} s, median {statistics.median(ours):.3f} s; "
                     f"import onnxruntime + one run: best {min(stock):.3f} s, median {statistics.median(stock):.3f} s; "
-                    f"ratio best {best:.2f}, median {median:.2f} (target <= {TARGET_STARTUP_RATIO})"
+                    f"ratio best {best:.2f}, median {median:.2f} (target <= {TARGET_STARTUP_RATIO}); "
+                    f"load average after: {os.getloadavg()[0]:.2f}"
                 )
         return
     models = args.models or default_models()

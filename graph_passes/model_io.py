@@ -38,7 +38,6 @@ import onnx
 from onnx import TensorProto
 
 from graph_passes.errors import GraphPassError, InvalidModelError, UnsafeModelError
-from graph_passes.expert_math import copy_blocked
 from graph_passes.graph_index import copy_without_initializers
 from ndp_io import check_output_path, directory_lock, staged_file
 
@@ -428,6 +427,8 @@ class _DataWriter:
         if not array.flags.c_contiguous:
             if self.scratch.nbytes < array.nbytes:
                 self.scratch = np.empty(array.nbytes, np.uint8)
+            from graph_passes.expert_math import copy_blocked  # with the block plans: not needed to read a model
+
             staged = self.scratch[: array.nbytes].view(array.dtype).reshape(array.shape)
             array = copy_blocked(array, staged)
         self.file.write(memoryview(array.reshape(-1).view(np.uint8)))

@@ -5,40 +5,42 @@ TOML presets), costs operations with a roofline plus fixed-overhead model, and s
 event timeline under a scheduling policy.
 """
 
-from hw_model.errors import HardwareConfigError, HwModelError
-from hw_model.hardware import (
-    GpuSpec,
-    HostLinkSpec,
-    NdpLinkSpec,
-    NdpUnitSpec,
-    SystemSpec,
-    list_presets,
-    load_system,
-)
-from hw_model.policies import Policy, get_policy, policy_names, register
-from hw_model.simulator import DEFAULT_POLICY, POLICIES, LayerResult, MoESimulator, StepResult
-from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
+# public name -> module that defines it, imported on first access: ``import hw_model.hardware`` (what a
+# command line needs to list the presets) does not load the simulator and its policies
+_LAZY = {
+    "DEFAULT_POLICY": "hw_model.simulator",
+    "POLICIES": "hw_model.simulator",
+    "ExpertShape": "hw_model.workload",
+    "LayerResult": "hw_model.simulator",
+    "MoELayerShape": "hw_model.workload",
+    "MoESimulator": "hw_model.simulator",
+    "StepResult": "hw_model.simulator",
+    "Policy": "hw_model.policies",
+    "WeightFormat": "hw_model.workload",
+    "get_policy": "hw_model.policies",
+    "policy_names": "hw_model.policies",
+    "register": "hw_model.policies",
+    "GpuSpec": "hw_model.hardware",
+    "HardwareConfigError": "hw_model.errors",
+    "HostLinkSpec": "hw_model.hardware",
+    "HwModelError": "hw_model.errors",
+    "NdpLinkSpec": "hw_model.hardware",
+    "NdpUnitSpec": "hw_model.hardware",
+    "SystemSpec": "hw_model.hardware",
+    "list_presets": "hw_model.hardware",
+    "load_system": "hw_model.hardware",
+}
+__all__ = sorted(_LAZY)
 
-__all__ = [
-    "DEFAULT_POLICY",
-    "POLICIES",
-    "ExpertShape",
-    "LayerResult",
-    "MoELayerShape",
-    "MoESimulator",
-    "StepResult",
-    "Policy",
-    "WeightFormat",
-    "get_policy",
-    "policy_names",
-    "register",
-    "GpuSpec",
-    "HardwareConfigError",
-    "HostLinkSpec",
-    "HwModelError",
-    "NdpLinkSpec",
-    "NdpUnitSpec",
-    "SystemSpec",
-    "list_presets",
-    "load_system",
-]
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hw_model' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

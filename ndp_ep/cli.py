@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from ndp_ep.cli_args import HELP_DEFAULT
+
 COMMANDS = ("convert", "inspect", "run", "demo", "generate", "bench", "sweep", "validate", "diff")
 EXIT_BAD_INPUT = 2
 DISTRIBUTION = "ndp-ep"
@@ -62,8 +64,9 @@ def _input_error_types() -> tuple[type[BaseException], ...]:
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, plus ``(default: X)`` on every option whose default is a value and is not
-    already stated in its help; lines never break inside a hyphenated name (``paper-ddr5-4800``)."""
+    """argparse's formatter, plus ``(default: X)`` on every option whose default is a value (or that names
+    one through :data:`ndp_ep.cli_args.HELP_DEFAULT`) and is not already stated in its help; lines never break
+    inside a hyphenated name (``paper-ddr5-4800``)."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         import textwrap
@@ -72,6 +75,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
+        shown = getattr(action, HELP_DEFAULT, None)
+        if shown is not None and "default" not in text:  # a default resolved after parsing, named here
+            return text + " (default: " + str(shown()).replace("%", "%%") + ")"
         default = action.default
         if (
             action.option_strings

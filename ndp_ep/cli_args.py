@@ -6,7 +6,7 @@ everywhere (``ndp-ep run --ndp-units 1e8`` and ``ndp-ep convert --ndp-units 0`` 
 exit code 2, before anything is allocated)::
 
     add_hardware_args(parser)          # --hw (presets listed from hw_model/presets), --ndp-units
-    add_policy_arg(parser)             # --policy, choices from hw_model's policy list
+    add_policy_arg(parser)             # --policy, choices from hw_model's policy list (None: its default)
     add_feed_args(parser)              # --seq-len, --seed
     add_json_args(parser)              # --json (stdout) [and --json-out FILE]
 
@@ -23,7 +23,7 @@ Bounds (why each one):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 MAX_NDP_UNITS = 64
@@ -32,6 +32,9 @@ MAX_SEQ_LEN = 65_536
 DEFAULT_HW = "paper"
 DEFAULT_SEQ_LEN = 8
 DEFAULT_SEED = 0
+# an option whose default is resolved after parsing (its default is None) names it in --help through this
+# attribute of its argparse action: a function returning the value shown (ndp_ep.cli.HelpFormatter)
+HELP_DEFAULT = "help_default"
 
 
 def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -132,14 +135,38 @@ def add_shards_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _PolicyNames(Sequence[str]):
+    """:func:`policy_names`, read when argparse first looks at them (a ``--policy`` given, ``--help``): building
+    the parser does not import the simulator's policies, which a run then imports while ONNX Runtime builds
+    its session (:class:`ndp_ep.session.InferenceSession`)."""
+
+    def _names(self) -> tuple[str, ...]:
+        return policy_names()
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+
 def add_policy_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    """``--policy``: one of the simulator's policies; None when not given (the simulator's default, which
+    ``--help`` names: :data:`HELP_DEFAULT`)."""
+    action = parser.add_argument(
         "--policy",
-        choices=policy_names(),
-        default=default_policy(),
+        choices=_PolicyNames(),
+        default=None,
         metavar="POLICY",
-        help=f"scheduling policy the simulator applies: {', '.join(policy_names())}",
+        help="scheduling policy the simulator applies: %(choices)s",
     )
+    setattr(action, HELP_DEFAULT, default_policy)
 
 
 def add_feed_args(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from graph_passes.graph_index import copy_without_initializers
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from ndp_ep.partition import is_ndp_supported
@@ -31,6 +32,7 @@ FREE_OPS = {
     "Cast",
 }
 SMALL_INITIALIZER_BYTES = 4096
+_WEIGHT_BYTE_FIELDS = ("raw_data", "external_data")
 
 
 @dataclass(frozen=True)
@@ -53,21 +55,24 @@ class NonExpertCoster:
 
     @staticmethod
     def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-        skeleton = onnx.ModelProto()
-        skeleton.CopyFrom(model)
+        """The model without weight bytes: claimed nodes become ``Identity`` of their hidden input; the
+        initializers no node reads are dropped, the large or external ones keep everything but their bytes; only
+        the standard opsets stay imported. Built from a copy without initializers, to which the
+        used ones are added, so the expert weights are never copied."""
+        skeleton = copy_without_initializers(model)
         graph = skeleton.graph
-        for tensor in graph.initializer:
-            if len(tensor.raw_data) > SMALL_INITIALIZER_BYTES or tensor.data_location == TensorProto.EXTERNAL:
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-                tensor.data_location = TensorProto.DEFAULT
         for position, node in enumerate(graph.node):
             if is_ndp_supported(node):
                 stand_in = onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)
                 graph.node[position].CopyFrom(stand_in)
         used = {i for n in graph.node for i in n.input}
-        for tensor in [t for t in graph.initializer if t.name not in used]:
-            graph.initializer.remove(tensor)
+        for tensor in model.graph.initializer:
+            if tensor.name not in used:
+                continue
+            if len(tensor.raw_data) > SMALL_INITIALIZER_BYTES or tensor.data_location == TensorProto.EXTERNAL:
+                _copy_header(tensor, graph.initializer.add())
+            else:
+                graph.initializer.add().CopyFrom(tensor)
         standard = [o for o in skeleton.opset_import if o.domain in ("", "ai.onnx")]
         del skeleton.opset_import[:]
         skeleton.opset_import.extend(standard or [onnx.helper.make_opsetid("", 17)])
@@ -123,6 +128,21 @@ class NonExpertCoster:
             kernels += 1
             time_s += kernel_time_s(gpu, node_flops, node_bytes, self.dtype, kernels=1)
         return GpuCost(flops, bytes_moved, kernels, time_s)
+
+
+def _copy_header(tensor: onnx.TensorProto, target: onnx.TensorProto) -> None:
+    """``tensor`` into ``target`` without its bytes: every field but ``raw_data`` and ``external_data``, with
+    ``data_location`` set to inline."""
+    for descriptor, value in tensor.ListFields():
+        if descriptor.name in _WEIGHT_BYTE_FIELDS:
+            continue
+        if hasattr(value, "extend"):  # repeated field
+            getattr(target, descriptor.name).extend(value)
+        elif hasattr(value, "CopyFrom"):  # message field
+            getattr(target, descriptor.name).CopyFrom(value)
+        else:
+            setattr(target, descriptor.name, value)
+    target.data_location = TensorProto.DEFAULT
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:

@@ -17,7 +17,6 @@ bounds it (records kept when nobody reads them), ``record_routing=0`` turns capt
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp_ep.blas import single_threaded_blas_load
 from ndp_ep.errors import NdpEpError
 
 EP_NAME = "NdpExecutionProvider"
@@ -34,7 +34,6 @@ RUN_TAG_KEY = OPTION_PREFIX + "run_tag"
 SESSION_KEY_OPTION = "session_key"
 LIBRARY_ENV = "NDP_EP_LIBRARY"
 LIBRARY_NAME = "libndp_ep.so"
-BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 MIN_ORT_VERSION = (1, 23, 1)
 SCHEMA_API_VERSION = 24  # from this ORT API on, the EP factory itself registers the op's schema
 REGISTER_HINT = (
@@ -56,17 +55,19 @@ def get_ep_name() -> str:
     return EP_NAME
 
 
-def _library_candidates() -> list[Path]:
+def _library_candidates() -> Iterator[Path]:
+    """Where the library may be, in order of preference; the installed distribution is looked up (a scan of
+    ``sys.path``) only when the package's own ``lib/`` and an in-tree build have none."""
     here = Path(__file__).resolve().parent
-    candidates = [here / "lib" / LIBRARY_NAME, here.parent / "build" / "native" / LIBRARY_NAME]
+    yield here / "lib" / LIBRARY_NAME
+    yield here.parent / "build" / "native" / LIBRARY_NAME
     try:  # the installed wheel's copy, when a source checkout's ndp_ep/ shadows the installed package
         from importlib.metadata import PackageNotFoundError, distribution
 
         installed = Path(str(distribution("ndp-ep").locate_file(f"ndp_ep/lib/{LIBRARY_NAME}")))
-        candidates.append(installed)
     except (ImportError, PackageNotFoundError):
-        pass
-    return candidates
+        return
+    yield installed
 
 
 def get_library_path() -> str:
@@ -109,33 +110,13 @@ def register() -> str:
             )
         path = get_library_path()
         try:
-            with _single_threaded_blas_load():
+            with single_threaded_blas_load():  # the library's OpenBLAS starts no idle workers
                 ort.register_execution_provider_library(EP_NAME, path)
         except Exception as exc:  # ORT raises its own Fail/InvalidArgument types
             if "already" not in str(exc).lower():
                 raise LibraryNotFoundError(f"onnxruntime could not load {path}: {exc}") from None
         _registered_path = path
         return path
-
-
-@contextlib.contextmanager
-def _single_threaded_blas_load() -> Iterator[None]:
-    """``OPENBLAS_NUM_THREADS=1`` while the library loads, then the caller's value again.
-
-    The library's BLAS (scipy-openblas32, a second OpenBLAS beside numpy's) starts one worker thread per core
-    when it is loaded, which the library then idles (it sets one BLAS thread: parallelism comes from ONNX
-    Runtime's intra-op pool). The workers spin before they sleep and are joined at exit; on a busy machine that
-    cost a short ``ndp-ep run`` tens of milliseconds. OpenBLAS reads the variable only when it loads, so
-    restoring it right after changes nothing else (numpy's OpenBLAS was loaded before)."""
-    previous = os.environ.get(BLAS_THREADS_ENV)
-    os.environ[BLAS_THREADS_ENV] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(BLAS_THREADS_ENV, None)
-        else:
-            os.environ[BLAS_THREADS_ENV] = previous
 
 
 def devices() -> list:

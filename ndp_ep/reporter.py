@@ -25,8 +25,6 @@ import numpy as np
 
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES
 from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
-from hw_model.policies import DEFAULT_POLICY
-from hw_model.simulator import MoESimulator
 from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
 from ndp_ep.ep import RoutingReader
 from ndp_ep.errors import NdpEpError
@@ -85,6 +83,10 @@ class SessionReporter:
             raise NdpEpError(f"report_ring must be a positive integer, got {report_ring!r}")
         if dtype is not None and dtype not in DTYPE_BYTES:
             raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+        # imported here, not with the module: a session imports the simulator while ONNX Runtime builds its own
+        from hw_model.policies import DEFAULT_POLICY
+        from hw_model.simulator import MoESimulator
+
         self.system = system
         self.policy = policy or DEFAULT_POLICY
         self.dtype = dtype or DEPLOYMENT_DTYPE
@@ -217,14 +219,25 @@ class SessionReporter:
             a.layer_invocations[layer.index] += 1
             a.layer_expert_tokens[layer.index] += sum(layer.expert_tokens)
 
-    def _gpu_seconds(self, input_shapes: dict[str, tuple[int, ...]] | None) -> float | None:
-        if input_shapes is None:
-            return None
+    def prepare_costing(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Build the non-expert costing now rather than at the first report, and cost ``input_shapes`` (the
+        coming runs' input shapes, when known) ahead."""
+        with self._lock:
+            coster = self._non_expert_coster()
+            if input_shapes is not None:
+                coster.cost({name: tuple(int(d) for d in shape) for name, shape in input_shapes.items()})
+
+    def _non_expert_coster(self):
         if self._coster is None:
             from ndp_ep.costing import NonExpertCoster
 
             self._coster = NonExpertCoster(self._model, self.system, self.dtype)
-        seconds = self._coster.cost(input_shapes).time_s
+        return self._coster
+
+    def _gpu_seconds(self, input_shapes: dict[str, tuple[int, ...]] | None) -> float | None:
+        if input_shapes is None:
+            return None
+        seconds = self._non_expert_coster().cost(input_shapes).time_s
         if self._unconverted_moe:
             seconds += sum(
                 op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)

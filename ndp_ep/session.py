@@ -6,13 +6,15 @@
 
 It takes ONNX Runtime's arguments (``path_or_bytes, sess_options, providers, provider_options, **kwargs``;
 a path, serialized bytes or an ``onnx.ModelProto``) plus keyword-only ``hw``, ``ndp_units``, ``policy``,
-``shards``, ``strict``, ``dtype`` and ``report_ring``. Given an unconverted model it converts the MoE blocks in
-memory (as an execution provider claims the nodes it can run); given a converted one it hands it to ONNX
-Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` whose options add
+``shards``, ``strict``, ``dtype``, ``report_ring`` and ``input_shapes``. Given an unconverted model it converts
+the MoE blocks in memory (as an execution provider claims the nodes it can run); given a converted one it hands
+it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` whose options add
 ``NdpExecutionProvider`` (:func:`ndp_ep.ep.session_options`): the provider runs the sharded expert nodes
 natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
-cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring.
+cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
+model is checked (and converted), ONNX Runtime builds its session on a thread of its own while this one sets up
+the reports (ONNX Runtime does not hold the GIL meanwhile).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
-from hw_model.policies import DEFAULT_POLICY
 from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_session_key, session_options
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
@@ -55,7 +56,9 @@ class InferenceSession:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
     raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
-    many reports the session keeps. ``sess_options`` is copied, not modified. ``providers`` and
+    many reports the session keeps; ``input_shapes``: the input shapes of the runs to come, when known
+    (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
+    of at the first report (the same figures either way). ``sess_options`` is copied, not modified. ``providers`` and
     ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs on
     ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes, and ``get_providers()``
     says so.
@@ -75,10 +78,9 @@ class InferenceSession:
         strict: bool = False,
         dtype: str | None = None,
         report_ring: int = DEFAULT_REPORT_RING,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
-        import onnxruntime as ort
-
         _check_positive("ndp_units", ndp_units)
         _check_positive("shards", shards)
         if isinstance(hw, SystemSpec):
@@ -98,35 +100,38 @@ class InferenceSession:
             )
             claimed = _claim(converted)
             ort_model = converted.SerializeToString()
-        self.policy = policy
-        annotate_placement(converted, self.system, policy or DEFAULT_POLICY, claimed)
         self.converted_model = converted
         self.session_key = new_session_key()
-        self.reporter = SessionReporter(
-            converted,
-            self.system,
-            self.session_key,
-            policy=policy,
-            dtype=dtype,
-            report_ring=report_ring,
-            claimed=claimed,
-            notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
-        )
-        self.policy = self.reporter.policy
         options = session_options(
             _copy_session_options(sess_options),
             session_key=self.session_key,
             hw=self.system.name,
             ndp_units=self.system.num_ndp_units,
-            policy=self.reporter.policy,
+            policy=policy,  # absent: the simulator's default
             dtype=dtype,
         )
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
+        # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
+        creating = _SessionCreation(ort_model, options, kwargs)
         try:
-            self._session = ort.InferenceSession(ort_model, options, **kwargs)
-        except Exception as exc:  # ORT's own exception types: one line naming the model problem
-            raise ModelLoadError(f"onnxruntime could not create the session: {_first_line(exc)}") from None
+            self.reporter = SessionReporter(
+                converted,
+                self.system,
+                self.session_key,
+                policy=policy,
+                dtype=dtype,
+                report_ring=report_ring,
+                claimed=claimed,
+                notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
+            )
+            self.policy = self.reporter.policy
+            annotate_placement(converted, self.system, self.policy, claimed)
+            self.reporter.prepare_costing(input_shapes)
+        except BaseException:  # the reports' error is the one raised, as when they were set up first
+            creating.wait()
+            raise
+        self._session = creating.result()
         self._inputs = {i.name: i for i in self._session.get_inputs()}
         self._has_moe = bool(claimed)
         self._tags = itertools.count(1)
@@ -223,6 +228,35 @@ class InferenceSession:
         return non_expert_weight_bytes(converted, _claim(converted), self.dtype)
 
 
+class _SessionCreation:
+    """``onnxruntime.InferenceSession(model, options, **kwargs)`` built on a thread of its own (ONNX Runtime
+    releases the GIL while it loads, partitions and compiles the model); :meth:`result` waits for it."""
+
+    def __init__(self, model: str | bytes, options, kwargs: dict) -> None:
+        self._outcome: list = []
+        self._thread = threading.Thread(target=self._create, args=(model, options, kwargs), daemon=True)
+        self._thread.start()
+
+    def _create(self, model: str | bytes, options, kwargs: dict) -> None:
+        import onnxruntime as ort
+
+        try:
+            self._outcome.append(ort.InferenceSession(model, options, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the creating thread by result()
+            self._outcome.append(exc)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        """The session; ONNX Runtime's refusal as a one-line :class:`ModelLoadError`."""
+        self.wait()
+        outcome = self._outcome[0]
+        if isinstance(outcome, BaseException):  # ORT's own exception types: one line naming the model problem
+            raise ModelLoadError(f"onnxruntime could not create the session: {_first_line(outcome)}") from None
+        return outcome
+
+
 def _check_positive(name: str, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise NdpEpError(f"{name} must be a positive integer, got {value!r}")
@@ -312,11 +346,14 @@ _COPIED_OPTIONS = (
     "use_deterministic_compute",
     "optimized_model_filepath",
 )
+# session config entries copied when the caller set them (ONNX Runtime lists no entries, so only known keys)
+_COPIED_CONFIG_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 
 
 def _copy_session_options(options):
-    """A fresh SessionOptions with the caller's settings: adding the provider to the caller's own object would
-    make a second session created with it fail (the provider would be added twice)."""
+    """A fresh SessionOptions with the caller's settings (:data:`_COPIED_OPTIONS`, and the config entries of
+    :data:`_COPIED_CONFIG_ENTRIES` it sets): adding the provider to the caller's own object would make a second
+    session created with it fail (the provider would be added twice)."""
     import onnxruntime as ort
 
     fresh = ort.SessionOptions()
@@ -325,6 +362,12 @@ def _copy_session_options(options):
     if options is not None:
         for name in _COPIED_OPTIONS:
             setattr(fresh, name, getattr(options, name))
+        for key in _COPIED_CONFIG_ENTRIES:
+            try:
+                value = options.get_session_config_entry(key)
+            except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
+                continue
+            fresh.add_session_config_entry(key, value)
     return fresh
 
 
