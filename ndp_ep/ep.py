@@ -136,7 +136,7 @@ def native() -> ctypes.CDLL:
     if _native is None:
         lib = ctypes.CDLL(register())
         i64, p = ctypes.c_int64, ctypes.c_void_p
-        lib.ndp_ep_routing_pending.argtypes = [ctypes.c_char_p, ctypes.POINTER(i64)]
+        lib.ndp_ep_routing_pending.argtypes = [ctypes.c_char_p]
         lib.ndp_ep_routing_pending.restype = i64
         lib.ndp_ep_routing_take.argtypes = [ctypes.c_char_p, p, i64, p, i64]
         lib.ndp_ep_routing_take.restype = i64
@@ -184,14 +184,19 @@ def session_option(options, key: str) -> str | None:
 
 
 class RoutingReader:
-    """Reads (and removes) the routing records the library captured for one session key."""
+    """Reads (and removes) the routing counters the library captured for one session key: per MoE layer
+    invocation, how many token slots each expert was routed."""
+
+    BATCH = 256  # records per C call (the buffers are reused)
 
     def __init__(self, key: str) -> None:
         if not key:
             raise NdpEpError("a session key is needed to read routing")
         self.key = key.encode()
         self._lib = native()
-        self._allocate(256, 1 << 16)  # reused buffers: a take is one C call for a few hundred records
+        self._meta = np.empty((self.BATCH, 3), np.int64)
+        self._meta_ptr = self._meta.ctypes.data  # ndarray.ctypes is slow: read once per buffer
+        self._width = -1
 
     def layer_names(self) -> list[str]:
         size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
@@ -205,38 +210,30 @@ class RoutingReader:
     def dropped(self) -> int:
         return max(int(self._lib.ndp_ep_routing_dropped(self.key)), 0)
 
-    def take(self) -> list[tuple[int, int, np.ndarray]]:
-        """``(run_id, layer, ids [tokens, top_k] int32)`` of every pending record, oldest first."""
-        records: list[tuple[int, int, np.ndarray]] = []
+    def pending(self) -> int:
+        return max(int(self._lib.ndp_ep_routing_pending(self.key)), 0)
+
+    def take(self, width: int) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+        """Every pending record, oldest first: ``(run_id, layer, tokens)`` each, and their expert counts as the
+        rows of one ``[records, width]`` array (zero beyond a layer's experts)."""
+        if width != self._width:
+            self._counts = np.empty((self.BATCH, width), np.int32)
+            self._counts_ptr = self._counts.ctypes.data
+            self._width = width
+        meta: list[tuple[int, int, int]] = []
+        batches: list[np.ndarray] = []
         while True:
-            got = int(
-                self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, len(self._meta), self._ids_ptr, self._ids.size)
-            )
-            if got < 0:  # the session is gone
-                return records
-            if got == 0:
-                if self._lib.ndp_ep_routing_pending(self.key, None) <= 0:
-                    return records
-                self._grow()  # the oldest record's ids did not fit
-                continue
-            meta = self._meta[:got].tolist()
-            ids = self._ids[: sum(tokens * top_k for _, _, tokens, top_k in meta)].copy()
-            start = 0
-            for run_id, layer, tokens, top_k in meta:
-                stop = start + tokens * top_k
-                records.append((run_id, layer, ids[start:stop].reshape(tokens, top_k)))
-                start = stop
-
-    def _grow(self) -> None:
-        total = ctypes.c_int64(0)
-        self._lib.ndp_ep_routing_pending(self.key, ctypes.byref(total))
-        self._allocate(max(len(self._meta), 1), max(int(total.value), 2 * self._ids.size))
-
-    def _allocate(self, records: int, ids: int) -> None:
-        self._meta = np.empty((records, 4), np.int64)
-        self._ids = np.empty(ids, np.int32)
-        self._meta_ptr = self._meta.ctypes.data
-        self._ids_ptr = self._ids.ctypes.data
+            got = int(self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, self.BATCH, self._counts_ptr, width))
+            if got == -2:
+                raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
+            if got > 0:
+                meta += self._meta[:got].tolist()
+                batches.append(self._counts[:got].copy())
+            if got < self.BATCH:  # the log is empty (or the session gone)
+                break
+        if not batches:
+            return meta, np.zeros((0, width), np.int32)
+        return meta, batches[0] if len(batches) == 1 else np.concatenate(batches)
 
 
 def last_report(session):

@@ -15,9 +15,15 @@ class LayerReport:
     tokens: int
     expert_tokens: tuple[int, ...]
     latency_s: float
-    timeline: Any = None
-    """The simulator's :class:`hw_model.simulator.LayerResult` (not in JSON); what the properties below read,
-    built on first read."""
+    step: Any = None
+    """The simulator's :class:`hw_model.simulator.StepResult` this invocation is ``position`` of (not in JSON);
+    the properties below read its :class:`~hw_model.simulator.LayerResult`, built on first read."""
+    position: int = 0
+
+    @property
+    def timeline(self) -> Any:
+        """The simulator's :class:`hw_model.simulator.LayerResult` of this invocation (None without one)."""
+        return self.step[self.position] if self.step is not None else None
 
     @property
     def placement(self) -> dict[int, str]:

@@ -1,11 +1,12 @@
 """Simulated-latency reports built from the routing the native provider recorded.
 
-The library appends every compiled MoE node's expert ids to the session's routing log during ``run``; a
-:class:`SessionReporter` drains that log only when a report is asked for, groups the records by run, and
-simulates the runs it has not seen yet, in run order, on one :class:`hw_model.simulator.MoESimulator` (so the
-prefetcher's state evolves across runs). Reports live in a bounded ring (``report_ring``, default
-:data:`DEFAULT_REPORT_RING`) next to running aggregates that never grow, so a long session stays small and
-``last_report`` costs only the runs that happened since the last call.
+During ``run`` the library appends one record per compiled MoE node invocation to the session's routing log:
+how many token slots each expert was routed (counters, not ids). A :class:`SessionReporter` drains that log
+only when a report is asked for, groups the records by run, and simulates the runs it has not seen yet, in run
+order, on one :class:`hw_model.simulator.MoESimulator` (so the prefetcher's state evolves across runs). Reports
+live in a bounded ring (``report_ring``, default :data:`DEFAULT_REPORT_RING`) next to running aggregates that
+never grow, so a long session stays small and ``last_report`` costs only the runs that happened since the last
+call.
 
 Non-expert work (attention, norms, the router) is costed on the GPU from the run's input shapes
 (:class:`ndp_ep.costing.NonExpertCoster`), which ``ndp_ep.InferenceSession`` tags every run with. Runs that
@@ -20,6 +21,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +37,14 @@ DEFAULT_REPORT_RING = 256
 DEPLOYMENT_DTYPE = "bf16"  # what float experts are costed in unless a dtype is given
 UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
+
+
+class _Routing(NamedTuple):
+    """The routing one run took: its MoE layers in order, each one's tokens and expert counts (rows)."""
+
+    layers: list[int]
+    tokens: list[int]
+    counts: np.ndarray
 
 
 @dataclass
@@ -127,7 +137,8 @@ class SessionReporter:
         self._lock = threading.Lock()
         self._ring: deque[RunReport] = deque(maxlen=report_ring)
         self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}
-        self._held: list[tuple[int, int, np.ndarray]] = []  # records of a run that may still be running
+        self._held: tuple[list, np.ndarray] | None = None  # records (meta, counts) of a run that may still run
+        self._width = max((layer.num_experts for layer in self.layers), default=0)
         # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
         self._untagged_runs = 0
@@ -149,7 +160,7 @@ class SessionReporter:
     def add_run_without_moe(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
         """A run of a model without provider nodes: only its GPU cost is reported."""
         with self._lock:
-            self._append(self._report(tag, dict(input_shapes), {}))
+            self._append(self._report(tag, dict(input_shapes), None))
 
     # -- reading ----------------------------------------------------------------------------------------
     @property
@@ -168,30 +179,39 @@ class SessionReporter:
     def _update(self) -> None:
         if self.simulator is None:
             return
-        records = self._held + self._reader.take()
-        self._held = []
-        if not records:
+        meta, counts = self._reader.take(self._width)
+        if self._held is not None:  # the records of a run that was possibly still running at the last read
+            meta = self._held[0] + meta
+            counts = np.concatenate([self._held[1], counts])
+            self._held = None
+        if not meta:
             return
         self.aggregates.dropped_records = self._reader.dropped()
-        runs: list[tuple[int, dict[int, np.ndarray], list]] = []  # (run id, layer -> ids, raw records)
+        runs: list[tuple[int, dict[int, int], int]] = []  # (run id, layer -> record, first record)
         open_runs: dict[int, int] = {}
-        for record in records:
-            run_id, native_layer, ids = record
+        for record, (run_id, native_layer, _) in enumerate(meta):
             layer = self._layer_index(native_layer)
             position = open_runs.get(run_id)
             if position is None or layer in runs[position][1]:  # a layer twice: the next run of an untagged caller
                 position = open_runs[run_id] = len(runs)
-                runs.append((run_id, {}, []))
-            runs[position][1][layer] = ids
-            runs[position][2].append(record)
+                runs.append((run_id, {}, record))
+            runs[position][1][layer] = record
         if len(runs[-1][1]) < len(self.layers):  # possibly still running on another thread: report it next time
-            self._held = runs.pop()[2]
-        for run_id, routing, _ in runs:
+            first = runs.pop()[2]
+            self._held = (meta[first:], counts[first:])
+        for run_id, records, _ in runs:
             shapes = self._shapes.pop(run_id, None)
             if shapes is None and run_id >= UNTAGGED_RUN_BASE:
                 if self._untagged_shapes is not None:
                     shapes = dict(self._untagged_shapes(self._untagged_runs))
                 self._untagged_runs += 1
+            layers = sorted(records)
+            rows = [records[layer] for layer in layers]
+            first = rows[0]
+            in_order = rows == list(range(first, first + len(rows)))  # the usual case: a slice, not a copy
+            routing = _Routing(
+                layers, [meta[row][2] for row in rows], counts[first : first + len(rows)] if in_order else counts[rows]
+            )
             self._append(self._report(run_id, shapes, routing))
 
     def _layer_index(self, native_layer: int) -> int:
@@ -245,37 +265,36 @@ class SessionReporter:
             )
         return seconds
 
-    def _report(self, run_id: int, input_shapes, routing: dict[int, np.ndarray]) -> RunReport:
+    def _report(self, run_id: int, input_shapes, routing: _Routing | None) -> RunReport:
         notes = list(self.notes)
         gpu_s = self._gpu_seconds(input_shapes)
         if gpu_s is None:
             notes.append("non-expert GPU work not costed: the run's input shapes are unknown (untagged run)")
             gpu_s = 0.0
-        tokens = max((int(ids.shape[0]) for ids in routing.values()), default=0)
-        if not routing and input_shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
+        tokens = max(routing.tokens) if routing is not None else 0
+        if routing is None and input_shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
             tokens = _tokens_of(input_shapes, self._unconverted_moe[0].hidden)
         phase = ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
         layers: list[LayerReport] = []
-        if routing:
-            indices = sorted(routing)
-            counts = np.zeros((len(indices), max(self.layers[i].num_experts for i in indices)), dtype=np.int64)
-            for row, index in enumerate(indices):
-                ids = routing[index].reshape(-1)
-                counts[row, : self.layers[index].num_experts] = np.bincount(
-                    ids, minlength=self.layers[index].num_experts
-                )
+        if routing is not None:
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
-            step = self.simulator.simulate_step(phase, counts, layers=indices, gap_before_layer_s=gpu_s / len(routing))
-            for row, (index, result) in enumerate(zip(indices, step, strict=True)):
+            step = self.simulator.simulate_step(
+                phase, routing.counts, layers=routing.layers, gap_before_layer_s=gpu_s / len(routing.layers)
+            )
+            rows = routing.counts.tolist()
+            for row, (index, layer_tokens, latency_s) in enumerate(
+                zip(routing.layers, routing.tokens, step.latencies_s, strict=True)
+            ):
                 shape = self.layers[index]
                 layers.append(
                     LayerReport(
                         index=index,
                         name=shape.name,
-                        tokens=int(routing[index].shape[0]),
-                        expert_tokens=tuple(counts[row, : shape.num_experts].tolist()),
-                        latency_s=result.latency_s,
-                        timeline=result,
+                        tokens=layer_tokens,
+                        expert_tokens=tuple(rows[row][: shape.num_experts]),
+                        latency_s=latency_s,
+                        step=step,
+                        position=row,
                     )
                 )
         return RunReport(

@@ -264,9 +264,10 @@ OrtStatus* ComputeNode(const CompiledNode& node, OrtKernelContext* context) {
     for (size_t i = 0; i < hidden_elems; ++i) dst[i] = half ? FloatToHalf(outf[i]) : FloatToBFloat16(outf[i]);
   }
   if (node.log) {
-    RoutingRecord record{CurrentRunId(), node.layer, static_cast<int32_t>(tokens), static_cast<int32_t>(spec.top_k),
-                         std::vector<int32_t>(slots)};
-    for (size_t i = 0; i < slots; ++i) record.ids[i] = static_cast<int32_t>(idp[i]);
+    // the kernel checked every id against num_experts
+    RoutingRecord record{CurrentRunId(), node.layer, static_cast<int32_t>(tokens),
+                         std::vector<int32_t>(static_cast<size_t>(spec.num_experts))};
+    for (size_t i = 0; i < slots; ++i) ++record.counts[static_cast<size_t>(idp[i])];
     node.log->Append(std::move(record));
   }
   return nullptr;

@@ -28,37 +28,33 @@ std::vector<std::string> RoutingLog::layers() const {
 
 void RoutingLog::Append(RoutingRecord record) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_ids_ += record.ids.size();
   records_.push_back(std::move(record));
   while (records_.size() > capacity_) {  // bounded: a session nobody reads keeps only the newest records
-    pending_ids_ -= records_.front().ids.size();
     records_.pop_front();
     ++dropped_;
   }
 }
 
-size_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* ids, size_t ids_capacity) {
+int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width) {
   std::lock_guard<std::mutex> lock(mutex_);
-  size_t taken = 0, used = 0;
+  size_t taken = 0;
   while (taken < max_records && !records_.empty()) {
     RoutingRecord& r = records_.front();
-    if (used + r.ids.size() > ids_capacity) break;
-    meta[4 * taken + 0] = r.run_id;
-    meta[4 * taken + 1] = r.layer;
-    meta[4 * taken + 2] = r.tokens;
-    meta[4 * taken + 3] = r.top_k;
-    if (!r.ids.empty()) std::memcpy(ids + used, r.ids.data(), r.ids.size() * sizeof(int32_t));
-    used += r.ids.size();
-    pending_ids_ -= r.ids.size();
+    if (r.counts.size() > width) return taken ? static_cast<int64_t>(taken) : -1;
+    meta[3 * taken + 0] = r.run_id;
+    meta[3 * taken + 1] = r.layer;
+    meta[3 * taken + 2] = r.tokens;
+    int32_t* row = counts + taken * width;
+    std::memcpy(row, r.counts.data(), r.counts.size() * sizeof(int32_t));
+    std::memset(row + r.counts.size(), 0, (width - r.counts.size()) * sizeof(int32_t));
     records_.pop_front();
     ++taken;
   }
-  return taken;
+  return static_cast<int64_t>(taken);
 }
 
-size_t RoutingLog::pending(size_t* total_ids) const {
+size_t RoutingLog::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (total_ids) *total_ids = pending_ids_;
   return records_.size();
 }
 
@@ -90,23 +86,21 @@ void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(
 // ---- C interface for ndp_ep/_native.py -------------------------------------------------------------------
 #define NDP_EXPORT extern "C" __attribute__((visibility("default")))
 
-// Pending records and (through total_ids) their ids; -1 for an unknown session key.
-NDP_EXPORT int64_t ndp_ep_routing_pending(const char* key, int64_t* total_ids) {
+// Pending records; -1 for an unknown session key.
+NDP_EXPORT int64_t ndp_ep_routing_pending(const char* key) {
   auto log = ndp::FindRoutingLog(key);
-  if (!log) return -1;
-  size_t ids = 0;
-  const size_t records = log->pending(&ids);
-  if (total_ids) *total_ids = static_cast<int64_t>(ids);
-  return static_cast<int64_t>(records);
+  return log ? static_cast<int64_t>(log->pending()) : -1;
 }
 
-// Moves up to max_records records out: meta gets (run_id, layer, tokens, top_k) per record, ids their ids.
-NDP_EXPORT int64_t ndp_ep_routing_take(const char* key, int64_t* meta, int64_t max_records, int32_t* ids,
-                                       int64_t ids_capacity) {
+// Moves up to max_records records out: meta gets (run_id, layer, tokens) per record, counts one row of `width`
+// expert counts per record. Returns the records taken; -1 for an unknown key or bad arguments, -2 when the
+// oldest record has more experts than `width`.
+NDP_EXPORT int64_t ndp_ep_routing_take(const char* key, int64_t* meta, int64_t max_records, int32_t* counts,
+                                       int64_t width) {
   auto log = ndp::FindRoutingLog(key);
-  if (!log || max_records < 0 || ids_capacity < 0) return -1;
-  return static_cast<int64_t>(
-      log->Take(meta, static_cast<size_t>(max_records), ids, static_cast<size_t>(ids_capacity)));
+  if (!log || max_records < 0 || width < 0) return -1;
+  const int64_t taken = log->Take(meta, static_cast<size_t>(max_records), counts, static_cast<size_t>(width));
+  return taken < 0 ? -2 : taken;
 }
 
 // The compiled nodes' names, '\n'-separated, in layer-index order; returns the size needed (with the NUL).

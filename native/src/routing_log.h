@@ -1,5 +1,6 @@
-// Per-session routing capture: every compiled MoE node appends the expert ids of each invocation to its
-// session's RoutingLog; Python drains it after `run` through the C functions exported in routing_log.cc.
+// Per-session routing capture: every compiled MoE node appends, per invocation, how many token slots each
+// expert was routed (the counters the simulator consumes) to its session's RoutingLog; Python drains it after
+// `run` through the C functions exported in routing_log.cc.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +17,7 @@ struct RoutingRecord {
   int64_t run_id;  // ONNX Runtime run this invocation belongs to (0 when unknown)
   int32_t layer;   // index into RoutingLog::layers()
   int32_t tokens;
-  int32_t top_k;
-  std::vector<int32_t> ids;  // [tokens * top_k]
+  std::vector<int32_t> counts;  // [num_experts]: token slots routed to each expert (sums to tokens * top_k)
 };
 
 class RoutingLog {
@@ -27,9 +27,11 @@ class RoutingLog {
   int32_t AddLayer(const std::string& node_name);
   std::vector<std::string> layers() const;
   void Append(RoutingRecord record);
-  // Moves up to max_records oldest records whose ids fit into ids_capacity out of the log.
-  size_t Take(int64_t* meta, size_t max_records, int32_t* ids, size_t ids_capacity);
-  size_t pending(size_t* total_ids) const;
+  // Moves up to max_records oldest records out of the log: meta gets (run_id, layer, tokens) per record and
+  // counts one row of `width` per record (zero beyond the layer's experts). Returns the number taken, or -1
+  // when the oldest record has more experts than `width`.
+  int64_t Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width);
+  size_t pending() const;
   uint64_t dropped() const;
 
  private:
@@ -37,7 +39,6 @@ class RoutingLog {
   size_t capacity_;
   std::vector<std::string> layers_;
   std::deque<RoutingRecord> records_;
-  size_t pending_ids_ = 0;
   uint64_t dropped_ = 0;
 };
 

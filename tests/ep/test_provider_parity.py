@@ -165,20 +165,28 @@ def test_routing_nobody_reads_is_bounded_and_the_drop_is_counted(tmp_path):
     for _ in range(5):  # 3 MoE layers per run: 15 records into a log of 4
         session.run(None, feeds)
     reader = RoutingReader("bounded")
-    records = reader.take()
-    assert len(records) == 4 and reader.dropped() == 11
+    records, counts = reader.take(8)
+    assert len(records) == 4 and reader.dropped() == 11 and counts.shape == (4, 8)
     assert [layer for _, layer, _ in records] == [2, 0, 1, 2]  # the newest records, oldest first
 
 
-def test_routing_records_larger_than_the_readers_buffer_are_read_whole(tmp_path):
+def test_routing_counts_are_the_routers_top_k_choices_per_expert_in_run_order(tmp_path):
     from ndp_ep.ep import RoutingReader
 
     converted = tmp_path / "block.ndp.onnx"
     ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
     session = ort.InferenceSession(str(converted), ndp_ep.session_options(session_key="large-prefill"))
+    router = onnx.numpy_helper.to_array(  # the router Gemm's B (transB=1)
+        next(t for t in onnx.load(str(converted)).graph.initializer if t.name == "moe.gate.weight")
+    )
     rng = np.random.default_rng(9)
-    for tokens in (40_000, 3):  # 80,000 expert ids: more than the reader's first buffer holds
-        session.run(None, {"hidden_states": rng.standard_normal((1, tokens, 64)).astype(np.float32)})
-    records = RoutingReader("large-prefill").take()
-    assert [ids.shape for _, _, ids in records] == [(40_000, 2), (3, 2)]
-    assert all(int(ids.min()) >= 0 and int(ids.max()) < 8 for _, _, ids in records)
+    # more records than the reader takes per call (RoutingReader.BATCH)
+    batches = [rng.standard_normal((1, tokens, 64)).astype(np.float32) for tokens in [300] + [1] * 299]
+    for hidden in batches:
+        session.run(None, {"hidden_states": hidden})
+    records, counts = RoutingReader("large-prefill").take(8)
+    assert [tokens for _, _, tokens in records] == [300] + [1] * 299
+    for hidden, row in zip(batches, counts, strict=True):  # the top-2 of the router's logits, counted by numpy
+        logits = hidden[0] @ router.T
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :2]
+        np.testing.assert_array_equal(row, np.bincount(top.ravel(), minlength=8))
