@@ -515,7 +515,8 @@ def _sampled_verdict(
             if probe is None:
                 continue
             try:
-                captured = _capture(probe, store, _random_region_feeds(probe, first, seed, experts), values)
+                feeds = _random_region_feeds(probe, first, seed, experts)
+                captured = _capture(probe, store, feeds, values, background=defer)
                 break
             except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
                 continue
@@ -538,13 +539,20 @@ def _capture(
     store: WeightStore,
     feeds: dict[str, np.ndarray],
     arrays: Mapping[str, np.ndarray] | None = None,
+    background: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
-    initializers are read from ``store`` unless ``arrays`` holds their values."""
+    initializers are read from ``store`` unless ``arrays`` holds their values. ``background``: the run
+    overlaps the caller's writing (a deferred check), so it takes one thread that never spins."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if background:
+        # ORT's default pool takes every core and its idle workers spin: on a small machine they would
+        # compete with the writer for CPU they do not need (a probe runs 2 tokens)
+        options.intra_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # no arena: the large per-slot weight copies a gathered block makes are returned to the system at once
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
