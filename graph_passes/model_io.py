@@ -506,6 +506,7 @@ class _Chunk:
         self.offset = 0
         self.fill = 0
         self.copies: list[tuple] = []
+        self.mapped: tuple[int, int, str] | None = None  # (source fd, offset, tensor): written from a mapping
 
     def region(self, start: int, count: int) -> memoryview:
         return self.view[start : start + count]
@@ -522,8 +523,10 @@ class _DirectWriter:
     straight to the disk (``os.preadv``, numpy copies and ``os.pwrite`` release the GIL, so the threads fill
     and write in parallel while the caller lays out the next buffers):
 
-    * a contiguous range of a source file (a row block of an expert, an untouched external tensor) is read into
-      the buffer (``os.preadv``), never mapped;
+    * a contiguous range of a source file (a row block of an expert, an untouched external tensor) is written
+      from a read-only mapping of the source (no copy in this process: the disk reads the source's cached
+      pages) when its source offset and its place in the data file are :data:`DIRECT_ALIGN`-aligned, and is
+      read into the buffer (``os.preadv``) otherwise;
     * a strided view (a column block of a mapped expert) is copied into the buffer, whole rows at a time
       (``copy_blocked``), with no intermediate copy; a row that straddles two buffers is copied by the caller;
     * bytes and other arrays are copied in by the caller.
@@ -629,11 +632,32 @@ class _DirectWriter:
         source = _source_fd(self.sources, path)
         copied = 0
         while copied < length:
+            count = self._mappable(offset + copied, length - copied)
+            if count:
+                self._submit_mapped(source, offset + copied, count, name)
+                copied += count
+                continue
             chunk = self._chunk()
             count = min(self.chunk_bytes - chunk.fill, length - copied)
             chunk.copies.append((_fill_from_file, (source, offset + copied, count, name), chunk.fill))
             self._advance(count)
             copied += count
+
+    def _mappable(self, source_offset: int, length: int) -> int:
+        """How many of ``length`` bytes from ``source_offset`` can go to the disk straight from a mapping of the
+        source (0: none; at most one buffer's worth at a time)."""
+        if not self.direct or self.position % DIRECT_ALIGN or source_offset % max(DIRECT_ALIGN, mmap.PAGESIZE):
+            return 0
+        return min(length - length % DIRECT_ALIGN, self.chunk_bytes)
+
+    def _submit_mapped(self, source: int, source_offset: int, length: int, name: str) -> None:
+        if self.chunk is not None:  # what is laid out before it goes first, as a shorter (still aligned) write
+            chunk, self.chunk = self.chunk, None
+            self.todo.put((chunk, chunk.fill))
+        item = self._free_chunk()  # a buffer's place in the queue: no more mappings in flight than buffers
+        item.offset, item.fill, item.mapped = self.position, length, (source, source_offset, name)
+        self.position += length
+        self.todo.put((item, length))
 
     def finish(self) -> None:
         """Write what is still buffered and wait for every write; raises the first error of a writer thread."""
@@ -655,13 +679,18 @@ class _DirectWriter:
     def _chunk(self) -> _Chunk:
         """The buffer being laid out (a free one when the last one is full)."""
         if self.chunk is None:
-            chunk = self.free.get()
-            if self.failure is not None:
-                self.free.put(chunk)
-                raise self.failure
+            chunk = self._free_chunk()
             chunk.offset, chunk.fill = self.position, 0
             self.chunk = chunk
         return self.chunk
+
+    def _free_chunk(self) -> _Chunk:
+        """A buffer no writer thread holds (waits for one); raises a writer thread's error instead."""
+        chunk = self.free.get()
+        if self.failure is not None:
+            self.free.put(chunk)
+            raise self.failure
+        return chunk
 
     def _advance(self, count: int) -> None:
         chunk = self.chunk
@@ -699,7 +728,11 @@ class _DirectWriter:
                 return
             chunk, length = item
             try:
-                if not self.abort and self.failure is None:
+                if self.abort or self.failure is not None:
+                    pass
+                elif chunk.mapped is not None:
+                    self._write_mapped(chunk, length)
+                else:
                     _fill(chunk)
                     self._write(chunk.region(0, length), chunk.offset)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
@@ -707,15 +740,36 @@ class _DirectWriter:
                     self.failure = exc
             finally:
                 chunk.copies.clear()  # drops the source views (and their mappings) the buffer was filled from
+                chunk.mapped = None
                 self.free.put(chunk)
+
+    def _write_mapped(self, chunk: _Chunk, length: int) -> None:
+        source, source_offset, name = chunk.mapped
+        try:
+            mapping = mmap.mmap(source, length, access=mmap.ACCESS_READ, offset=source_offset)
+        except (OSError, ValueError):  # a source that cannot be mapped (or is too short): read into the buffer
+            _fill_from_file(chunk, (source, source_offset, length, name), 0)
+            self._write(chunk.region(0, length), chunk.offset)
+            return
+        try:
+            self._write(memoryview(mapping), chunk.offset)
+        except OSError as exc:
+            if exc.errno == errno.EFAULT:  # the source shrank under its mapping
+                raise GraphPassError(f"external data of {name} is truncated") from None
+            raise
+        finally:
+            with contextlib.suppress(BufferError):  # a view still held by a traceback: closed when collected
+                mapping.close()
 
     def _write(self, data: memoryview, offset: int) -> None:
         try:
             _pwrite_all(self.fd, data, offset)
         except OSError as exc:
-            if exc.errno != errno.EINVAL or not self.direct:
+            if exc.errno != errno.EINVAL:
                 raise
-            self._buffered()  # the file system takes O_DIRECT but not these writes: through the page cache
+            # the file system takes O_DIRECT but not these writes (or another thread just found so): through the
+            # page cache from now on; an EINVAL there too is a real error
+            self._buffered()
             _pwrite_all(self.fd, data, offset)
 
 

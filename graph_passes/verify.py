@@ -25,6 +25,7 @@ structural reading (the caller reports that).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -532,6 +533,39 @@ def _sampled_verdict(
 
 
 # ------------------------------------------------------------------------------------------- running ORT
+
+
+def single_threaded_blas_here() -> bool:
+    """Best effort: NumPy's matrix products made from the calling thread from now on use one BLAS thread
+    (OpenBLAS ≥ 0.3.27's ``openblas_set_num_threads_local``; True when it was found and called).
+
+    A deferred check multiplies two tokens' worth of values; OpenBLAS would spread each product over its pool,
+    whose idle workers then spin for a while, taking CPU from the writer the check overlaps.
+    """
+    setter = _openblas_local_threads_setter()
+    if setter is None:
+        return False
+    setter(1)
+    return True
+
+
+@functools.cache
+def _openblas_local_threads_setter():
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:  # the OpenBLAS NumPy loaded (Linux); elsewhere nothing is done
+            paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            setter = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
+        return setter
+    return None
 
 
 def _capture(

@@ -112,6 +112,39 @@ def test_a_refused_direct_write_is_made_through_the_page_cache(tmp_path, monkeyp
     assert (tmp_path / "out.bin").read_bytes() == expected
 
 
+def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_path, monkeypatch):
+    _skip_without_direct_io(tmp_path)
+    values = np.random.default_rng(4).standard_normal((64, 1024)).astype(np.float32)  # 4 KiB rows
+    path = tmp_path / "aligned.bin"
+    path.write_bytes(values.tobytes())
+    mapped = np.memmap(path, dtype=np.float32, mode="r", shape=values.shape)
+    # rows 0-4, 16-39 and 1 reach aligned places of the file (the column block before them is 8 KiB); the last
+    # rows follow 400 bytes and are copied
+    parts = [mapped[:5], mapped[8:12, :512], mapped[16:40], mapped[1], mapped[3:4, :100], mapped[40:64]]
+    expected = b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
+    real_mmap = model_io.mmap.mmap
+    file_maps: list[int] = []
+
+    def spy(fileno, length, *args, **kwargs):
+        if fileno != -1:
+            file_maps.append(length)
+        return real_mmap(fileno, length, *args, **kwargs)
+
+    monkeypatch.setattr(model_io.mmap, "mmap", spy)
+    _write(tmp_path / "out.bin", parts)
+    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert sum(file_maps) == (5 + 24 + 1) * 4096
+
+    def refuse(fileno, length, *args, **kwargs):
+        if fileno != -1:
+            raise OSError(errno.ENODEV, "No such device")  # a source that cannot be mapped: read instead
+        return real_mmap(fileno, length, *args, **kwargs)
+
+    monkeypatch.setattr(model_io.mmap, "mmap", refuse)
+    _write(tmp_path / "out2.bin", parts)
+    assert (tmp_path / "out2.bin").read_bytes() == expected
+
+
 @pytest.fixture(scope="module")
 def external_model(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("direct")
