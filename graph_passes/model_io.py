@@ -59,6 +59,7 @@ DIRECT_MIN_BYTES = 64 * 2**20
 DIRECT_CHUNK_BYTES = 4 * 2**20  # one write to the disk; a multiple of DIRECT_ALIGN
 DIRECT_WRITERS = 8  # writes in flight: one stream of 4 MiB writes leaves a virtio disk half idle
 DIRECT_ALIGN = 4096  # file offsets and lengths of direct writes (a multiple of every logical block size)
+MAP_WINDOW_BYTES = 16 * 2**20  # source mapped this much at a time for direct writes from it
 DATA_SUFFIX = ".data"
 _DIGITS = re.compile(r"^[0-9]+$")
 
@@ -506,7 +507,7 @@ class _Chunk:
         self.offset = 0
         self.fill = 0
         self.copies: list[tuple] = []
-        self.mapped: tuple[int, int, str] | None = None  # (source fd, offset, tensor): written from a mapping
+        self.mapped: tuple[mmap.mmap, int, str] | None = None  # (mapping, offset in it, tensor): written from it
 
     def region(self, start: int, count: int) -> memoryview:
         return self.view[start : start + count]
@@ -544,6 +545,8 @@ class _DirectWriter:
         self.chunk_bytes = chunk_bytes
         self.position = data_file.tell()  # where the next byte goes (aligned: see open)
         self.sources: dict[Path, int] = {}
+        self.sizes: dict[int, int] = {}  # of the source files, by descriptor
+        self.windows: dict[int, tuple[mmap.mmap, int, int]] = {}  # each source's current mapping: (it, start, end)
         self.free: queue.Queue[_Chunk] = queue.Queue()
         for _ in range(2 * writers):
             self.free.put(_Chunk(chunk_bytes))
@@ -586,6 +589,7 @@ class _DirectWriter:
         if exc_type is not None:
             self.abort = True  # an error on the way: what is still queued is not worth writing
         self._stop()
+        self.windows.clear()  # unmapped once no writer thread holds them
         for source in self.sources.values():
             os.close(source)
         self.sources.clear()
@@ -633,8 +637,9 @@ class _DirectWriter:
         copied = 0
         while copied < length:
             count = self._mappable(offset + copied, length - copied)
-            if count:
-                self._submit_mapped(source, offset + copied, count, name)
+            window = self._window(source, offset + copied, count) if count else None
+            if window is not None:
+                self._submit_mapped(window, offset + copied, count, name)
                 copied += count
                 continue
             chunk = self._chunk()
@@ -650,12 +655,37 @@ class _DirectWriter:
             return 0
         return min(length - length % DIRECT_ALIGN, self.chunk_bytes)
 
-    def _submit_mapped(self, source: int, source_offset: int, length: int, name: str) -> None:
+    def _window(self, source: int, source_offset: int, length: int) -> tuple[mmap.mmap, int] | None:
+        """A read-only mapping of ``source`` holding ``length`` bytes from ``source_offset``, and the file offset it
+        starts at; consecutive ranges share one :data:`MAP_WINDOW_BYTES` window, so the source is mapped and
+        unmapped once per window, not once per range (an unmapping interrupts every CPU running one of this
+        process's threads). None where the source cannot be mapped or is too short (it is read instead)."""
+        current = self.windows.get(source)
+        if current is not None and current[1] <= source_offset and source_offset + length <= current[2]:
+            return current[0], current[1]
+        size = self.sizes.get(source)
+        if size is None:
+            size = self.sizes[source] = os.fstat(source).st_size
+        start = source_offset - source_offset % MAP_WINDOW_BYTES
+        if source_offset + length > start + MAP_WINDOW_BYTES:
+            start = source_offset  # a range crossing a window boundary starts its own (aligned: see _mappable)
+        end = min(max(start + MAP_WINDOW_BYTES, source_offset + length), size)
+        if source_offset + length > end:
+            return None
+        try:
+            mapping = mmap.mmap(source, end - start, access=mmap.ACCESS_READ, offset=start)
+        except (OSError, ValueError):
+            return None
+        self.windows[source] = (mapping, start, end)  # the writer threads hold it too while they write from it
+        return mapping, start
+
+    def _submit_mapped(self, window: tuple[mmap.mmap, int], source_offset: int, length: int, name: str) -> None:
         if self.chunk is not None:  # what is laid out before it goes first, as a shorter (still aligned) write
             chunk, self.chunk = self.chunk, None
             self.todo.put((chunk, chunk.fill))
         item = self._free_chunk()  # a buffer's place in the queue: no more mappings in flight than buffers
-        item.offset, item.fill, item.mapped = self.position, length, (source, source_offset, name)
+        mapping, start = window
+        item.offset, item.fill, item.mapped = self.position, length, (mapping, source_offset - start, name)
         self.position += length
         self.todo.put((item, length))
 
@@ -744,22 +774,16 @@ class _DirectWriter:
                 self.free.put(chunk)
 
     def _write_mapped(self, chunk: _Chunk, length: int) -> None:
-        source, source_offset, name = chunk.mapped
+        mapping, start, name = chunk.mapped
+        view = memoryview(mapping)[start : start + length]
         try:
-            mapping = mmap.mmap(source, length, access=mmap.ACCESS_READ, offset=source_offset)
-        except (OSError, ValueError):  # a source that cannot be mapped (or is too short): read into the buffer
-            _fill_from_file(chunk, (source, source_offset, length, name), 0)
-            self._write(chunk.region(0, length), chunk.offset)
-            return
-        try:
-            self._write(memoryview(mapping), chunk.offset)
+            self._write(view, chunk.offset)
         except OSError as exc:
             if exc.errno == errno.EFAULT:  # the source shrank under its mapping
                 raise GraphPassError(f"external data of {name} is truncated") from None
             raise
         finally:
-            with contextlib.suppress(BufferError):  # a view still held by a traceback: closed when collected
-                mapping.close()
+            view.release()
 
     def _write(self, data: memoryview, offset: int) -> None:
         try:

@@ -112,8 +112,10 @@ def test_a_refused_direct_write_is_made_through_the_page_cache(tmp_path, monkeyp
     assert (tmp_path / "out.bin").read_bytes() == expected
 
 
-def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_path, monkeypatch):
+@pytest.mark.parametrize("window", [model_io.MAP_WINDOW_BYTES, 8192])  # 8 KiB: ranges cross window boundaries
+def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_path, monkeypatch, window):
     _skip_without_direct_io(tmp_path)
+    monkeypatch.setattr(model_io, "MAP_WINDOW_BYTES", window)
     values = np.random.default_rng(4).standard_normal((64, 1024)).astype(np.float32)  # 4 KiB rows
     path = tmp_path / "aligned.bin"
     path.write_bytes(values.tobytes())
@@ -122,18 +124,18 @@ def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_pat
     # rows follow 400 bytes and are copied
     parts = [mapped[:5], mapped[8:12, :512], mapped[16:40], mapped[1], mapped[3:4, :100], mapped[40:64]]
     expected = b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
-    real_mmap = model_io.mmap.mmap
-    file_maps: list[int] = []
+    real_write_mapped = _DirectWriter._write_mapped
+    from_mappings: list[int] = []
 
-    def spy(fileno, length, *args, **kwargs):
-        if fileno != -1:
-            file_maps.append(length)
-        return real_mmap(fileno, length, *args, **kwargs)
+    def spy(self, chunk, length):
+        from_mappings.append(length)
+        return real_write_mapped(self, chunk, length)
 
-    monkeypatch.setattr(model_io.mmap, "mmap", spy)
+    monkeypatch.setattr(_DirectWriter, "_write_mapped", spy)
     _write(tmp_path / "out.bin", parts)
     assert (tmp_path / "out.bin").read_bytes() == expected
-    assert sum(file_maps) == (5 + 24 + 1) * 4096
+    assert sum(from_mappings) == (5 + 24 + 1) * 4096
+    real_mmap = model_io.mmap.mmap
 
     def refuse(fileno, length, *args, **kwargs):
         if fileno != -1:
@@ -141,8 +143,10 @@ def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_pat
         return real_mmap(fileno, length, *args, **kwargs)
 
     monkeypatch.setattr(model_io.mmap, "mmap", refuse)
+    from_mappings.clear()
     _write(tmp_path / "out2.bin", parts)
     assert (tmp_path / "out2.bin").read_bytes() == expected
+    assert from_mappings == []
 
 
 @pytest.fixture(scope="module")
