@@ -16,8 +16,8 @@ Saving (:func:`save_rewritten`) replaces a model and its weights as one unit::
 
 A crash before step 2 leaves the old model reading its untouched old weights; after step 2 the new model
 reads the new weights. Step 1 copies each byte once: weights of :data:`DIRECT_MIN_BYTES` or more go past the
-page cache (``O_DIRECT``) from page-aligned buffers that writer threads fill and write in parallel
-(:class:`_DirectWriter`: row blocks of an expert are read into them, column blocks copied into them); smaller
+page cache (``O_DIRECT``) from writer threads (:class:`_DirectWriter`: aligned row blocks of an expert straight
+from a mapping of the source, other row blocks read and column blocks copied into page-aligned buffers); smaller
 weights, or a file system without ``O_DIRECT``, go through the page cache (:class:`_DataWriter`: contiguous
 byte ranges of a source data file file to file with ``os.copy_file_range``, a column block through a reused
 buffer).
@@ -526,8 +526,9 @@ class _DirectWriter:
 
     * a contiguous range of a source file (a row block of an expert, an untouched external tensor) is written
       from a read-only mapping of the source (no copy in this process: the disk reads the source's cached
-      pages) when its source offset and its place in the data file are :data:`DIRECT_ALIGN`-aligned, and is
-      read into the buffer (``os.preadv``) otherwise;
+      pages, :data:`MAP_WINDOW_BYTES` of it mapped at a time) when its source offset and its place in the data
+      file are :data:`DIRECT_ALIGN`-aligned, and is read into the buffer (``os.preadv``) otherwise or where the
+      source cannot be mapped;
     * a strided view (a column block of a mapped expert) is copied into the buffer, whole rows at a time
       (``copy_blocked``), with no intermediate copy; a row that straddles two buffers is copied by the caller;
     * bytes and other arrays are copied in by the caller.
