@@ -15,12 +15,12 @@ Saving (:func:`save_rewritten`) replaces a model and its weights as one unit::
     3. the previous data files of OUT.onnx (OUT.onnx.data / OUT.onnx.<hex>.data) are removed
 
 A crash before step 2 leaves the old model reading its untouched old weights; after step 2 the new model
-reads the new weights. Step 1 copies each byte once: weights of :data:`DIRECT_MIN_BYTES` or more go past the
-page cache (``O_DIRECT``) from writer threads (:class:`_DirectWriter`: aligned row blocks of an expert straight
-from a mapping of the source, other row blocks read and column blocks copied into page-aligned buffers); smaller
-weights, or a file system without ``O_DIRECT``, go through the page cache (:class:`_DataWriter`: contiguous
-byte ranges of a source data file file to file with ``os.copy_file_range``, a column block through a reused
-buffer).
+reads the new weights. Step 1 copies each byte at most once in this process: weights of
+:data:`DIRECT_MIN_BYTES` or more go past the page cache (``O_DIRECT``) from writer threads
+(:class:`_DirectWriter`: aligned row blocks of an expert straight from a mapping of the source, other row
+blocks read and column blocks copied into page-aligned buffers); smaller weights, or a file system without
+``O_DIRECT``, go through the page cache (:class:`_DataWriter`: contiguous byte ranges of a source data file
+file to file with ``os.copy_file_range``, a column block through a reused buffer).
 Temporary files are removed on errors and signals (:mod:`ndp_io`); a data file orphaned by a crash between
 steps 1 and 2 is removed by the next save to the same output.
 """
