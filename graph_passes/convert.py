@@ -30,7 +30,7 @@ from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
 from graph_passes.rules import MoERule, default_rules, explain_no_anchor
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
-from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, Verdict, choose_readings
+from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, Verdict, choose_readings, single_threaded_blas_here
 from graph_passes.weights import WeightStore
 
 DEFAULT_SHARDS = 4
@@ -248,6 +248,7 @@ class BackgroundChecks:
             self._thread.start()
 
     def _run(self) -> None:
+        single_threaded_blas_here()  # the checks overlap the writer: no spinning BLAS pool (see there)
         try:
             self._outcomes = [pending.check() for pending in self._report.pending]
         except BaseException as exc:  # re-raised in the caller's thread by settled()

@@ -25,6 +25,7 @@ structural reading (the caller reports that).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -515,7 +516,8 @@ def _sampled_verdict(
             if probe is None:
                 continue
             try:
-                captured = _capture(probe, store, _random_region_feeds(probe, first, seed, experts), values)
+                feeds = _random_region_feeds(probe, first, seed, experts)
+                captured = _capture(probe, store, feeds, values, background=defer)
                 break
             except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
                 continue
@@ -533,18 +535,58 @@ def _sampled_verdict(
 # ------------------------------------------------------------------------------------------- running ORT
 
 
+def single_threaded_blas_here() -> bool:
+    """Best effort: NumPy's matrix products made from the calling thread from now on use one BLAS thread
+    (OpenBLAS ≥ 0.3.27's ``openblas_set_num_threads_local``; True when it was found and called).
+
+    A deferred check multiplies two tokens' worth of values; OpenBLAS would spread each product over its pool,
+    whose idle workers then spin for a while, taking CPU from the writer the check overlaps.
+    """
+    setter = _openblas_local_threads_setter()
+    if setter is None:
+        return False
+    setter(1)
+    return True
+
+
+@functools.cache
+def _openblas_local_threads_setter():
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:  # the OpenBLAS NumPy loaded (Linux); elsewhere nothing is done
+            paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            setter = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
+        return setter
+    return None
+
+
 def _capture(
     probe: onnx.ModelProto,
     store: WeightStore,
     feeds: dict[str, np.ndarray],
     arrays: Mapping[str, np.ndarray] | None = None,
+    background: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
-    initializers are read from ``store`` unless ``arrays`` holds their values."""
+    initializers are read from ``store`` unless ``arrays`` holds their values. ``background``: the run
+    overlaps the caller's writing (a deferred check), so it takes one thread that never spins."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if background:
+        # ORT's default pool takes every core and its idle workers spin: on a small machine they would
+        # compete with the writer for CPU they do not need (a probe runs 2 tokens)
+        options.intra_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # no arena: the large per-slot weight copies a gathered block makes are returned to the system at once
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False

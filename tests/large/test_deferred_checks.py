@@ -91,3 +91,18 @@ def test_strict_with_a_check_failing_while_writing_writes_nothing(tmp_path, monk
     with pytest.raises(ConversionError, match="strict: block at .* was skipped"):
         ndp_convert.convert_model(BLOCK, tmp_path / "out.onnx", external_data=True, strict=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_background_checks_multiply_on_one_blas_thread():
+    if verify._openblas_local_threads_setter() is None:
+        pytest.skip("NumPy does not use an OpenBLAS with per-thread thread counts here")
+    previous: list[int] = []
+
+    def check_thread() -> None:
+        assert verify.single_threaded_blas_here()
+        previous.append(verify._openblas_local_threads_setter()(1))  # returns this thread's count, set above
+
+    thread = threading.Thread(target=check_thread)
+    thread.start()
+    thread.join()
+    assert previous == [1]
