@@ -807,6 +807,8 @@ def _fill(chunk: _Chunk) -> None:
 
 
 def _fill_rows(chunk: _Chunk, rows: np.ndarray, start: int) -> None:
+    from graph_passes.expert_math import copy_blocked  # with the block plans: not needed to read a model
+
     target = np.frombuffer(chunk.memory, np.uint8, rows.nbytes, start).view(rows.dtype).reshape(rows.shape)
     copy_blocked(rows, target)
 
