@@ -133,7 +133,17 @@ class RoutingTrace:
 
     def token_counts(self, token: int, num_layers: int | None = None) -> np.ndarray:
         """:meth:`step_counts` of one generated token."""
-        return self.step_counts(token, token + 1, num_layers)
+        return self.tokens_counts(token, token + 1, num_layers)[0]
+
+    def tokens_counts(self, start: int, stop: int, num_layers: int | None = None) -> np.ndarray:
+        """``[tokens, layers, experts]``: :meth:`step_counts` of each token ``start..stop-1`` (one decode step
+        each), from one ``bincount``."""
+        layers = self.num_layers if num_layers is None else num_layers
+        tokens = max(0, stop - start)
+        ids = self.expert_ids[:layers, start:stop].astype(np.int64)  # [layers, tokens, top_k]
+        ids += (np.arange(tokens)[None, :, None] * layers + np.arange(layers)[:, None, None]) * self.num_experts
+        size = tokens * layers * self.num_experts
+        return np.bincount(ids.ravel(), minlength=size).reshape(tokens, layers, self.num_experts)
 
     def prefill_step_counts(self, num_layers: int | None = None) -> np.ndarray:
         """:meth:`step_counts` of the prompt."""
