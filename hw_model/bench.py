@@ -196,9 +196,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
                 else None
                 for layer in range(layers)
             ]
-        step = sim.simulate_step(
-            "decode", batch[(token - prompt) % _COUNTS_BATCH], gap_before_layer_s=per_layer_other, predictions=predictions
-        )
+        counts = batch[(token - prompt) % _COUNTS_BATCH]
+        step = sim.simulate_step("decode", counts, gap_before_layer_s=per_layer_other, predictions=predictions)
         step_s = dense + model.lm_head_time_s(system, 1) + layers * per_layer_other + step.latency_s
         if job.want_gantt and token == gantt_step:
             gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]

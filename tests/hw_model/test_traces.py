@@ -151,3 +151,14 @@ def test_step_counts_are_every_layers_counts_over_the_same_tokens():
             assert step[layer].tolist() == trace.counts(layer, start, stop).tolist()
     assert trace.prefill_step_counts(3).tolist() == trace.step_counts(0, 12)[:3].tolist()
     assert trace.token_counts(14).sum() == 5 * 4  # each layer: top-4 distinct experts of one token
+
+
+def test_tokens_counts_are_each_tokens_counts_per_layer():
+    ids = np.array([[[0, 2], [1, 2], [3, 0]], [[1, 3], [1, 0], [2, 3]]])  # [layers, tokens, top_k]
+    trace = RoutingTrace(ids, num_experts=4, prompt_tokens=1)
+    batch = trace.tokens_counts(1, 3)
+    assert batch.shape == (2, 2, 4)  # tokens 1 and 2, two layers, four experts
+    assert batch[0].tolist() == [[0, 1, 1, 0], [1, 1, 0, 0]]
+    assert batch[1].tolist() == [[1, 0, 0, 1], [0, 0, 1, 1]]
+    assert trace.tokens_counts(0, 3, num_layers=1)[:, 0].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 0, 0, 1]]
+    assert trace.token_counts(2).tolist() == batch[1].tolist()
