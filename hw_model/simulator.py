@@ -347,6 +347,8 @@ class MoESimulator:
         indices: Sequence[int] = range(len(self.layers)) if layers is None else [int(i) for i in layers]
         counts = np.array(expert_token_counts, dtype=np.int64)  # a copy: results read it when first built
         active_rows = self._check_step(indices, counts)
+        if not isinstance(indices, range) and indices == list(range(indices[0], indices[0] + len(indices))):
+            indices = range(indices[0], indices[0] + len(indices))  # consecutive: rows of per-layer arrays by slice
         if predictions is not None and len(predictions) != len(indices):
             raise WorkloadError(f"expected {len(indices)} predictions (one per layer), got {len(predictions)}")
         state = self._state
@@ -426,8 +428,6 @@ class MoESimulator:
                 f"expected expert token counts of shape ({len(indices)}, {width}), got {list(counts.shape)}"
             )
         rows = _active_experts(counts)
-        if any(tokens and min(tokens) < 0 for _, tokens in rows):  # a negative count is non-zero: listed
-            raise WorkloadError("expert token counts must be non-negative")
         if self._narrow_layers:  # some layer is narrower than the rows
             for layer_index, (active, _) in zip(indices, rows, strict=True):
                 if active and layer_index in self._narrow_layers and active[-1] >= self.layers[layer_index].num_experts:
@@ -584,21 +584,30 @@ def gpu_op_time_s(system: SystemSpec, flops: float, bytes_moved: float, dtype: s
 
 def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
     """Per row of ``counts`` (one row per invocation): its active (non-zero) experts, ascending, and their token
-    counts, as lists (policies look at a handful of experts each, where numpy's per-call cost would dominate).
-    Found with one ``nonzero`` for the whole step, or, for a step of at most :data:`_SCAN_IN_PYTHON` counts (a
-    small model's, as a session's report simulates), by scanning them as a list: fewer calls."""
+    counts, as lists (policies look at a handful of experts each, where numpy's per-call cost would dominate);
+    :class:`WorkloadError` if a count is negative. Found with one ``nonzero`` for the whole step, or, for a step
+    of at most :data:`_SCAN_IN_PYTHON` counts (a small model's, as a session's report simulates), by scanning
+    them as a list: fewer calls."""
     if counts.size <= _SCAN_IN_PYTHON:
         per_row = []
         for row in counts.tolist():
             experts = [e for e, c in enumerate(row) if c]
-            per_row.append((experts, [row[e] for e in experts]))
+            tokens = [row[e] for e in experts]
+            if tokens and min(tokens) < 0:
+                raise WorkloadError("expert token counts must be non-negative")
+            per_row.append((experts, tokens))
         return per_row
     if counts.shape[0] == 1:  # one invocation (simulate_layer): fewer array calls
         experts = counts[0].nonzero()[0]
-        return [(experts.tolist(), counts[0, experts].tolist())]
+        tokens = counts[0, experts].tolist()
+        if tokens and min(tokens) < 0:
+            raise WorkloadError("expert token counts must be non-negative")
+        return [(experts.tolist(), tokens)]
     width = counts.shape[1]
     flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
     tokens = counts.ravel()[flat].tolist()
+    if tokens and min(tokens) < 0:  # a negative count is non-zero: listed
+        raise WorkloadError("expert token counts must be non-negative")
     expert_list = (flat % width).tolist()
     per_row = []
     start = 0
