@@ -142,6 +142,9 @@ def _trace_for(job: Job, config: BenchConfig, cache: dict) -> RoutingTrace:
     return cache[key]
 
 
+_COUNTS_BATCH = 64  # decode tokens whose routing counts run_job takes from the trace at once
+
+
 def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> JobResult:
     """Simulate one (model, NDP count, policy, trace) end to end; deterministic."""
     trace_cache = {} if trace_cache is None else trace_cache
@@ -178,6 +181,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     predictor = np.random.default_rng(config.seed + 1)
     gantt_step = prompt + trace.generated_tokens // 2
     for token in range(prompt, trace.num_tokens):
+        if (token - prompt) % _COUNTS_BATCH == 0:  # the routing of the next tokens, one bincount for all
+            batch = trace.tokens_counts(token, min(token + _COUNTS_BATCH, trace.num_tokens), layers)
         context = token + 1
         attention = model.attention_time_s(system, 1, context)
         per_layer_other = attention + model.shared_expert_time_s(system, 1)
@@ -191,9 +196,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
                 else None
                 for layer in range(layers)
             ]
-        step = sim.simulate_step(
-            "decode", trace.token_counts(token, layers), gap_before_layer_s=per_layer_other, predictions=predictions
-        )
+        counts = batch[(token - prompt) % _COUNTS_BATCH]
+        step = sim.simulate_step("decode", counts, gap_before_layer_s=per_layer_other, predictions=predictions)
         step_s = dense + model.lm_head_time_s(system, 1) + layers * per_layer_other + step.latency_s
         if job.want_gantt and token == gantt_step:
             gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]

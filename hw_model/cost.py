@@ -69,15 +69,36 @@ def gemm_time_s(
 
     ``weight_bytes`` is the stored size of one element of the ``[k, n]`` operand (default ``dtype_bytes``;
     less for quantized weights, which are dequantised on the fly)."""
-    if m <= 0 or n <= 0 or k <= 0:
-        return 0.0
-    tile = device.gemm_tile_m
-    padded_m = m if m == 1 else math.ceil(m / tile) * tile
-    compute_s = 2.0 * padded_m * n * k / (device.achievable_flops_per_s(dtype) * gemm_efficiency(device, k))
-    per_weight = dtype_bytes if weight_bytes is None else weight_bytes
-    memory_s = (k * n * per_weight + (m * k + m * n) * dtype_bytes) / device.achievable_bandwidth_bytes_per_s
-    fixed_s = device.kernel_overhead_s + device.reduction_latency_s * math.log2(k)
-    return fixed_s + max(compute_s, memory_s)
+    return Product(device, n, k, dtype, dtype_bytes, weight_bytes).time_s(m)
+
+
+class Product:
+    """:func:`gemm_time_s` of a ``[m, k] @ [k, n]`` product for any ``m``, its ``m``-independent terms computed
+    once (an expert shard's products are costed for many token counts)."""
+
+    __slots__ = ("n", "k", "_tile", "_flops_per_s", "_weight_bytes", "_dtype_bytes", "_bandwidth", "_fixed_s")
+
+    def __init__(
+        self, device: ComputeSpec, n: int, k: int, dtype: str, dtype_bytes: float, weight_bytes: float | None = None
+    ) -> None:
+        self.n, self.k = n, k
+        self._tile = device.gemm_tile_m
+        self._dtype_bytes = dtype_bytes
+        self._bandwidth = device.achievable_bandwidth_bytes_per_s
+        if n > 0 and k > 0:
+            self._flops_per_s = device.achievable_flops_per_s(dtype) * gemm_efficiency(device, k)
+            self._weight_bytes = k * n * (dtype_bytes if weight_bytes is None else weight_bytes)
+            self._fixed_s = device.kernel_overhead_s + device.reduction_latency_s * math.log2(k)
+
+    def time_s(self, m: int) -> float:
+        n, k = self.n, self.k
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        tile = self._tile
+        padded_m = m if m == 1 else math.ceil(m / tile) * tile
+        compute_s = 2.0 * padded_m * n * k / self._flops_per_s
+        memory_s = (self._weight_bytes + (m * k + m * n) * self._dtype_bytes) / self._bandwidth
+        return self._fixed_s + max(compute_s, memory_s)
 
 
 def elementwise_time_s(device: ComputeSpec, elements_read: float, elements_written: float, dtype_bytes: int) -> float:
@@ -95,27 +116,60 @@ def expert_shard_kernels(
     a compiled kernel); eager PyTorch runs them as two.
     """
     _check_tokens_shards(tokens, shards)
-    if tokens == 0:
-        return ()
-    width = max(1, math.ceil(expert.ffn / shards))
-    hidden, b, dtype = expert.hidden, expert.dtype_bytes, expert.dtype
+    return ExpertShard(device, expert, shards, fused_activation=fused_activation).kernels(tokens)
 
-    def product(name: str, n: int, k: int) -> KernelCost:
-        return KernelCost(name, gemm_time_s(device, tokens, n, k, dtype, b, expert.weight_bytes_per_element))
 
-    kernels: list[KernelCost] = []
-    if expert.gated:
-        kernels += [product("gate", width, hidden), product("up", width, hidden)]
-        if fused_activation:
-            kernels.append(KernelCost("silu_mul", elementwise_time_s(device, 2 * tokens * width, tokens * width, b)))
+class ExpertShard:
+    """One tensor-parallel shard (1/``shards`` of the FFN width) of ``expert`` on ``device``: its kernels and
+    their summed time for any token count (:func:`expert_shard_kernels`, :func:`expert_shard_time_s`), the
+    products' token-independent terms computed once."""
+
+    __slots__ = ("device", "_width", "_names", "_products", "_dtype_bytes")
+
+    def __init__(
+        self, device: ComputeSpec, expert: ExpertShape, shards: float = 1, *, fused_activation: bool = True
+    ) -> None:
+        _check_tokens_shards(0, shards)
+        width = self._width = max(1, math.ceil(expert.ffn / shards))
+        hidden, b, dtype = expert.hidden, expert.dtype_bytes, expert.dtype
+        per_weight = expert.weight_bytes_per_element
+        self.device = device
+        self._dtype_bytes = b
+        if expert.gated:
+            gate = Product(device, width, hidden, dtype, b, per_weight)
+            names = ["gate", "up", "silu_mul"] if fused_activation else ["gate", "up", "silu", "mul"]
+            products: list[Product | None] = [gate, gate] + [None] * (len(names) - 2)
         else:
-            kernels.append(KernelCost("silu", elementwise_time_s(device, tokens * width, tokens * width, b)))
-            kernels.append(KernelCost("mul", elementwise_time_s(device, 2 * tokens * width, tokens * width, b)))
-    else:
-        kernels.append(product("fc1", width, hidden))
-        kernels.append(KernelCost("activation", elementwise_time_s(device, tokens * width, tokens * width, b)))
-    kernels.append(product("down", hidden, width))
-    return tuple(kernels)
+            names = ["fc1", "activation"]
+            products = [Product(device, width, hidden, dtype, b, per_weight), None]
+        self._names = tuple([*names, "down"])
+        self._products = tuple([*products, Product(device, hidden, width, dtype, b, per_weight)])
+
+    def kernel_times_s(self, tokens: int) -> list[float]:
+        """Each kernel's time over ``tokens`` tokens (none for 0 tokens), in launch order."""
+        if tokens == 0:
+            return []
+        device, b, width = self.device, self._dtype_bytes, self._width
+        times = []
+        for name, product in zip(self._names, self._products, strict=True):
+            if product is not None:
+                times.append(product.time_s(tokens))
+            elif name == "silu_mul" or name == "mul":  # reads the two halves, writes one
+                times.append(elementwise_time_s(device, 2 * tokens * width, tokens * width, b))
+            else:  # silu, activation
+                times.append(elementwise_time_s(device, tokens * width, tokens * width, b))
+        return times
+
+    def kernels(self, tokens: int) -> tuple[KernelCost, ...]:
+        return tuple(map(KernelCost, self._names, self.kernel_times_s(tokens)))
+
+    def time_s(self, tokens: int, *, eager: bool = False) -> float:
+        """The kernels' summed time (:func:`expert_shard_time_s`)."""
+        if tokens <= 0:
+            return 0.0
+        times = self.kernel_times_s(tokens)
+        device_s = sum(times)
+        return eager_time_s(self.device, device_s, len(times)) if eager else device_s
 
 
 def expert_shard_time_s(
@@ -133,9 +187,7 @@ def expert_shard_time_s(
     """
     if tokens <= 0:
         return 0.0
-    kernels = expert_shard_kernels(device, expert, tokens, shards, fused_activation=not eager)
-    device_s = sum(k.time_s for k in kernels)
-    return eager_time_s(device, device_s, len(kernels)) if eager else device_s
+    return ExpertShard(device, expert, shards, fused_activation=not eager).time_s(tokens, eager=eager)
 
 
 def eager_time_s(device: ComputeSpec, device_time_s: float, operators: int) -> float:

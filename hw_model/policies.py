@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hw_model.cost import expert_shard_time_s
+from hw_model.cost import ExpertShard, expert_shard_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
@@ -77,18 +77,30 @@ class ExpertCosts:
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
         self._pairs: dict[tuple, tuple[float, float]] = {}  # ndp_pair: keys also in _memo (shapes kept alive)
+        self._shards: dict[tuple, ExpertShard] = {}  # (id(expert), device kind, shards) -> its terms (see ndp_s)
 
     def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
         self._shapes[id(expert)] = expert
         self._memo[key] = value
         return value
 
+    def _shard(self, expert: ExpertShape, kind: int, shards: float) -> ExpertShard:
+        """:func:`~hw_model.cost.expert_shard_time_s`'s shard of ``expert`` on the NDP unit (``kind`` 0) or the GPU
+        (1), kept per shard count: its token-independent terms are computed once, not per token count."""
+        key = (id(expert), kind, shards)
+        shard = self._shards.get(key)
+        if shard is None:
+            self._shapes[id(expert)] = expert
+            device = self.system.ndp_unit if kind == 0 else self.system.gpu
+            shard = self._shards[key] = ExpertShard(device, expert, shards)
+        return shard
+
     # each accessor looks the memo up first and computes only on a miss (the hot path of every invocation)
     def ndp_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
         key = (id(expert), 0, tokens, shards)
         value = self._memo.get(key)
         if value is None:
-            value = self._store(key, expert, expert_shard_time_s(self.system.ndp_unit, expert, tokens, shards))
+            value = self._store(key, expert, self._shard(expert, 0, shards).time_s(tokens))
         return value
 
     def ndp_dram_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
@@ -112,7 +124,7 @@ class ExpertCosts:
         key = (id(expert), 1, tokens, 1)
         value = self._memo.get(key)
         if value is None:
-            value = self._store(key, expert, expert_shard_time_s(self.system.gpu, expert, tokens))
+            value = self._store(key, expert, self._shard(expert, 1, 1).time_s(tokens))
         return value
 
     def beyond_ndp_ridge(self, expert: ExpertShape, tokens: int) -> bool:

@@ -122,6 +122,8 @@ class ExpertPrefetcher:
 
     def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> float:
         """Copy queued experts for ``seconds`` of idle PCIe time; returns the bytes copied."""
+        if not self._queue:  # nothing queued (queued_bytes is 0.0 then)
+            return 0.0
         budget = seconds * bandwidth_bytes_per_s
         copied: list[float] = []  # each copy's bytes, summed at the end
         queue, resident = self._queue, self.resident_sets

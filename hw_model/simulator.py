@@ -38,6 +38,7 @@ from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
 
 PHASES = ("prefill", "decode")
+_SCAN_IN_PYTHON = 64  # a step with at most this many counts lists its active experts in plain Python
 USABLE_GPU_MEMORY_FRACTION = 0.9  # assumption: allocator slack, CUDA context, activations
 DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
 
@@ -345,7 +346,9 @@ class MoESimulator:
             raise WorkloadError(f"phase must be one of {PHASES}, got {phase!r}")
         indices: Sequence[int] = range(len(self.layers)) if layers is None else [int(i) for i in layers]
         counts = np.array(expert_token_counts, dtype=np.int64)  # a copy: results read it when first built
-        self._check_step(indices, counts)
+        active_rows = self._check_step(indices, counts)
+        if not isinstance(indices, range) and indices == list(range(indices[0], indices[0] + len(indices))):
+            indices = range(indices[0], indices[0] + len(indices))  # consecutive: rows of per-layer arrays by slice
         if predictions is not None and len(predictions) != len(indices):
             raise WorkloadError(f"expected {len(indices)} predictions (one per layer), got {len(predictions)}")
         state = self._state
@@ -364,7 +367,7 @@ class MoESimulator:
         host_to_gpu_total = self._host_to_gpu_bytes
         busy_counts = self._busy_counts
         scored = 0  # rows whose counts are already in the prefetcher's scores
-        for i, (layer_index, (active, active_tokens)) in enumerate(zip(indices, _active_experts(counts), strict=True)):
+        for i, (layer_index, (active, active_tokens)) in enumerate(zip(indices, active_rows, strict=True)):
             if between:
                 if gap_before_layer_s > 0:
                     self.advance_time_s(gap_before_layer_s)
@@ -409,8 +412,9 @@ class MoESimulator:
     def has_prefetcher(self) -> bool:
         return self._state.prefetcher is not None
 
-    def _check_step(self, indices: Sequence[int], counts: np.ndarray) -> None:
-        """Reject a step's bad layer indices (every layer in order, a ``range``, is fine) and bad counts."""
+    def _check_step(self, indices: Sequence[int], counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
+        """Reject a step's bad layer indices (every layer in order, a ``range``, is fine) and bad counts; returns
+        each row's active experts and their token counts (:func:`_active_experts`, which the count checks read)."""
         width = self._width
         if not isinstance(indices, range):
             if not indices:
@@ -423,15 +427,13 @@ class MoESimulator:
             raise WorkloadError(
                 f"expected expert token counts of shape ({len(indices)}, {width}), got {list(counts.shape)}"
             )
-        if counts.size and counts.min() < 0:
-            raise WorkloadError("expert token counts must be non-negative")
-        if not self._narrow_layers:  # every layer is as wide as the rows
-            return
-        for i, layer_index in enumerate(indices):
-            if layer_index in self._narrow_layers:
-                experts = self.layers[layer_index].num_experts
-                if experts < counts.shape[1] and counts[i, experts:].any():
+        rows = _active_experts(counts)
+        if self._narrow_layers:  # some layer is narrower than the rows
+            for layer_index, (active, _) in zip(indices, rows, strict=True):
+                if active and layer_index in self._narrow_layers and active[-1] >= self.layers[layer_index].num_experts:
+                    experts = self.layers[layer_index].num_experts
                     raise WorkloadError(f"{self.layers[layer_index].name}: tokens routed beyond its {experts} experts")
+        return rows
 
     def _count_first_busy(self, summary: LayoutSummary) -> None:
         """Busy time is added up lazily: invocations sharing a memoised summary are counted, not summed (the
@@ -581,15 +583,31 @@ def gpu_op_time_s(system: SystemSpec, flops: float, bytes_moved: float, dtype: s
 
 
 def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
-    """Per row of ``counts`` (one row per invocation): its active experts, ascending, and their token counts, as
-    lists (found with one ``nonzero`` for the whole step; policies look at a handful of experts each, where
-    numpy's per-call cost would dominate)."""
+    """Per row of ``counts`` (one row per invocation): its active (non-zero) experts, ascending, and their token
+    counts, as lists (policies look at a handful of experts each, where numpy's per-call cost would dominate);
+    :class:`WorkloadError` if a count is negative. Found with one ``nonzero`` for the whole step, or, for a step
+    of at most :data:`_SCAN_IN_PYTHON` counts (a small model's, as a session's report simulates), by scanning
+    them as a list: fewer calls."""
+    if counts.size <= _SCAN_IN_PYTHON:
+        per_row = []
+        for row in counts.tolist():
+            experts = [e for e, c in enumerate(row) if c]
+            tokens = [row[e] for e in experts]
+            if tokens and min(tokens) < 0:
+                raise WorkloadError("expert token counts must be non-negative")
+            per_row.append((experts, tokens))
+        return per_row
     if counts.shape[0] == 1:  # one invocation (simulate_layer): fewer array calls
         experts = counts[0].nonzero()[0]
-        return [(experts.tolist(), counts[0, experts].tolist())]
+        tokens = counts[0, experts].tolist()
+        if tokens and min(tokens) < 0:
+            raise WorkloadError("expert token counts must be non-negative")
+        return [(experts.tolist(), tokens)]
     width = counts.shape[1]
     flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
     tokens = counts.ravel()[flat].tolist()
+    if tokens and min(tokens) < 0:  # a negative count is non-zero: listed
+        raise WorkloadError("expert token counts must be non-negative")
     expert_list = (flat % width).tolist()
     per_row = []
     start = 0

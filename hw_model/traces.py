@@ -26,6 +26,7 @@ statistics; :func:`top_share` and :func:`fit_skew` are the tools that derived it
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,17 @@ class RoutingTrace:
 
     def token_counts(self, token: int, num_layers: int | None = None) -> np.ndarray:
         """:meth:`step_counts` of one generated token."""
-        return self.step_counts(token, token + 1, num_layers)
+        return self.tokens_counts(token, token + 1, num_layers)[0]
+
+    def tokens_counts(self, start: int, stop: int, num_layers: int | None = None) -> np.ndarray:
+        """``[tokens, layers, experts]``: :meth:`step_counts` of each token ``start..stop-1`` (one decode step
+        each), from one ``bincount``."""
+        layers = self.num_layers if num_layers is None else num_layers
+        tokens = max(0, stop - start)
+        ids = self.expert_ids[:layers, start:stop].astype(np.int64)  # [layers, tokens, top_k]
+        ids += (np.arange(tokens)[None, :, None] * layers + np.arange(layers)[:, None, None]) * self.num_experts
+        size = tokens * layers * self.num_experts
+        return np.bincount(ids.ravel(), minlength=size).reshape(tokens, layers, self.num_experts)
 
     def prefill_step_counts(self, num_layers: int | None = None) -> np.ndarray:
         """:meth:`step_counts` of the prompt."""
@@ -200,9 +211,59 @@ def popularity_weights(num_experts: int, skew: float, rng: np.random.Generator) 
     return weights / weights.sum()
 
 
-def _sample_top_k(log_w: np.ndarray, top_k: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
-    keys = log_w[None, :] + rng.gumbel(size=(tokens, log_w.size))
-    return np.argsort(-keys, axis=1)[:, :top_k]
+# Relative gap below which two ranking keys of one token count as tied (see _gumbel_top_k): numpy's vectorised
+# log may differ from the C library's log (what ``Generator.gumbel`` uses) by a few units in the last place.
+_KEY_TIE_TOLERANCE = 1e-9
+# Tokens ranked per batch, times the experts: small arrays reuse the allocator's memory (large ones fault pages).
+_BATCH_ELEMENTS = 32768
+
+
+def _gumbel_top_k(segments: list[tuple[np.ndarray, int]], top_k: int, rng: np.random.Generator) -> np.ndarray:
+    """``[tokens, top_k]`` expert ids: per token, the ``top_k`` experts with the largest log weight plus Gumbel
+    noise, in descending key order. ``segments`` lists ``(weights, tokens)`` in token order.
+
+    Defined as ``argsort(-(log(weights) + rng.gumbel(size=(tokens, experts))), axis=1)[:, :top_k]`` per segment,
+    and computed so, random stream included, but faster: the noise is ``-log(-log(1 - u))`` of uniforms ``u``
+    (``Generator.gumbel``'s transform), so a key ranks as ``-log(1 - u) / weight`` ranks ascending, which takes one
+    vectorised log and a partition, batch by batch of tokens; a token whose ``top_k + 1`` best lie within
+    :data:`_KEY_TIE_TOLERANCE` of each other is ranked from keys computed exactly as ``Generator.gumbel`` does."""
+    experts = segments[0][0].size
+    batch = max(1, _BATCH_ELEMENTS // experts)
+    state = rng.bit_generator.state
+    parts = []
+    for weights, count in segments:
+        for start in range(0, count, batch):
+            uniform = rng.random((min(batch, count - start), experts))
+            if (uniform == 0.0).any():  # Generator.gumbel redraws a zero uniform (probability 2^-53 each)
+                rng.bit_generator.state = state
+                keys = [np.log(w) + rng.gumbel(size=(n, experts)) for w, n in segments]
+                return np.argsort(-np.concatenate(keys), axis=1)[:, :top_k]
+            parts.append(_rank_batch(uniform, weights, top_k))
+    return np.concatenate(parts) if parts else np.empty((0, top_k), dtype=np.int64)
+
+
+def _rank_batch(uniform: np.ndarray, weights: np.ndarray, top_k: int) -> np.ndarray:
+    """:func:`_gumbel_top_k` of one batch of tokens sharing ``weights``, from their uniforms."""
+    tokens, experts = uniform.shape
+    scaled = 1.0 - uniform
+    np.log(scaled, out=scaled)  # in place: a fresh output array costs more than the log
+    np.negative(scaled, out=scaled)
+    scaled /= weights
+    take = min(top_k + 1, experts)
+    best = np.argpartition(scaled, take - 1, axis=1)[:, :take] if take < experts else np.argsort(scaled, axis=1)
+    rows = np.arange(tokens)[:, None]
+    ranked = scaled[rows, best]
+    order = np.argsort(ranked, axis=1)
+    best = best[rows, order]
+    ranked = ranked[rows, order]
+    gaps = ranked[:, 1:] - ranked[:, :-1]
+    ties = (gaps[:, :top_k] <= _KEY_TIE_TOLERANCE * ranked[:, 1 : top_k + 1]).any(axis=1)
+    if ties.any():
+        log_w = np.log(weights)
+        for token in np.flatnonzero(ties).tolist():
+            noise = [0.0 - math.log(-math.log(1.0 - u)) for u in uniform[token].tolist()]  # the C library's log
+            best[token] = np.argsort(-(log_w + np.array(noise)))[:take]
+    return best[:, :top_k]
 
 
 def synthetic_trace(
@@ -213,7 +274,10 @@ def synthetic_trace(
     generated_tokens: int,
     knobs: TraceKnobs,
 ) -> RoutingTrace:
-    """A seeded synthetic trace (knobs in the module docstring)."""
+    """A seeded synthetic trace (knobs in the module docstring).
+
+    Per layer, the random stream gives: the popularity permutation before the shift, the one after it, the
+    Gumbel noise of every token (``[tokens, experts]``), then, with locality, the keep draws ``[tokens, top_k]``."""
     if top_k > num_experts or top_k < 1:
         raise WorkloadError(f"top_k must be in 1..{num_experts}")
     rng = np.random.default_rng(knobs.seed)
@@ -221,44 +285,28 @@ def synthetic_trace(
     shift_token = total if knobs.shift_at is None else prompt_tokens + int(round(knobs.shift_at * generated_tokens))
     ids = np.empty((num_layers, total, top_k), dtype=np.int32)
     for layer in range(num_layers):
-        before = np.log(popularity_weights(num_experts, knobs.skew, rng))
-        after = np.log(popularity_weights(num_experts, knobs.skew, rng))
-        picks = np.concatenate(
-            (
-                _sample_top_k(before, top_k, shift_token, rng),
-                _sample_top_k(after, top_k, total - shift_token, rng),
-            )
-        )
-        ids[layer] = picks
+        before = popularity_weights(num_experts, knobs.skew, rng)
+        after = popularity_weights(num_experts, knobs.skew, rng)
+        ids[layer] = _gumbel_top_k([(before, shift_token), (after, total - shift_token)], top_k, rng)
         if knobs.locality > 0:
-            _apply_locality(ids[layer], picks, knobs.locality, before, after, shift_token, rng)
+            _apply_locality(ids[layer], knobs.locality, rng)
     return RoutingTrace(ids, num_experts, prompt_tokens)
 
 
-def _apply_locality(
-    out: np.ndarray,
-    picks: np.ndarray,
-    locality: float,
-    before: np.ndarray,
-    after: np.ndarray,
-    shift_token: int,
-    rng: np.random.Generator,
-) -> None:
-    """Each slot keeps the previous token's expert with probability ``locality``; free slots take fresh picks."""
-    total, top_k = picks.shape
-    keep = rng.random((total, top_k)) < locality
-    out[0] = picks[0]
+def _apply_locality(ids: np.ndarray, locality: float, rng: np.random.Generator) -> None:
+    """Each slot of ``ids`` (``[tokens, top_k]``, the fresh picks, rewritten in place) keeps the previous token's
+    expert with probability ``locality``; the free slots take the token's fresh picks not kept, in order (there
+    are always enough: the ``top_k`` picks are distinct, so at most one per kept expert is dropped)."""
+    total, top_k = ids.shape
+    keep = (rng.random((total, top_k)) < locality).tolist()
+    rows = ids.tolist()
     for token in range(1, total):
-        if not keep[token].any():
-            out[token] = picks[token]
-            continue
-        kept = out[token - 1][keep[token]]
-        fresh = [e for e in picks[token] if e not in kept]
-        if len(fresh) < top_k - kept.size:  # rare: draw extra candidates from the current popularity
-            log_w = before if token < shift_token else after
-            extra = np.argsort(-(log_w + rng.gumbel(size=log_w.size)))
-            fresh += [e for e in extra if e not in kept and e not in fresh]
-        out[token] = np.concatenate((kept, np.asarray(fresh[: top_k - kept.size], dtype=out.dtype)))
+        keep_row = keep[token]
+        if any(keep_row):
+            kept = [expert for expert, keep_slot in zip(rows[token - 1], keep_row, strict=True) if keep_slot]
+            fresh = [expert for expert in rows[token] if expert not in kept]
+            rows[token] = kept + fresh[: top_k - len(kept)]
+    ids[:] = np.asarray(rows, dtype=ids.dtype).reshape(total, top_k)
 
 
 def predicted_counts(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hw_model.simulator as simulator_module
 from hw_model import load_system
 from hw_model.errors import WorkloadError
 from hw_model.policies import policy_names
@@ -143,6 +144,28 @@ def test_step_rejects_bad_counts_and_layers():
         sim.simulate_step("decode", -ones, layers=[0, 1])
     with pytest.raises(WorkloadError, match="phase"):
         sim.simulate_step("warmup", ones, layers=[0, 1])
+
+
+@pytest.mark.parametrize("scan_in_python", [64, 0])  # active experts listed in Python or found with numpy
+def test_step_rejects_one_negative_count_and_tokens_beyond_a_narrow_layers_experts(monkeypatch, scan_in_python):
+    monkeypatch.setattr(simulator_module, "_SCAN_IN_PYTHON", scan_in_python)
+    one_negative = np.zeros((2, 16), dtype=np.int64)
+    one_negative[1, 7] = -1
+    with pytest.raises(WorkloadError, match="non-negative"):
+        _sim("tp+lb+prefetch").simulate_step("decode", one_negative, layers=[0, 1])
+    shape = ExpertShape(hidden=64, ffn=128)
+    sim = MoESimulator(
+        load_system("paper", 2), [MoELayerShape("wide", 8, 2, shape), MoELayerShape("narrow", 4, 2, shape)]
+    )
+    counts = np.zeros((2, 8), dtype=np.int64)
+    counts[:, [1, 3]] = 1
+    assert len(sim.simulate_step("decode", counts)) == 2  # within both layers' experts
+    counts[1, 5] = 1
+    with pytest.raises(WorkloadError, match="narrow: tokens routed beyond its 4 experts"):
+        sim.simulate_step("decode", counts)
+    counts[0, 6] = 1  # the wide layer may use all 8
+    with pytest.raises(WorkloadError, match="narrow"):
+        sim.simulate_step("decode", counts)
 
 
 class _Forgetful(dict):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import hw_model.traces as traces_module
 from hw_model.errors import WorkloadError
 from hw_model.traces import (
     CALIBRATED_SKEW,
@@ -34,6 +36,36 @@ def test_synthetic_trace_shape_distinct_ids_and_seeding():
     assert np.array_equal(a.expert_ids, b.expert_ids)
     assert not np.array_equal(a.expert_ids, synthetic_trace(3, 16, 4, 20, 10, TraceKnobs(skew=0.7, seed=12)).expert_ids)
     assert a.prefill_counts(0).sum() == 20 * 4
+
+
+# sha256 (first 16 hex digits) of expert_ids as int32 bytes, computed with the per-segment
+# ``argsort(-(log w + rng.gumbel(...)))`` implementation this module had before its partition-based ranking
+# (commit e941362): the figures in README.md and docs/bench.md come from these traces.
+PINNED_TRACES = [
+    ((48, 128, 8, 512, 512), TraceKnobs(skew=0.222, seed=0), "e58043e6f957d8aa"),
+    ((48, 128, 8, 512, 512), TraceKnobs(skew=0.222, locality=0.3, seed=0), "7fe2711bdaa02093"),
+    ((16, 64, 8, 64, 64), TraceKnobs(skew=0.682, shift_at=None, seed=1), "c040540171b1763b"),
+    ((32, 8, 2, 40, 100), TraceKnobs(skew=0.134, locality=0.5, shift_at=0.0, seed=2), "d05e243603d491d6"),
+    ((4, 64, 6, 30, 30), TraceKnobs(skew=6.0, locality=1.0, shift_at=1.0, seed=3), "5bb08241bef1c830"),
+    ((3, 8, 8, 16, 16), TraceKnobs(skew=0.0, locality=0.9, seed=4), "d76d86b118a411ec"),
+    ((2, 16, 1, 10, 0), TraceKnobs(skew=1.5, seed=5), "3729258504a1843f"),
+]
+
+
+def _digest(trace: RoutingTrace) -> str:
+    return hashlib.sha256(trace.expert_ids.astype("<i4").tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("shape", "knobs", "digest"), PINNED_TRACES)
+def test_synthetic_traces_are_those_pinned_before_the_faster_ranking(shape, knobs, digest):
+    assert _digest(synthetic_trace(*shape, knobs)) == digest
+
+
+def test_tokens_ranked_from_exact_gumbel_keys_match_the_fast_ranking(monkeypatch):
+    # A tolerance above every relative gap sends every token through the exact (C library log) ranking.
+    monkeypatch.setattr(traces_module, "_KEY_TIE_TOLERANCE", 1e300)
+    for shape, knobs, digest in PINNED_TRACES[2:]:
+        assert _digest(synthetic_trace(*shape, knobs)) == digest
 
 
 def test_more_skew_concentrates_selections():
@@ -119,3 +151,14 @@ def test_step_counts_are_every_layers_counts_over_the_same_tokens():
             assert step[layer].tolist() == trace.counts(layer, start, stop).tolist()
     assert trace.prefill_step_counts(3).tolist() == trace.step_counts(0, 12)[:3].tolist()
     assert trace.token_counts(14).sum() == 5 * 4  # each layer: top-4 distinct experts of one token
+
+
+def test_tokens_counts_are_each_tokens_counts_per_layer():
+    ids = np.array([[[0, 2], [1, 2], [3, 0]], [[1, 3], [1, 0], [2, 3]]])  # [layers, tokens, top_k]
+    trace = RoutingTrace(ids, num_experts=4, prompt_tokens=1)
+    batch = trace.tokens_counts(1, 3)
+    assert batch.shape == (2, 2, 4)  # tokens 1 and 2, two layers, four experts
+    assert batch[0].tolist() == [[0, 1, 1, 0], [1, 1, 0, 0]]
+    assert batch[1].tolist() == [[1, 0, 0, 1], [0, 0, 1, 1]]
+    assert trace.tokens_counts(0, 3, num_layers=1)[:, 0].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 0, 0, 1]]
+    assert trace.token_counts(2).tolist() == batch[1].tolist()
