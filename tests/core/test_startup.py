@@ -203,22 +203,38 @@ def _matmul_model(rows: int, cols: int):
 
 
 def test_the_checker_sees_large_initializers_as_inputs_and_small_ones_as_they_are():
-    large = _matmul_model(4, 5000)  # w: 80,000 bytes, above the stub threshold; b: 20,000 bytes, below
-    assert 4 * 5000 * 4 > model_check.STUB_ABOVE_BYTES > 5000 * 4
-    stub = model_check._stub_copy(large)
+    large = _matmul_model(4, 50)  # w: 800 bytes, above the stub threshold; b: 200 bytes, below
+    assert 4 * 50 * 4 > model_check.STUB_ABOVE_BYTES > 50 * 4
+    stub, stubbed = model_check._stub_copy(large)
     assert [t.name for t in stub.graph.initializer] == ["b"]
     assert stub.graph.initializer[0] == large.graph.initializer[1]
-    stubbed = {v.name: v.type.tensor_type for v in stub.graph.input}
-    assert set(stubbed) == {"x", "w"}
-    assert stubbed["w"].elem_type == TensorProto.FLOAT
-    assert [d.dim_value for d in stubbed["w"].shape.dim] == [4, 5000]
+    assert [t.name for t in stubbed] == ["w"]  # left to the checker's tensor rules one by one
+    inputs = {v.name: v.type.tensor_type for v in stub.graph.input}
+    assert set(inputs) == {"x", "w"}
+    assert inputs["w"].elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in inputs["w"].shape.dim] == [4, 50]
     assert [t.name for t in large.graph.initializer] == ["w", "b"]  # the model itself is untouched
 
     small = _matmul_model(4, 8)  # every initializer below the threshold: a plain copy
-    copy = model_check._stub_copy(small)
-    assert copy == small and copy is not small
+    copy, stubbed = model_check._stub_copy(small)
+    assert copy == small and copy is not small and stubbed == []
     copy.graph.initializer.pop()
     assert len(small.graph.initializer) == 2
+
+
+@pytest.mark.parametrize("cols", [8, 5000], ids=["small-weights", "stubbed-weights"])
+def test_the_checker_applies_its_tensor_rules_to_stubbed_weights_too(cols):
+    """A weight with its bytes in raw_data and a stray float_data value: check_tensor's length check passes
+    (raw_data has what the dims need) and onnx's checker refuses two value fields, stubbed or not."""
+    model = _matmul_model(4, cols)
+    model.graph.initializer[0].float_data.append(1.0)
+    assert (model.graph.initializer[0].ByteSize() > model_check.STUB_ABOVE_BYTES) == (cols == 5000)
+    model_check.check_initializers(model, None)
+    with pytest.raises(
+        InvalidModelError,
+        match=r"^not a valid ONNX model: .*\(tensor name: w\) should contain one and only one value field",
+    ):
+        model_check.check_model(model, None)
 
 
 @pytest.mark.parametrize("cols", [8, 5000], ids=["small-weights", "stubbed-weights"])
