@@ -10,7 +10,8 @@
 * external data is contained in the model's directory (:func:`graph_passes.model_io.external_range`);
 * the default-domain opset is one this ONNX Runtime loads (:func:`runtime_loads_opset`: a one-node probe);
 * ``onnx.checker`` (structure and operator schemas; ONNX Runtime checks shapes) on a copy whose weights
-  are graph inputs of the same type and shape, and its tensor rules on each inline weight apart.
+  are graph inputs of the same type and shape, and its tensor rules on each inline weight apart
+  (:func:`check_schemas`).
 
 :func:`check_runnable` adds what only running needs: every operator is known to ONNX Runtime, is ours,
 or is a model-local function.
@@ -44,13 +45,19 @@ _TYPED_FIELDS = {
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
-    """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring)."""
+def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None, *, schemas: bool = True) -> None:
+    """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring).
+
+    ``schemas=False`` leaves the last check, ``onnx.checker``'s (:func:`check_schemas`), to the caller: what
+    comes before it is what makes a model safe to hand to ONNX Runtime (text, structure, initializer sizes,
+    external data inside the model's folder, an opset it loads), so a caller may run it while ONNX Runtime
+    builds a session of the model, and drop that session if it fails."""
     check_text(model)
     check_structure(model.graph)
     check_initializers(model, base_dir)
     check_opsets(model)
-    _run_onnx_checker(model)
+    if schemas:
+        check_schemas(model)
 
 
 def _texts(model: onnx.ModelProto):
@@ -265,11 +272,11 @@ def _stub_copy(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[TensorProt
 _RUNTIME_ONLY_DOMAIN = "ndp_ep.onnxruntime_default_domain"
 
 
-def _run_onnx_checker(model: onnx.ModelProto) -> None:
-    """``onnx.checker`` on the model: its tensor rules on each inline initializer the stub copy leaves out
-    (first, as the checker checks initializers before nodes), then its model check on the stub copy.
-    External initializers are left to :func:`check_tensor` (the checker would look for their files relative
-    to the working directory)."""
+def check_schemas(model: onnx.ModelProto) -> None:
+    """``onnx.checker`` on the model, the last check of :func:`check_model` (structure and operator schemas):
+    its tensor rules on each inline initializer the stub copy leaves out (first, as the checker checks
+    initializers before nodes), then its model check on the stub copy. External initializers are left to
+    :func:`check_tensor` (the checker would look for their files relative to the working directory)."""
     stub, stubbed = _stub_copy(model)
     # ONNX Runtime registers a few operators in the default domain that onnx does not know (GenAI exports use
     # SimplifiedLayerNormalization): the checker sees those nodes under a custom domain, checked by ORT itself
@@ -303,7 +310,8 @@ def _runtime_operators() -> frozenset[tuple[str, str]]:
 
 
 def check_runnable(model: onnx.ModelProto) -> None:
-    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s, or is a model-local function.
+    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s (a converted node that obeys the op
+    contract), or is a model-local function.
 
     A default-domain operator the onnx package defines at or below the model's opset is known to an ONNX Runtime
     that loads that opset (it carries the standard's schemas up to it), so ONNX Runtime's own schema list (about
@@ -326,6 +334,15 @@ def check_runnable(model: onnx.ModelProto) -> None:
             f"node {node.name or node.op_type!r}: operator {domain or 'ai.onnx'}::{node.op_type} is not known to "
             "ONNX Runtime"
         )
+
+
+def check_converted_nodes(model: onnx.ModelProto) -> None:
+    """Every converted node obeys the op contract (the part of :func:`check_runnable` that needs neither onnx's
+    schemas nor ONNX Runtime's operator list: what the provider's kernels rely on)."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if is_sharded_node(node):
+            check_sharded_node(node, initializers)
 
 
 def check_sharded_node(node: onnx.NodeProto, initializers: dict[str, TensorProto]) -> ShardedOpSpec:
