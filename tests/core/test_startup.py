@@ -4,7 +4,9 @@ Issue 9 asks `ndp-ep run` to start within 1.5x of `import onnxruntime` + one run
 --startup). These tests pin the cuts: the command line imports only the command it runs; ``ndp_io`` defers
 ``hashlib`` (OpenSSL) to the first file it writes; the operator check reads ONNX Runtime's schema list only for
 operators outside the standard; the opset check probes the model's own opset; an in-memory conversion checks
-the model once; the checker's copy stubs only large weights (a model without any is copied whole); session keys
+the model once; the checker's copy stubs every weight above 256 bytes (a model without any is copied whole) and
+onnx's tensor rules still check each stubbed weight; a converted model's schema and operator checks run while ONNX
+Runtime builds its session (dropped when they fail), its errors in the same order as before; session keys
 need no ``uuid``; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
 not its exit code, ``atexit`` callbacks or buffered output; ONNX Runtime builds the session on another thread while
 the reports are set up (the simulator imported, the feeds' non-expert cost computed ahead, from a skeleton built
