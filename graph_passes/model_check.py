@@ -9,8 +9,9 @@
   exactly what its dims and dtype need — so no later reader allocates from a size the file does not back;
 * external data is contained in the model's directory (:func:`graph_passes.model_io.external_range`);
 * the default-domain opset is one this ONNX Runtime loads (:func:`runtime_loads_opset`: a one-node probe);
-* ``onnx.checker`` (structure and operator schemas; ONNX Runtime checks shapes) on a copy whose large weights
-  are graph inputs of the same type and shape.
+* ``onnx.checker`` (structure and operator schemas; ONNX Runtime checks shapes) on a copy whose weights
+  are graph inputs of the same type and shape, and its tensor rules on each inline weight apart
+  (:func:`check_schemas`).
 
 :func:`check_runnable` adds what only running needs: every operator is known to ONNX Runtime, is ours,
 or is a model-local function.
@@ -29,7 +30,8 @@ from graph_passes.model_io import PACKED_BITS, element_count, external_range, te
 from graph_passes.sharded_op import DOMAIN as SHARDED_DOMAIN
 from graph_passes.sharded_op import ShardedOpError, ShardedOpSpec, is_sharded_node, parse_node
 
-STUB_ABOVE_BYTES = 1 << 16  # initializers larger than this are checked by header and replaced by stubs
+# initializers larger than this reach onnx.checker's model check as graph inputs (:func:`_stub_copy`)
+STUB_ABOVE_BYTES = 256
 _TYPED_FIELDS = {
     TensorProto.FLOAT: "float_data",
     TensorProto.COMPLEX64: "float_data",
@@ -43,13 +45,19 @@ _TYPED_FIELDS = {
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
-    """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring)."""
+def check_model(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None, *, schemas: bool = True) -> None:
+    """Raise :class:`InvalidModelError` naming the first problem of ``model`` (see the module docstring).
+
+    ``schemas=False`` leaves the last check, ``onnx.checker``'s (:func:`check_schemas`), to the caller: what
+    comes before it is what makes a model safe to hand to ONNX Runtime (text, structure, initializer sizes,
+    external data inside the model's folder, an opset it loads), so a caller may run it while ONNX Runtime
+    builds a session of the model, and drop that session if it fails."""
     check_text(model)
     check_structure(model.graph)
     check_initializers(model, base_dir)
     check_opsets(model)
-    _run_onnx_checker(model)
+    if schemas:
+        check_schemas(model)
 
 
 def _texts(model: onnx.ModelProto):
@@ -231,34 +239,45 @@ def _is_large(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL or tensor.ByteSize() > STUB_ABOVE_BYTES
 
 
-def _stub_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def _stub_copy(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[TensorProto]]:
     """A copy for ``onnx.checker`` in which large or external initializers become graph inputs of the same
-    type and shape: the checker and shape inference see every value, without the weight bytes. Without any
-    such initializer it is a plain copy (one protobuf copy, about ten times faster than copying a few hundred
-    small initializers one by one)."""
+    type and shape, and the inline ones among them (their tensor rules are checked one by one).
+
+    The checker and shape inference see every value, and the model check does not serialize the weights:
+    a converted model's weights are hundreds of tensors of a few kilobytes, which the checker would copy
+    and parse once more. Without any such initializer the copy is a plain copy (one protobuf copy, about ten
+    times faster than copying a few hundred small initializers one by one)."""
     from graph_passes.graph_index import copy_without_initializers
 
     if not any(_is_large(tensor) for tensor in model.graph.initializer):
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
-        return probe
+        return probe, []
     probe = copy_without_initializers(model)
     inputs = {v.name for v in probe.graph.input}
     small = []
+    stubbed = []
     for tensor in model.graph.initializer:
         if not _is_large(tensor):
             small.append(tensor)
-        elif tensor.name not in inputs:
+            continue
+        if tensor.data_location != TensorProto.EXTERNAL:
+            stubbed.append(tensor)
+        if tensor.name not in inputs:
             probe.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     probe.graph.initializer.extend(small)  # one call: the initializers keep their order
-    return probe
+    return probe, stubbed
 
 
 _RUNTIME_ONLY_DOMAIN = "ndp_ep.onnxruntime_default_domain"
 
 
-def _run_onnx_checker(model: onnx.ModelProto) -> None:
-    stub = _stub_copy(model)
+def check_schemas(model: onnx.ModelProto) -> None:
+    """``onnx.checker`` on the model, the last check of :func:`check_model` (structure and operator schemas):
+    its tensor rules on each inline initializer the stub copy leaves out (first, as the checker checks
+    initializers before nodes), then its model check on the stub copy. External initializers are left to
+    :func:`check_tensor` (the checker would look for their files relative to the working directory)."""
+    stub, stubbed = _stub_copy(model)
     # ONNX Runtime registers a few operators in the default domain that onnx does not know (GenAI exports use
     # SimplifiedLayerNormalization): the checker sees those nodes under a custom domain, checked by ORT itself
     runtime_only = [
@@ -273,6 +292,8 @@ def _run_onnx_checker(model: onnx.ModelProto) -> None:
     if runtime_only:
         stub.opset_import.append(onnx.helper.make_opsetid(_RUNTIME_ONLY_DOMAIN, 1))
     try:
+        for tensor in stubbed:  # the same rules as inside check_model, on a few kilobytes at a time
+            onnx.checker.check_tensor(tensor)
         # structure and schemas only: strict shape inference rejects models ONNX Runtime runs (GenAI exports
         # declare shapes its inference disagrees with); ONNX Runtime checks shapes when it loads the model
         onnx.checker.check_model(stub, full_check=False)
@@ -289,7 +310,8 @@ def _runtime_operators() -> frozenset[tuple[str, str]]:
 
 
 def check_runnable(model: onnx.ModelProto) -> None:
-    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s, or is a model-local function.
+    """Every node's operator is known to ONNX Runtime, is ``ndp_ep``'s (a converted node that obeys the op
+    contract), or is a model-local function.
 
     A default-domain operator the onnx package defines at or below the model's opset is known to an ONNX Runtime
     that loads that opset (it carries the standard's schemas up to it), so ONNX Runtime's own schema list (about
@@ -312,6 +334,15 @@ def check_runnable(model: onnx.ModelProto) -> None:
             f"node {node.name or node.op_type!r}: operator {domain or 'ai.onnx'}::{node.op_type} is not known to "
             "ONNX Runtime"
         )
+
+
+def check_converted_nodes(model: onnx.ModelProto) -> None:
+    """Every converted node obeys the op contract (the part of :func:`check_runnable` that needs neither onnx's
+    schemas nor ONNX Runtime's operator list: what the provider's kernels rely on)."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if is_sharded_node(node):
+            check_sharded_node(node, initializers)
 
 
 def check_sharded_node(node: onnx.NodeProto, initializers: dict[str, TensorProto]) -> ShardedOpSpec:

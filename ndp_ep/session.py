@@ -14,7 +14,9 @@ natively and records their routing; ONNX Runtime's CPU provider runs the rest. E
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
 cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
 model is checked (and converted), ONNX Runtime builds its session on a thread of its own while this one sets up
-the reports (ONNX Runtime does not hold the GIL meanwhile).
+the reports (ONNX Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted)
+gets the last of its checks (onnx's schemas, operators ONNX Runtime knows) in that time too, and a failure
+drops the session (:func:`_load` says which checks come first).
 """
 
 from __future__ import annotations
@@ -88,13 +90,15 @@ class InferenceSession:
         else:
             self.system = load_system(hw, ndp_units)
         self.dtype = dtype if dtype is not None else DEPLOYMENT_DTYPE  # what non-expert work is costed in
-        proto, base_dir, source_path = _load(path_or_bytes)
+        proto, base_dir, source_path = _load(path_or_bytes)  # checked but for :func:`_finish_checks`
         claimed = _claim(proto)
+        checks_pending = bool(claimed)
         if claimed:
             converted = proto
             self._conversion_report = None  # built on first use: the graph passes stay unimported
             ort_model: str | bytes = str(source_path) if source_path is not None else _serialize(proto, base_dir)
         else:
+            _finish_checks(proto)  # before the graph passes read it
             converted, self._conversion_report = _convert(
                 proto, shards or max(self.system.num_ndp_units, 1), strict, base_dir
             )
@@ -115,6 +119,8 @@ class InferenceSession:
         # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
         creating = _SessionCreation(ort_model, options, kwargs)
         try:
+            if checks_pending:  # a model handed to ONNX Runtime as it is: its last checks, meanwhile
+                _finish_checks(proto)
             self.reporter = SessionReporter(
                 converted,
                 self.system,
@@ -128,7 +134,7 @@ class InferenceSession:
             self.policy = self.reporter.policy
             annotate_placement(converted, self.system, self.policy, claimed)
             self.reporter.prepare_costing(input_shapes)
-        except BaseException:  # the reports' error is the one raised, as when they were set up first
+        except BaseException:  # this error is the one raised (the session is dropped), as when it came first
             creating.wait()
             raise
         self._session = creating.result()
@@ -283,7 +289,8 @@ def _skip_notes(report) -> tuple[str, ...]:
 
 
 def _convert(proto, shards: int, strict: bool, base_dir):
-    """``proto`` converted in memory; it was checked by :func:`_load` (with its directory), not again here."""
+    """``proto`` converted in memory; it was checked by :func:`_load` (with its directory) and
+    :func:`_finish_checks`, not again here."""
     from graph_passes.convert import convert
     from graph_passes.rewrite import materialize_with_store
 
@@ -306,12 +313,17 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
     """The model (without external weight bytes), the directory of its data, and its path when a file.
 
     Everything goes through the graph passes' loader and checks (:mod:`graph_passes.model_check`: structure,
-    tensor headers, external data only inside the model's folder, operators ONNX Runtime knows, converted
-    nodes that obey the op contract) before any work.
+    tensor headers, external data only inside the model's folder, an opset ONNX Runtime loads, converted
+    nodes that obey the op contract) before any work, except the two checks that need onnx's schema registry
+    (about 10 ms to build) or ONNX Runtime's operators, :func:`_finish_checks`: a converted model gets them
+    while ONNX Runtime builds its session (which is dropped if they fail), an unconverted one before it is
+    converted. Their errors still come first where they came first: when the op contract check fails here,
+    they run before its error is raised.
     """
     import onnx
 
-    from graph_passes.model_check import check_runnable
+    from graph_passes.errors import InvalidModelError
+    from graph_passes.model_check import check_converted_nodes, check_model
     from graph_passes.model_io import load_model
 
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -324,9 +336,24 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
     if not isinstance(source, (str, Path, onnx.ModelProto)):
         raise ModelLoadError(f"expected a model path, bytes or onnx.ModelProto, got {type(source).__name__}")
     with graph_pass_errors():
-        model, base_dir = load_model(source)
-        check_runnable(model)
+        model, base_dir = load_model(source, check=False)
+        check_model(model, base_dir, schemas=False)
+        try:
+            check_converted_nodes(model)
+        except InvalidModelError:
+            _finish_checks(model)  # an error they find comes first, as when they ran before
+            raise
     return model, base_dir, (Path(source) if isinstance(source, (str, Path)) else None)
+
+
+def _finish_checks(model) -> None:
+    """The checks :func:`_load` leaves out, in their order: ``onnx.checker``'s structure and schema check, then
+    every operator known to ONNX Runtime (:func:`graph_passes.model_check.check_runnable`)."""
+    from graph_passes.model_check import check_runnable, check_schemas
+
+    with graph_pass_errors():
+        check_schemas(model)
+        check_runnable(model)
 
 
 _COPIED_OPTIONS = (

@@ -4,7 +4,9 @@ Issue 9 asks `ndp-ep run` to start within 1.5x of `import onnxruntime` + one run
 --startup). These tests pin the cuts: the command line imports only the command it runs; ``ndp_io`` defers
 ``hashlib`` (OpenSSL) to the first file it writes; the operator check reads ONNX Runtime's schema list only for
 operators outside the standard; the opset check probes the model's own opset; an in-memory conversion checks
-the model once; the checker's copy stubs only large weights (a model without any is copied whole); session keys
+the model once; the checker's copy stubs every weight above 256 bytes (a model without any is copied whole) and
+onnx's tensor rules still check each stubbed weight; a converted model's schema and operator checks run while ONNX
+Runtime builds its session (dropped when they fail), its errors in the same order as before; session keys
 need no ``uuid``; the library's OpenBLAS starts no idle workers; the program skips the interpreter's teardown but
 not its exit code, ``atexit`` callbacks or buffered output; ONNX Runtime builds the session on another thread while
 the reports are set up (the simulator imported, the feeds' non-expert cost computed ahead, from a skeleton built
@@ -116,13 +118,18 @@ def test_the_opset_probe_agrees_with_onnx_runtime_and_the_error_names_its_newest
 
 def test_an_in_memory_conversion_checks_the_model_once(monkeypatch, samples_dir):
     calls = []
-    check = model_check.check_model
-    monkeypatch.setattr(
-        model_check, "check_model", lambda model, base_dir: calls.append(base_dir) or check(model, base_dir)
-    )
+    check, schemas = model_check.check_model, model_check.check_schemas
+
+    def counted_check(model, base_dir, **kwargs):
+        calls.append(("check_model", base_dir, kwargs))
+        return check(model, base_dir, **kwargs)
+
+    monkeypatch.setattr(model_check, "check_model", counted_check)
+    monkeypatch.setattr(model_check, "check_schemas", lambda model: calls.append(("schemas",)) or schemas(model))
     session = InferenceSession(samples_dir / "moe_block.onnx")
     assert session.conversion_report.blocks, "the sample's MoE block was not converted"
-    assert calls == [samples_dir]  # once, with the model's folder (external data containment)
+    # once, with the model's folder (external data containment), the schema check apart (before converting)
+    assert calls == [("check_model", samples_dir, {"schemas": False}), ("schemas",)]
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no worker thread on one core")
@@ -203,22 +210,38 @@ def _matmul_model(rows: int, cols: int):
 
 
 def test_the_checker_sees_large_initializers_as_inputs_and_small_ones_as_they_are():
-    large = _matmul_model(4, 5000)  # w: 80,000 bytes, above the stub threshold; b: 20,000 bytes, below
-    assert 4 * 5000 * 4 > model_check.STUB_ABOVE_BYTES > 5000 * 4
-    stub = model_check._stub_copy(large)
+    large = _matmul_model(4, 50)  # w: 800 bytes, above the stub threshold; b: 200 bytes, below
+    assert 4 * 50 * 4 > model_check.STUB_ABOVE_BYTES > 50 * 4
+    stub, stubbed = model_check._stub_copy(large)
     assert [t.name for t in stub.graph.initializer] == ["b"]
     assert stub.graph.initializer[0] == large.graph.initializer[1]
-    stubbed = {v.name: v.type.tensor_type for v in stub.graph.input}
-    assert set(stubbed) == {"x", "w"}
-    assert stubbed["w"].elem_type == TensorProto.FLOAT
-    assert [d.dim_value for d in stubbed["w"].shape.dim] == [4, 5000]
+    assert [t.name for t in stubbed] == ["w"]  # left to the checker's tensor rules one by one
+    inputs = {v.name: v.type.tensor_type for v in stub.graph.input}
+    assert set(inputs) == {"x", "w"}
+    assert inputs["w"].elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in inputs["w"].shape.dim] == [4, 50]
     assert [t.name for t in large.graph.initializer] == ["w", "b"]  # the model itself is untouched
 
     small = _matmul_model(4, 8)  # every initializer below the threshold: a plain copy
-    copy = model_check._stub_copy(small)
-    assert copy == small and copy is not small
+    copy, stubbed = model_check._stub_copy(small)
+    assert copy == small and copy is not small and stubbed == []
     copy.graph.initializer.pop()
     assert len(small.graph.initializer) == 2
+
+
+@pytest.mark.parametrize("cols", [8, 5000], ids=["small-weights", "stubbed-weights"])
+def test_the_checker_applies_its_tensor_rules_to_stubbed_weights_too(cols):
+    """A weight with its bytes in raw_data and a stray float_data value: check_tensor's length check passes
+    (raw_data has what the dims need) and onnx's checker refuses two value fields, stubbed or not."""
+    model = _matmul_model(4, cols)
+    model.graph.initializer[0].float_data.append(1.0)
+    assert (model.graph.initializer[0].ByteSize() > model_check.STUB_ABOVE_BYTES) == (cols == 5000)
+    model_check.check_initializers(model, None)
+    with pytest.raises(
+        InvalidModelError,
+        match=r"^not a valid ONNX model: .*\(tensor name: w\) should contain one and only one value field",
+    ):
+        model_check.check_model(model, None)
 
 
 @pytest.mark.parametrize("cols", [8, 5000], ids=["small-weights", "stubbed-weights"])
@@ -475,3 +498,92 @@ def test_building_a_session_leaves_no_cyclic_garbage(samples_dir, relative):
     finally:
         gc.enable()
     assert session.reporter.layers
+
+
+def _converted_block(
+    tmp_path, samples_dir, *, bogus_attribute: bool, unknown_operator: bool, broken_contract: bool = False
+):
+    """The sample MoE block converted to a file, then broken: a standard node given an attribute its schema
+    lacks (onnx's schema check refuses it), a node of an operator nobody knows (the operator check refuses it),
+    and/or a converted node whose hidden size no longer fits its weights (the op contract check refuses it)."""
+    import onnx
+
+    import ndp_ep
+
+    path = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(samples_dir / "moe_block.onnx", path, shards=2)
+    model = onnx.load(str(path))
+    if bogus_attribute:
+        node = next(n for n in model.graph.node if n.op_type == "Softmax")
+        node.attribute.append(helper.make_attribute("no_such_attribute", 1))
+    if broken_contract:
+        sharded = next(n for n in model.graph.node if n.domain == "ndp_ep")
+        hidden = next(a for a in sharded.attribute if a.name == "hidden")
+        hidden.i += 1
+    if unknown_operator:
+        source = model.graph.input[0].name
+        model.graph.node.append(helper.make_node("Mystery", [source], ["mystery_out"], name="m", domain="x.test"))
+        model.opset_import.append(helper.make_opsetid("x.test", 1))
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_converted_model_refused_by_the_schema_check_drops_the_session_built_meanwhile(
+    tmp_path, samples_dir, monkeypatch
+):
+    import ndp_ep.session as session_module
+    from ndp_ep import ModelLoadError
+
+    started = []
+
+    class Recorded(session_module._SessionCreation):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            started.append(self)
+
+    monkeypatch.setattr(session_module, "_SessionCreation", Recorded)
+    path = _converted_block(tmp_path, samples_dir, bogus_attribute=True, unknown_operator=False)
+    with pytest.raises(ModelLoadError, match="^not a valid ONNX model: .*no_such_attribute"):
+        InferenceSession(path)
+    assert len(started) == 1  # ONNX Runtime was building the session while the check ran
+    assert not started[0]._thread.is_alive()  # waited for, then dropped
+
+
+@pytest.mark.parametrize(
+    ("bogus_attribute", "unknown_operator", "broken_contract", "expected"),
+    [
+        (True, True, False, "not a valid ONNX model: .*no_such_attribute"),
+        (False, True, False, "node 'm': operator x.test::Mystery is not known"),
+        (True, False, True, "not a valid ONNX model: .*no_such_attribute"),
+        (False, False, True, "moe.*: weight .* has shape"),
+    ],
+    ids=["schemas-before-operators", "operators", "schemas-before-contract", "contract"],
+)
+def test_the_checks_still_report_the_first_error_in_their_order(
+    tmp_path, samples_dir, bogus_attribute, unknown_operator, broken_contract, expected
+):
+    """onnx's schema check (now while ONNX Runtime builds the session) keeps its place before the operator and
+    op contract checks: a model failing two of them reports the same one as before."""
+    from ndp_ep import ModelLoadError
+
+    path = _converted_block(
+        tmp_path,
+        samples_dir,
+        bogus_attribute=bogus_attribute,
+        unknown_operator=unknown_operator,
+        broken_contract=broken_contract,
+    )
+    with pytest.raises(ModelLoadError, match=f"^{expected}"):
+        InferenceSession(path)
+
+
+def test_ndp_ep_run_refuses_a_converted_model_failing_the_schema_check_with_one_line(tmp_path, samples_dir, capsys):
+    from ndp_ep.cli import main
+
+    path = _converted_block(tmp_path, samples_dir, bogus_attribute=True, unknown_operator=False)
+    assert main(["run", str(path), "--inputs", str(samples_dir / "moe_block.inputs.npz")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith("ndp-ep run: error: not a valid ONNX model: ")
+    assert "no_such_attribute" in captured.err
