@@ -449,9 +449,7 @@ def _widened_to_float32(
     multiplies float32 many times faster than float16.
     """
     held = held or {}
-    if not any(t.data_type in narrow for t in probe.graph.initializer):
-        return None, held
-    if any(a.name == "to" and a.i in narrow for node in probe.graph.node for a in node.attribute):
+    if not _widens(probe, narrow):
         return None, held
     wide = onnx.ModelProto()
     wide.CopyFrom(probe)
@@ -461,7 +459,7 @@ def _widened_to_float32(
             continue
         if tensor.name in held:  # a header: its values are handed over
             tensor.data_type = onnx.TensorProto.FLOAT
-            widened[tensor.name] = held[tensor.name].astype(np.float32)
+            widened[tensor.name] = held[tensor.name].astype(np.float32, copy=False)  # held wide already: no copy
         else:
             values = store.full(tensor.name).astype(np.float32)
             wide.graph.initializer[position].CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
@@ -469,6 +467,24 @@ def _widened_to_float32(
         if value.type.tensor_type.elem_type in narrow:
             value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return wide, widened
+
+
+def _widens(probe: onnx.ModelProto, narrow: tuple[int, ...]) -> bool:
+    """Whether :func:`_widened_to_float32` widens ``probe`` (some initializer is narrow, no node casts to narrow)."""
+    if not any(t.data_type in narrow for t in probe.graph.initializer):
+        return False
+    return not any(a.name == "to" and a.i in narrow for node in probe.graph.node for a in node.attribute)
+
+
+def _first_experts_of(store: WeightStore, name: str, experts: int, dtype: np.dtype | None = None) -> np.ndarray:
+    """``name[:experts]`` of a stacked initializer, read expert by expert into one array of ``dtype`` (the stored
+    one when None): a narrow tensor to be widened is converted as it is read, its bytes copied once."""
+    first = store.expert(name, 0)
+    out = np.empty((experts, *first.shape), dtype=first.dtype if dtype is None else dtype)
+    out[0] = first
+    for e in range(1, experts):
+        out[e] = store.expert(name, e)
+    return out
 
 
 class _HeldExperts:
@@ -509,12 +525,22 @@ def _sampled_verdict(
         return structural
 
     def check() -> Verdict:
-        arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
-        captured = None
         narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-        for probe, values in (_widened_to_float32(region, store, narrow, arrays), (region, arrays)):
-            if probe is None:
-                continue
+        widen = _widens(region, narrow)
+
+        def held(wide: bool) -> dict[str, np.ndarray]:
+            """The first experts of each stacked tensor, the narrow ones widened to float32 when ``wide``."""
+            wanted = {n: np.dtype(np.float32) if wide and store.tensors[n].data_type in narrow else None for n in names}
+            return {name: _first_experts_of(store, name, experts, dtype) for name, dtype in wanted.items()}
+
+        def attempts():
+            """The widened probe first (its weights read straight into float32), then the probe as stored."""
+            if widen:
+                yield _widened_to_float32(region, store, narrow, held(True))
+            yield region, held(False)
+
+        captured = None
+        for probe, values in attempts():
             try:
                 feeds = _random_region_feeds(probe, first, seed, experts)
                 captured = _capture(probe, store, feeds, values, background=defer)
