@@ -621,17 +621,63 @@ def _capture(
     # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
     # could not resolve their relative file names anyway
     external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        arrays = arrays or {}
-        values = [
-            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)))
-            for n in external
-        ]
-        options.add_external_initializers(external, values)
+    arrays = arrays or {}
+    weights = {n: np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)) for n in external}
+    fed = _fed_weights(probe, external)
+    if fed:
+        probe = _weights_as_inputs(probe, fed)
+    handed = [n for n in external if n not in fed]
+    if handed:
+        options.add_external_initializers(handed, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in handed])
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
-    return {**feeds, **dict(zip(names, session.run(names, feeds), strict=True))}
+    run_feeds = {i.name: weights[i.name] if i.name in fed else feeds[i.name] for i in session.get_inputs()}
+    outputs = dict(zip(names, session.run(names, run_feeds), strict=True))
+    return {**{n: v for n, v in run_feeds.items() if n not in fed}, **outputs}
+
+
+FED_WEIGHT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+}
+
+
+def _fed_weights(probe: onnx.ModelProto, external: list[str]) -> set[str]:
+    """The external float initializers of ``probe`` that only standard ONNX ops read: they can be run-time inputs.
+
+    ONNX Runtime copies every initializer handed over with ``add_external_initializers`` when the session is
+    created (a second copy of the sampled experts), while it reads a fed array in place. Standard ops compute
+    the same from an input as from an initializer; contrib ops (a fused MoE, ``MatMulNBits``) may need constant
+    weights, and a node with a subgraph may read an initializer implicitly, so neither has its weights fed.
+    """
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in probe.graph.node for a in n.attribute
+    ):
+        return set()
+    types = {t.name: t.data_type for t in probe.graph.initializer}
+    fed = {n for n in external if types[n] in FED_WEIGHT_TYPES} - {i.name for i in probe.graph.input}
+    for node in probe.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            fed.difference_update(node.input)
+    return fed
+
+
+def _weights_as_inputs(probe: onnx.ModelProto, fed: set[str]) -> onnx.ModelProto:
+    """A copy of ``probe`` whose initializers ``fed`` are graph inputs of the same type and shape."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(probe)
+    kept = [t for t in copy.graph.initializer if t.name not in fed]
+    inputs = [
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in copy.graph.initializer
+        if t.name in fed
+    ]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(inputs)
+    return copy
 
 
 def _check_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
