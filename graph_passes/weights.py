@@ -12,6 +12,7 @@ no more of the file than the windows in use, as if each were a mapping of its ow
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 import weakref
@@ -87,7 +88,7 @@ class WeightStore:
         tensor = self.tensors[name]
         dims = tuple(tensor.dims)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        per_expert = int(np.prod(dims[1:], dtype=np.int64))
+        per_expert = math.prod(dims[1:])
         if tensor.data_location == TensorProto.EXTERNAL:
             path, offset, _ = self._external(tensor)
             nbytes = per_expert * dtype.itemsize
