@@ -18,6 +18,7 @@ model is materialised in memory or streamed to an external-data file.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -27,9 +28,9 @@ from onnx import TensorProto, helper
 
 from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
-from graph_passes.expert_math import ExpertArrays, copy_blocked, load_expert, select_columns
+from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked, load_expert, select_columns
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
-from graph_passes.plan import MoEBlockPlan, StackedMatrix
+from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
 from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
 from graph_passes.sharded_op import OP_TYPE as SHARDED_OP  # noqa: F401
 from graph_passes.weights import WeightStore
@@ -55,13 +56,13 @@ class LazyTensor:
     def __post_init__(self) -> None:
         if any(not isinstance(d, int) or d < 0 for d in self.dims):
             raise ValueError(f"{self.name}: dims must be non-negative integers, got {self.dims}")
-        helper.tensor_dtype_to_np_dtype(self.data_type)  # raises for an unknown data type
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).itemsize  # raises for an unknown type
         self.dims = tuple(int(d) for d in self.dims)
+        self._nbytes = math.prod(self.dims) * itemsize  # read once per tensor written: worked out once
 
     @property
     def nbytes(self) -> int:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).itemsize
-        return int(np.prod(self.dims, dtype=np.int64)) * itemsize
+        return self._nbytes
 
     def parts(self) -> tuple[np.ndarray, ...]:
         """The values as arrays whose C-order bytes, one after the other, are the tensor's bytes."""
@@ -89,19 +90,44 @@ class RewrittenModel:
 
 
 class _ExpertCache:
-    """Loads each expert's canonical weights once while its shards are produced in order."""
+    """Canonical views of one expert's float weights at a time (the expert whose shards are being produced).
+
+    Shards are produced group by group (every expert's first shards, then every expert's down shards...), each
+    group expert by expert, so a matrix is read once per group that needs it and never one a group does not
+    need; a gate and an up projection stacked in one initializer are one read.
+    """
 
     def __init__(self, plan: MoEBlockPlan, store: WeightStore) -> None:
         self.plan, self.store = plan, store
         self.expert = -1
-        self.arrays: ExpertArrays | None = None
+        self.views: dict[str, np.ndarray | None] = {}
+        self.raw: dict[str, np.ndarray] = {}
 
-    def get(self, expert: int) -> ExpertArrays:
+    def get(self, expert: int, part: str) -> np.ndarray | None:
+        """``part`` (``up``, ``gate``, ``down`` or one of their biases, as :class:`ExpertArrays` names them) of
+        ``expert``: a matrix as :func:`canonical_view`, a bias as :func:`canonical_bias`, None when absent."""
         if expert != self.expert:
-            self.arrays = None  # release the previous expert's pages before mapping the next
-            self.arrays = load_expert(self.plan, self.store.expert, expert, views=True)
+            self.views, self.raw = {}, {}  # release the previous expert's pages before mapping the next
             self.expert = expert
-        return self.arrays
+        if part not in self.views:
+            self.views[part] = self._load(part)
+        return self.views[part]
+
+    def _load(self, part: str) -> np.ndarray | None:
+        source = getattr(self.plan.weights, part)
+        if source is None:
+            return None
+        if isinstance(source, StackedBias):
+            return canonical_bias(self._read(source.initializer, self.expert), source)
+        if source.per_expert:
+            return canonical_view(self._read(source.per_expert[self.expert], -1), source)
+        return canonical_view(self._read(source.initializer, self.expert), source)
+
+    def _read(self, name: str, expert: int) -> np.ndarray:
+        raw = self.raw.get(name)
+        if raw is None:
+            raw = self.raw[name] = self.store.expert(name, expert)
+        return raw
 
 
 def sharded_spec(plan: MoEBlockPlan, shards: int) -> sharded_op.ShardedOpSpec:
@@ -155,20 +181,20 @@ def _float_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.Sh
     matrix_type = _data_type(store, w.up.initializer or w.up.per_expert[0])
 
     def first(e: int, s: int) -> np.ndarray | tuple[np.ndarray, ...]:
-        arrays = cache.get(e)
+        up = cache.get(e, "up")
         cols = slice(s * width, (s + 1) * width)
-        matrices = [arrays.gate, arrays.up] if plan.gated else [arrays.up]
+        matrices = [cache.get(e, "gate"), up] if plan.gated else [up]
         if spec.first_layout == "out_in":
             return tuple(_untransposed(m[:, cols].T) for m in matrices)
         if not plan.gated:
-            return arrays.up[:, cols]
-        out = np.empty((plan.hidden, 2 * width), dtype=arrays.up.dtype)
-        copy_blocked(arrays.gate[:, cols], out[:, :width])
-        copy_blocked(arrays.up[:, cols], out[:, width:])
+            return up[:, cols]
+        out = np.empty((plan.hidden, 2 * width), dtype=up.dtype)
+        copy_blocked(matrices[0][:, cols], out[:, :width])
+        copy_blocked(up[:, cols], out[:, width:])
         return out
 
     def down(e: int, s: int) -> np.ndarray:
-        rows = cache.get(e).down[s * width : (s + 1) * width, :]
+        rows = cache.get(e, "down")[s * width : (s + 1) * width, :]
         return rows.T if spec.down_layout == "out_in" else rows
 
     groups: dict[str, list] = {
@@ -193,8 +219,8 @@ def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.Sha
     first_width = 2 * width if plan.gated else width
     groups: dict[str, list] = {}
 
-    def arrays(e: int):
-        return cache.get(e) if cache is not None else load_expert(plan, store.expert, e)
+    def bias(e: int, part: str) -> np.ndarray | None:
+        return cache.get(e, part) if cache is not None else getattr(load_expert(plan, store.expert, e), part)
 
     if spec.has_first_bias:
         source = w.up_bias or w.gate_bias
@@ -202,19 +228,20 @@ def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.Sha
         dtype = helper.tensor_dtype_to_np_dtype(bias_type)
 
         def first_bias(e: int, s: int) -> np.ndarray:
-            a = arrays(e)
             cols = slice(s * width, (s + 1) * width)
-            up = a.up_bias[cols] if a.up_bias is not None else np.zeros(width, np.float32)
+            up_bias = bias(e, "up_bias")
+            up = up_bias[cols] if up_bias is not None else np.zeros(width, np.float32)
             if not plan.gated:
                 return up.astype(dtype)
-            gate = a.gate_bias[cols] if a.gate_bias is not None else np.zeros(width, np.float32)
+            gate_bias = bias(e, "gate_bias")
+            gate = gate_bias[cols] if gate_bias is not None else np.zeros(width, np.float32)
             return np.concatenate([gate, up]).astype(dtype)
 
         groups["first_bias"] = [((first_width,), bias_type, first_bias)]
     if spec.has_down_bias:
         bias_type = _data_type(store, w.down_bias.initializer)
         dtype = helper.tensor_dtype_to_np_dtype(bias_type)
-        groups["down_bias"] = [((plan.hidden,), bias_type, lambda e: arrays(e).down_bias.astype(dtype))]
+        groups["down_bias"] = [((plan.hidden,), bias_type, lambda e: bias(e, "down_bias").astype(dtype))]
     return groups
 
 

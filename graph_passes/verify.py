@@ -449,9 +449,7 @@ def _widened_to_float32(
     multiplies float32 many times faster than float16.
     """
     held = held or {}
-    if not any(t.data_type in narrow for t in probe.graph.initializer):
-        return None, held
-    if any(a.name == "to" and a.i in narrow for node in probe.graph.node for a in node.attribute):
+    if not _widens(probe, narrow):
         return None, held
     wide = onnx.ModelProto()
     wide.CopyFrom(probe)
@@ -461,7 +459,7 @@ def _widened_to_float32(
             continue
         if tensor.name in held:  # a header: its values are handed over
             tensor.data_type = onnx.TensorProto.FLOAT
-            widened[tensor.name] = held[tensor.name].astype(np.float32)
+            widened[tensor.name] = held[tensor.name].astype(np.float32, copy=False)  # held wide already: no copy
         else:
             values = store.full(tensor.name).astype(np.float32)
             wide.graph.initializer[position].CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
@@ -469,6 +467,24 @@ def _widened_to_float32(
         if value.type.tensor_type.elem_type in narrow:
             value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return wide, widened
+
+
+def _widens(probe: onnx.ModelProto, narrow: tuple[int, ...]) -> bool:
+    """Whether :func:`_widened_to_float32` widens ``probe`` (some initializer is narrow, no node casts to narrow)."""
+    if not any(t.data_type in narrow for t in probe.graph.initializer):
+        return False
+    return not any(a.name == "to" and a.i in narrow for node in probe.graph.node for a in node.attribute)
+
+
+def _first_experts_of(store: WeightStore, name: str, experts: int, dtype: np.dtype | None = None) -> np.ndarray:
+    """``name[:experts]`` of a stacked initializer, read expert by expert into one array of ``dtype`` (the stored
+    one when None): a narrow tensor to be widened is converted as it is read, its bytes copied once."""
+    first = store.expert(name, 0)
+    out = np.empty((experts, *first.shape), dtype=first.dtype if dtype is None else dtype)
+    out[0] = first
+    for e in range(1, experts):
+        out[e] = store.expert(name, e)
+    return out
 
 
 class _HeldExperts:
@@ -509,12 +525,22 @@ def _sampled_verdict(
         return structural
 
     def check() -> Verdict:
-        arrays = {name: np.stack([store.expert(name, e) for e in range(experts)]) for name in names}
-        captured = None
         narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-        for probe, values in (_widened_to_float32(region, store, narrow, arrays), (region, arrays)):
-            if probe is None:
-                continue
+        widen = _widens(region, narrow)
+
+        def held(wide: bool) -> dict[str, np.ndarray]:
+            """The first experts of each stacked tensor, the narrow ones widened to float32 when ``wide``."""
+            wanted = {n: np.dtype(np.float32) if wide and store.tensors[n].data_type in narrow else None for n in names}
+            return {name: _first_experts_of(store, name, experts, dtype) for name, dtype in wanted.items()}
+
+        def attempts():
+            """The widened probe first (its weights read straight into float32), then the probe as stored."""
+            if widen:
+                yield _widened_to_float32(region, store, narrow, held(True))
+            yield region, held(False)
+
+        captured = None
+        for probe, values in attempts():
             try:
                 feeds = _random_region_feeds(probe, first, seed, experts)
                 captured = _capture(probe, store, feeds, values, background=defer)
@@ -595,17 +621,63 @@ def _capture(
     # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
     # could not resolve their relative file names anyway
     external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        arrays = arrays or {}
-        values = [
-            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)))
-            for n in external
-        ]
-        options.add_external_initializers(external, values)
+    arrays = arrays or {}
+    weights = {n: np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)) for n in external}
+    fed = _fed_weights(probe, external)
+    if fed:
+        probe = _weights_as_inputs(probe, fed)
+    handed = [n for n in external if n not in fed]
+    if handed:
+        options.add_external_initializers(handed, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in handed])
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
-    return {**feeds, **dict(zip(names, session.run(names, feeds), strict=True))}
+    run_feeds = {i.name: weights[i.name] if i.name in fed else feeds[i.name] for i in session.get_inputs()}
+    outputs = dict(zip(names, session.run(names, run_feeds), strict=True))
+    return {**{n: v for n, v in run_feeds.items() if n not in fed}, **outputs}
+
+
+FED_WEIGHT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+}
+
+
+def _fed_weights(probe: onnx.ModelProto, external: list[str]) -> set[str]:
+    """The external float initializers of ``probe`` that only standard ONNX ops read: they can be run-time inputs.
+
+    ONNX Runtime copies every initializer handed over with ``add_external_initializers`` when the session is
+    created (a second copy of the sampled experts), while it reads a fed array in place. Standard ops compute
+    the same from an input as from an initializer; contrib ops (a fused MoE, ``MatMulNBits``) may need constant
+    weights, and a node with a subgraph may read an initializer implicitly, so neither has its weights fed.
+    """
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in probe.graph.node for a in n.attribute
+    ):
+        return set()
+    types = {t.name: t.data_type for t in probe.graph.initializer}
+    fed = {n for n in external if types[n] in FED_WEIGHT_TYPES} - {i.name for i in probe.graph.input}
+    for node in probe.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            fed.difference_update(node.input)
+    return fed
+
+
+def _weights_as_inputs(probe: onnx.ModelProto, fed: set[str]) -> onnx.ModelProto:
+    """A copy of ``probe`` whose initializers ``fed`` are graph inputs of the same type and shape."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(probe)
+    kept = [t for t in copy.graph.initializer if t.name not in fed]
+    inputs = [
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in copy.graph.initializer
+        if t.name in fed
+    ]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(inputs)
+    return copy
 
 
 def _check_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:

@@ -1,23 +1,34 @@
 """Read initializer bytes lazily, one expert at a time, whether embedded or in external data files.
 
 Stacked expert weights ``[E, ...]`` are contiguous per expert, so expert ``e`` of an external tensor is a
-single ``np.memmap`` window: converting a model never needs more than one expert's bytes in memory.
+window of its data file: converting a model never needs more than one expert's bytes in memory.
+
+Each data file is mapped once (read-only, shared) and every window is a view of that mapping, so reading
+thousands of experts does not open, resolve and map the file thousands of times. A window's pages are
+released from this process when the caller drops the window and every view of it (``MADV_DONTNEED``: the
+file's pages stay in the page cache, only this process's references to them go), so a conversion holds
+no more of the file than the windows in use, as if each were a mapping of its own.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from graph_passes.errors import InvalidModelError
 from graph_passes.model_io import external_data_files, external_range
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
 INLINE_MAX_BYTES = 1 << 16
 RAW_CACHE_TENSORS = 3  # gate_up, down and one bias: what producing one expert reads
+MAPPED_FILES = 16  # data files kept mapped at once (each mapping holds a descriptor)
 
 
 class WeightStore:
@@ -33,6 +44,7 @@ class WeightStore:
         self.tensors = {t.name: t for t in model.graph.initializer}
         self._raw_cache: dict[str, bytes] = {}
         self._ranges: dict[str, tuple[Path, int, int]] = {}
+        self._mapped: dict[Path, mmap.mmap] = {}
         self._lock = threading.Lock()  # a deferred numeric check may read experts while the writer does
         self.has_external_data = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         self.data_files = external_data_files(model, self.base_dir)  # read by no-clobber checks
@@ -76,15 +88,12 @@ class WeightStore:
         tensor = self.tensors[name]
         dims = tuple(tensor.dims)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        per_expert = int(np.prod(dims[1:], dtype=np.int64))
+        per_expert = math.prod(dims[1:])
         if tensor.data_location == TensorProto.EXTERNAL:
             path, offset, _ = self._external(tensor)
-            start = offset + expert * per_expert * dtype.itemsize
-            # a read-only window of the file, unmapped when the caller drops it (a mapping kept for the whole file
-            # would keep every page the conversion touched resident): the caller's copy, or the kernel's, file to
-            # file, is the only one made
-            window = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(per_expert,))
-            return window.view(np.ndarray).reshape(dims[1:])
+            nbytes = per_expert * dtype.itemsize
+            window = self._window(path, offset + expert * nbytes, nbytes)
+            return window.view(np.ndarray).view(dtype).reshape(dims[1:])
         raw = self._raw_bytes(tensor)
         if raw:
             start = expert * per_expert * dtype.itemsize
@@ -110,10 +119,41 @@ class WeightStore:
     def full(self, name: str) -> np.ndarray:
         tensor = self.tensors[name]
         if tensor.data_location == TensorProto.EXTERNAL:
-            path, offset, _ = self._external(tensor)
+            path, offset, nbytes = self._external(tensor)
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
-            count = int(np.prod(tensor.dims, dtype=np.int64))
-            return np.array(np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))).reshape(
-                tuple(tensor.dims)
-            )
+            return np.array(self._window(path, offset, nbytes).view(np.ndarray).view(dtype)).reshape(tuple(tensor.dims))
         return numpy_helper.to_array(tensor)
+
+    def _window(self, path: Path, start: int, nbytes: int) -> np.memmap:
+        """Bytes ``start:start + nbytes`` of ``path`` (a range :meth:`_external` checked), read-only.
+
+        An ``np.memmap`` over the file's one mapping whose ``filename`` and ``offset`` are its own, so that
+        :func:`graph_passes.model_io.file_range_of` finds the file range of any C-contiguous view of it (and the
+        writer copies it file to file). NumPy stops collapsing a view's ``base`` at a different array type, so
+        every view made from the window keeps it alive; its pages are released once the last one is dropped.
+        """
+        if not nbytes:
+            return np.ndarray.__new__(np.memmap, (0,), np.uint8)  # nothing to map (or release)
+        with self._lock:
+            mapping = self._mapped.pop(path, None)
+            if mapping is None:
+                while len(self._mapped) >= MAPPED_FILES:  # one file per tensor: a few descriptors, not thousands
+                    self._mapped.pop(next(iter(self._mapped)))  # unmapped when its last window is dropped
+                with open(path, "rb") as file:
+                    mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mapped[path] = mapping  # most recently used last
+        if start + nbytes > len(mapping):  # the file shrank after its ranges were checked
+            raise InvalidModelError(f"external data file {path.name} is truncated (needs {start + nbytes} bytes)")
+        window = np.ndarray.__new__(np.memmap, (nbytes,), np.uint8, buffer=mapping, offset=start)
+        window._mmap, window.filename, window.offset, window.mode = mapping, path, start, "r"
+        first = start - start % mmap.PAGESIZE
+        last = min(-(-(start + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE, len(mapping))
+        weakref.finalize(window, _release, mapping, first, last - first).atexit = False  # nothing to release then
+        return window
+
+
+def _release(mapping: mmap.mmap, start: int, length: int) -> None:
+    """Drop this process's references to ``length`` bytes of ``mapping``'s pages from ``start`` (page-aligned); a
+    later read maps them again from the page cache. Best effort: where ``madvise`` is missing, they stay mapped."""
+    if not mapping.closed and hasattr(mapping, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mapping.madvise(mmap.MADV_DONTNEED, start, length)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -175,3 +176,45 @@ def test_a_block_whose_cut_down_region_does_not_run_keeps_its_structural_reading
     (block,) = report.blocks
     assert not block.checked_numerically
     assert any("weights too large for the numeric check; accepted on data-flow structure" in n for n in report.notes)
+
+
+def _probe_with_external(weights: dict[str, tuple[int, list[int]]], nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """A probe whose ``weights`` (name -> (data type, dims)) are external headers, as a sampled check builds it."""
+    headers = []
+    for name, (data_type, dims) in weights.items():
+        header = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
+        header.data_location = onnx.TensorProto.EXTERNAL
+        header.external_data.add(key="location", value=verify.SAMPLED_LOCATION)
+        headers.append(header)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+    y = onnx.helper.make_empty_tensor_value_info("y")
+    graph = onnx.helper.make_graph(nodes, "probe", [x], [y], headers)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_only_float_weights_of_standard_ops_are_fed_as_inputs():
+    f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], ["h"]),
+        onnx.helper.make_node("Gather", ["h", "idx"], ["g"]),
+        onnx.helper.make_node("QMoE", ["g", "q"], ["y"], domain="com.microsoft"),
+    ]
+    probe = _probe_with_external({"w": (f32, [4, 3]), "idx": (i64, [2]), "q": (f32, [3, 3])}, nodes)
+    # q feeds a contrib op (which may need constant weights), idx is not a float weight
+    assert verify._fed_weights(probe, ["w", "idx", "q"]) == {"w"}
+    branch = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["w"], ["b"])], "b", [], [])
+    probe.graph.node.append(onnx.helper.make_node("If", ["c"], ["z"], then_branch=branch, else_branch=branch))
+    assert verify._fed_weights(probe, ["w", "idx", "q"]) == set()  # a subgraph may read any of them
+
+
+def test_a_fed_weight_computes_what_the_handed_over_initializer_did():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    probe = _probe_with_external(
+        {"w": (onnx.TensorProto.FLOAT, [4, 3])}, [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])]
+    )
+    captured = verify._capture(probe, store=None, feeds={"x": x}, arrays={"w": w})
+    assert set(captured) == {"x", "y"}  # the weight is an input of the run, not a value the check compares
+    np.testing.assert_allclose(captured["y"], x @ w, rtol=1e-6)
+    assert [t.name for t in probe.graph.initializer] == ["w"]  # the caller's probe is left as it was
