@@ -197,19 +197,25 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy_with_stubbed_initializers(model, {t.name for t in large})
 
 
+def copy_fields(source, target, skipped: tuple[str, ...]) -> None:
+    """Every set field of the protobuf message ``source`` into ``target`` (of the same type), except those named
+    in ``skipped`` (one field copy each: cheaper than copying the whole message and clearing fields)."""
+    for descriptor, value in source.ListFields():
+        if descriptor.name in skipped:
+            continue
+        if hasattr(value, "extend"):  # repeated field
+            getattr(target, descriptor.name).extend(value)
+        elif hasattr(value, "CopyFrom"):  # message field
+            getattr(target, descriptor.name).CopyFrom(value)
+        else:
+            setattr(target, descriptor.name, value)
+
+
 def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with every field but ``graph.initializer`` (which stays empty)."""
     out = onnx.ModelProto()
-    for source, target, skipped in ((model, out, "graph"), (model.graph, out.graph, "initializer")):
-        for descriptor, value in source.ListFields():
-            if descriptor.name == skipped:
-                continue
-            if hasattr(value, "extend"):  # repeated field
-                getattr(target, descriptor.name).extend(value)
-            elif hasattr(value, "CopyFrom"):  # message field
-                getattr(target, descriptor.name).CopyFrom(value)
-            else:
-                setattr(target, descriptor.name, value)
+    copy_fields(model, out, ("graph",))
+    copy_fields(model.graph, out.graph, ("initializer",))
     return out
 
 

@@ -803,17 +803,7 @@ class OursVariableDegree(Ours):
         res = self._resident(state, layer_index, active)
         started = time.perf_counter()
         whole = choose_whole(out)
-        items = out.item_arrays(active, active_tokens, res, whole)
-        problem = PlacementProblem(
-            ndp_time_s=items["ndp"],
-            gpu_compute_s=items["gpu"],
-            transfer_s=items["transfer"],
-            transfer_bytes=items["staged"],
-            staging_cap_bytes=ctx.staging_cap_bytes,
-            unit_base_s=np.full(out.units, out.activation_s()),
-            copy_unit_s=items["copy"],
-        )
-        on_gpu = pack(problem)
+        on_gpu = pack(_placement_problem(ctx, out, out.item_arrays(active, active_tokens, res, whole)))
         state.decision_times_s.append(time.perf_counter() - started)
         state.recomputations += 1
         if phase == "decode":
@@ -928,13 +918,10 @@ def _scheduled_gpu_set(
     return on_gpu, planned
 
 
-def _pack_decision(
-    ctx: RunContext, state: PolicyState, out: InvocationLayout, ids: list[int], tokens: list[int], resident: list[bool]
-) -> list[bool]:
-    """The load-balancing packer's choice (per item: on the GPU?) for experts ``ids`` of the invocation ``out``
-    with ``tokens`` tokens each, ``resident`` or not; its wall time is recorded as a decision time."""
-    items = out.item_arrays(ids, tokens, resident)
-    problem = PlacementProblem(
+def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, np.ndarray]) -> PlacementProblem:
+    """The packer's problem for the invocation ``out`` over the per-item arrays ``items`` (see
+    :meth:`InvocationLayout.item_arrays`): every unit starts busy with the activation copy."""
+    return PlacementProblem(
         ndp_time_s=items["ndp"],
         gpu_compute_s=items["gpu"],
         transfer_s=items["transfer"],
@@ -943,6 +930,14 @@ def _pack_decision(
         unit_base_s=np.full(out.units, out.activation_s()),
         copy_unit_s=items["copy"],
     )
+
+
+def _pack_decision(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, ids: list[int], tokens: list[int], resident: list[bool]
+) -> list[bool]:
+    """The load-balancing packer's choice (per item: on the GPU?) for experts ``ids`` of the invocation ``out``
+    with ``tokens`` tokens each, ``resident`` or not; its wall time is recorded as a decision time."""
+    problem = _placement_problem(ctx, out, out.item_arrays(ids, tokens, resident))
     started = time.perf_counter()
     decision = pack(problem).tolist()
     state.decision_times_s.append(time.perf_counter() - started)

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from graph_passes.graph_index import copy_without_initializers
+from graph_passes.graph_index import copy_fields, copy_without_initializers
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from ndp_ep.partition import is_ndp_supported
@@ -133,15 +133,7 @@ class NonExpertCoster:
 def _copy_header(tensor: onnx.TensorProto, target: onnx.TensorProto) -> None:
     """``tensor`` into ``target`` without its bytes: every field but ``raw_data`` and ``external_data``, with
     ``data_location`` set to inline."""
-    for descriptor, value in tensor.ListFields():
-        if descriptor.name in _WEIGHT_BYTE_FIELDS:
-            continue
-        if hasattr(value, "extend"):  # repeated field
-            getattr(target, descriptor.name).extend(value)
-        elif hasattr(value, "CopyFrom"):  # message field
-            getattr(target, descriptor.name).CopyFrom(value)
-        else:
-            setattr(target, descriptor.name, value)
+    copy_fields(tensor, target, _WEIGHT_BYTE_FIELDS)
     target.data_location = TensorProto.DEFAULT
 
 
