@@ -187,19 +187,19 @@ class SessionReporter:
         if not meta:
             return
         self.aggregates.dropped_records = self._reader.dropped()
-        runs: list[tuple[int, dict[int, int], int]] = []  # (run id, layer -> record, first record)
+        runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
         for record, (run_id, native_layer, _) in enumerate(meta):
             layer = self._layer_index(native_layer)
             position = open_runs.get(run_id)
             if position is None or layer in runs[position][1]:  # a layer twice: the next run of an untagged caller
                 position = open_runs[run_id] = len(runs)
-                runs.append((run_id, {}, record))
+                runs.append((run_id, {}))
             runs[position][1][layer] = record
         if len(runs[-1][1]) < len(self.layers):  # possibly still running on another thread: report it next time
-            first = runs.pop()[2]
-            self._held = (meta[first:], counts[first:])
-        for run_id, records, _ in runs:
+            held = sorted(runs.pop()[1].values())  # its records only: other runs' may interleave with them
+            self._held = ([meta[row] for row in held], counts[held])
+        for run_id, records in runs:
             shapes = self._shapes.pop(run_id, None)
             if shapes is None and run_id >= UNTAGGED_RUN_BASE:
                 if self._untagged_shapes is not None:

@@ -213,3 +213,48 @@ def test_concurrent_runs_on_one_session_are_each_reported_once(samples_dir):
     assert totals.layer_invocations == [80, 80, 80]
     assert len(session.reports) == 16
     assert all(r.non_expert_gpu_s > 0 and not r.notes for r in session.reports)  # every run had its shapes
+
+
+def test_a_run_still_running_at_a_read_is_held_alone_and_reported_once_complete(samples_dir):
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx")
+    reporter = session.reporter
+    names = [c.name for c in reporter.claimed]
+    width = max(layer.num_experts for layer in reporter.layers)
+
+    def row(layer: int, first: int) -> list[int]:  # one token routed to top_k experts from `first` on
+        shape = reporter.layers[layer]
+        counts = [0] * width
+        for slot in range(shape.top_k):
+            counts[(first + slot) % shape.num_experts] = 1
+        return counts
+
+    class Reader:  # what the library would hand over, read by read
+        def __init__(self, reads):
+            self.reads = list(reads)
+
+        def take(self, _width):
+            records = self.reads.pop(0) if self.reads else []
+            meta = [(run, layer, 1) for run, layer, _ in records]
+            return meta, np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
+
+        def dropped(self):
+            return 0
+
+        def layer_names(self):
+            return names
+
+    # (run, layer, first expert): runs 1 and 2 interleave and run 2 is still running at the first read; run 3
+    # runs whole before the second
+    first_read = [(1, 0, 0), (2, 0, 1), (1, 1, 2), (1, 2, 3), (2, 1, 3)]
+    second_read = [(2, 2, 5), (3, 0, 6), (3, 1, 1), (3, 2, 4)]
+    reporter._reader = Reader([first_read, second_read])
+    assert session.last_report.layers[2].expert_tokens == tuple(row(2, 3))  # run 1; run 2 is held
+    assert reporter.aggregates.runs == 1  # the totals as they stand (session.aggregates would read again)
+    session.last_report  # noqa: B018 - the second read: run 2 completes, then run 3
+    assert reporter.aggregates.runs == 3
+    by_run: dict[int, list] = {}
+    for run, layer, first in first_read + second_read:
+        by_run.setdefault(run, []).append(tuple(row(layer, first)[: reporter.layers[layer].num_experts]))
+    assert [[layer.expert_tokens for layer in report.layers] for report in session.reports] == [
+        by_run[run] for run in (1, 2, 3)
+    ]
