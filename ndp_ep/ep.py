@@ -136,8 +136,6 @@ def native() -> ctypes.CDLL:
     if _native is None:
         lib = ctypes.CDLL(register())
         i64, p = ctypes.c_int64, ctypes.c_void_p
-        lib.ndp_ep_routing_pending.argtypes = [ctypes.c_char_p]
-        lib.ndp_ep_routing_pending.restype = i64
         lib.ndp_ep_routing_take.argtypes = [ctypes.c_char_p, p, i64, p, i64]
         lib.ndp_ep_routing_take.restype = i64
         lib.ndp_ep_routing_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p, i64]
@@ -209,9 +207,6 @@ class RoutingReader:
 
     def dropped(self) -> int:
         return max(int(self._lib.ndp_ep_routing_dropped(self.key)), 0)
-
-    def pending(self) -> int:
-        return max(int(self._lib.ndp_ep_routing_pending(self.key)), 0)
 
     def take(self, width: int) -> tuple[list[tuple[int, int, int]], np.ndarray]:
         """Every pending record, oldest first: ``(run_id, layer, tokens)`` each, and their expert counts as the

@@ -53,11 +53,6 @@ int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, siz
   return static_cast<int64_t>(taken);
 }
 
-size_t RoutingLog::pending() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return records_.size();
-}
-
 uint64_t RoutingLog::dropped() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return dropped_;
@@ -85,12 +80,6 @@ void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(
 
 // ---- C interface for ndp_ep/_native.py -------------------------------------------------------------------
 #define NDP_EXPORT extern "C" __attribute__((visibility("default")))
-
-// Pending records; -1 for an unknown session key.
-NDP_EXPORT int64_t ndp_ep_routing_pending(const char* key) {
-  auto log = ndp::FindRoutingLog(key);
-  return log ? static_cast<int64_t>(log->pending()) : -1;
-}
 
 // Moves up to max_records records out: meta gets (run_id, layer, tokens) per record, counts one row of `width`
 // expert counts per record. Returns the records taken; -1 for an unknown key or bad arguments, -2 when the

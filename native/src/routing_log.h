@@ -31,7 +31,6 @@ class RoutingLog {
   // counts one row of `width` per record (zero beyond the layer's experts). Returns the number taken, or -1
   // when the oldest record has more experts than `width`.
   int64_t Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width);
-  size_t pending() const;
   uint64_t dropped() const;
 
  private:
