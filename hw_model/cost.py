@@ -124,7 +124,7 @@ class ExpertShard:
     their summed time for any token count (:func:`expert_shard_kernels`, :func:`expert_shard_time_s`), the
     products' token-independent terms computed once."""
 
-    __slots__ = ("device", "_width", "_names", "_products", "_dtype_bytes")
+    __slots__ = ("device", "_width", "_names", "_steps", "_dtype_bytes")
 
     def __init__(
         self, device: ComputeSpec, expert: ExpertShape, shards: float = 1, *, fused_activation: bool = True
@@ -135,30 +135,29 @@ class ExpertShard:
         per_weight = expert.weight_bytes_per_element
         self.device = device
         self._dtype_bytes = b
+        # per kernel: a product, or an elementwise op reading that many [tokens, width] operands (writing one)
+        steps: list[tuple[str, Product | int]]
         if expert.gated:
-            gate = Product(device, width, hidden, dtype, b, per_weight)
-            names = ["gate", "up", "silu_mul"] if fused_activation else ["gate", "up", "silu", "mul"]
-            products: list[Product | None] = [gate, gate] + [None] * (len(names) - 2)
+            gate = Product(device, width, hidden, dtype, b, per_weight)  # up has the same shape
+            activation = [("silu_mul", 2)] if fused_activation else [("silu", 1), ("mul", 2)]
+            steps = [("gate", gate), ("up", gate), *activation]
         else:
-            names = ["fc1", "activation"]
-            products = [Product(device, width, hidden, dtype, b, per_weight), None]
-        self._names = tuple([*names, "down"])
-        self._products = tuple([*products, Product(device, hidden, width, dtype, b, per_weight)])
+            steps = [("fc1", Product(device, width, hidden, dtype, b, per_weight)), ("activation", 1)]
+        steps.append(("down", Product(device, hidden, width, dtype, b, per_weight)))
+        self._names = tuple(name for name, _ in steps)
+        self._steps = tuple(step for _, step in steps)
 
     def kernel_times_s(self, tokens: int) -> list[float]:
         """Each kernel's time over ``tokens`` tokens (none for 0 tokens), in launch order."""
         if tokens == 0:
             return []
-        device, b, width = self.device, self._dtype_bytes, self._width
-        times = []
-        for name, product in zip(self._names, self._products, strict=True):
-            if product is not None:
-                times.append(product.time_s(tokens))
-            elif name == "silu_mul" or name == "mul":  # reads the two halves, writes one
-                times.append(elementwise_time_s(device, 2 * tokens * width, tokens * width, b))
-            else:  # silu, activation
-                times.append(elementwise_time_s(device, tokens * width, tokens * width, b))
-        return times
+        device, b, elements = self.device, self._dtype_bytes, tokens * self._width
+        return [
+            step.time_s(tokens)
+            if isinstance(step, Product)
+            else elementwise_time_s(device, step * elements, elements, b)
+            for step in self._steps
+        ]
 
     def kernels(self, tokens: int) -> tuple[KernelCost, ...]:
         return tuple(map(KernelCost, self._names, self.kernel_times_s(tokens)))
