@@ -30,7 +30,7 @@ from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
 
 if TYPE_CHECKING:  # the policies module imports this one
     from hw_model.policies import ExpertCosts, Policy, PolicyState, RunContext
-    from hw_model.workload import ExpertShape
+    from hw_model.workload import ExpertShape, MoELayerShape
 
 GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical order
 MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
@@ -96,7 +96,6 @@ class InvocationLayout:
         "policy",
         "state",
         "layer_index",
-        "layer",
         "active",
         "active_tokens",
         "decisions",
@@ -120,7 +119,6 @@ class InvocationLayout:
         self.policy = policy
         self.state = state
         self.layer_index = layer_index
-        self.layer = ctx.layers[layer_index]
         self.active = active  # the experts with tokens, ascending
         self.active_tokens = active_tokens  # their token counts
         self.decisions: list[Decision] = []  # id-free, in the order recorded
@@ -131,6 +129,10 @@ class InvocationLayout:
         self._placement: Mapping[int, str] | None = None
 
     # -- what the policies read ------------------------------------------------------------------------
+    @property
+    def layer(self) -> MoELayerShape:
+        return self.ctx.layers[self.layer_index]
+
     @property
     def costs(self) -> ExpertCosts:
         return self.ctx.costs
@@ -172,6 +174,28 @@ class InvocationLayout:
         self.state.on_demand_bytes += ctx.expert_bytes[self.layer_index]
         # a copy from one DIMM (whole layout) reads the expert's home unit
         self.decisions.append((GPU, tokens, 0, e % ctx.system.num_ndp_units if ctx.copy_sources == 1 else 0))
+
+    def gpu_or_sliced(self, on_gpu: list[bool], resident: list[bool]) -> list[tuple[int, bool]]:
+        """Active expert ``i`` on the GPU where ``on_gpu[i]`` (as :meth:`to_gpu` with ``resident[i]``), sliced over
+        all units otherwise (as :meth:`sliced`), in one pass; returns ``(expert, resident)`` of those on the GPU."""
+        ctx, state = self.ctx, self.state
+        home_unit = ctx.copy_sources == 1  # a copy from one DIMM (whole layout) reads the expert's home unit
+        units = ctx.system.num_ndp_units
+        weight_bytes = ctx.expert_bytes[self.layer_index]
+        decisions = self.decisions
+        on_the_gpu = []
+        for e, tokens, gpu, res in zip(self.active, self.active_tokens, on_gpu, resident, strict=True):
+            if not gpu:
+                decisions.append((SLICED, tokens, 0, 0))
+                continue
+            if res:
+                decisions.append((GPU, tokens, 1, 0))
+            else:
+                state.on_demand_bytes += weight_bytes
+                decisions.append((GPU, tokens, 0, e % units if home_unit else 0))
+            on_the_gpu.append((e, res))
+        self.ids += self.active
+        return on_the_gpu
 
     def whole_on_units(self, experts: list[int], tokens: list[int]) -> None:
         """Each of ``experts`` (``tokens[i]`` tokens) whole on its home unit."""

@@ -44,8 +44,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import add, not_, sub
+from operator import add, sub
 from typing import Any, ClassVar
 
 import numpy as np
@@ -643,16 +642,10 @@ class TensorParallelLoadBalanced(Policy):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
-        active, active_tokens = out.active, out.active_tokens
         if True in on_gpu:
-            # itertools' compress picks the items without a Python loop
-            for e, tokens, res in compress(zip(active, active_tokens, resident, strict=True), on_gpu):
-                out.to_gpu(e, tokens, res)
-                _keep_copy(state, layer_index, e, res, ctx.expert_bytes[layer_index])
-            on_ndp = list(map(not_, on_gpu))
-            out.sliced(list(compress(active, on_ndp)), list(compress(active_tokens, on_ndp)))
+            _keep_copies(state, layer_index, out.gpu_or_sliced(on_gpu, resident), ctx.expert_bytes[layer_index])
         else:
-            out.sliced(active, active_tokens)
+            out.sliced(out.active, out.active_tokens)
         out.extra["resident_selected"] = float(sum(resident))
         out.finish()
 
@@ -675,6 +668,8 @@ class Ours(TensorParallelLoadBalanced):
         assert state.prefetcher is not None and state.lru is not None
         prefetched = state.prefetcher.resident_sets[layer_index]
         cached = state.lru.experts_of(layer_index)
+        if not cached:
+            return [e in prefetched for e in active]
         return [e in prefetched or e in cached for e in active]
 
 
@@ -721,7 +716,7 @@ class OursSplit(Ours):
         for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in on_gpu:
                 out.to_gpu(e, tokens, res)
-                _keep_copy(state, layer_index, e, res, ctx.expert_bytes[layer_index])
+                _keep_copies(state, layer_index, [(e, res)], ctx.expert_bytes[layer_index])
             elif split is not None and e == split[0]:
                 out.split(e, tokens, split[1])
             else:
@@ -731,14 +726,21 @@ class OursSplit(Ours):
         out.finish()
 
 
-def _keep_copy(state: PolicyState, layer_index: int, e: int, resident: bool, weight_bytes: float) -> None:
-    """Expert ``e`` (``weight_bytes``) ran on the GPU: a copy made for it (not ``resident``) is adopted by the
-    prefetcher when its plan wants the expert, or else kept in the LRU staging area until its space is needed (a
-    resident expert is touched there)."""
+def _keep_copies(state: PolicyState, layer_index: int, experts: list[tuple[int, bool]], weight_bytes: float) -> None:
+    """``experts`` (``(expert, resident)`` pairs, ``weight_bytes`` each) ran on the GPU: a copy made for one (not
+    resident) is adopted by the prefetcher when its plan wants the expert, or else kept in the LRU staging area
+    until its space is needed. A resident expert the prefetcher holds stays out of the staging area (it was not
+    copied); one resident in the staging area is touched there."""
     prefetcher, lru = state.prefetcher, state.lru
-    adopted = not resident and prefetcher is not None and prefetcher.adopt_staged(layer_index, e)
-    if lru is not None and not adopted:
-        lru.use((layer_index, e), weight_bytes)
+    if prefetcher is None:
+        if lru is not None:
+            lru.use_all([(layer_index, e) for e, _ in experts], weight_bytes)
+        return
+    held = prefetcher.resident_sets[layer_index]  # grows as copies are adopted, so tested before adopting
+    adopt = prefetcher.adopt_staged
+    staged = [(layer_index, e) for e, resident in experts if e not in held and (resident or not adopt(layer_index, e))]
+    if lru is not None and staged:
+        lru.use_all(staged, weight_bytes)
 
 
 def _best_split(
@@ -811,7 +813,7 @@ class OursVariableDegree(Ours):
         for i, (e, tokens) in enumerate(zip(active, active_tokens, strict=True)):
             if on_gpu[i]:
                 out.to_gpu(e, tokens, res[i])
-                _keep_copy(state, layer_index, e, res[i], ctx.expert_bytes[layer_index])
+                _keep_copies(state, layer_index, [(e, res[i])], ctx.expert_bytes[layer_index])
             elif whole[i]:
                 out.whole_on_units([e], [tokens])
             else:

@@ -26,6 +26,8 @@ import numpy as np
 
 from hw_model.errors import WorkloadError
 
+_NO_EXPERTS: frozenset[int] = frozenset()
+
 
 @dataclass(frozen=True)
 class PrefetchConfig:
@@ -181,21 +183,21 @@ class ExpertPrefetcher:
         self.wanted = new_wanted
         self.resident_sets = _per_layer_sets(resident)
         wanted = self._wanted_sets = _per_layer_sets(new_wanted)
-        kept: deque[tuple[int, int, float]] = deque()  # the queued copies the new plan still wants
-        queued = set()
-        for entry in self._queue:
-            if entry[1] in wanted[entry[0]]:
-                kept.append(entry)
-                queued.add(entry[:2])
-        self._queue = kept
-        self.queued_bytes = float(sum(left for _, _, left in kept))
-        layers, experts = np.nonzero(new_wanted & ~resident)
-        # in layer order: decode needs layer 0 first
+        # the queued copies the new plan still wants, in their order; then its other missing experts in layer order
+        # (decode needs layer 0 first)
+        kept = deque([entry for entry in self._queue if entry[1] in wanted[entry[0]]])
+        queued_bytes = float(sum([left for _, _, left in kept]))
+        missing = new_wanted & ~resident
+        if kept:
+            missing.ravel()[[layer * missing.shape[1] + expert for layer, expert, _ in kept]] = False
+        layers, experts = np.nonzero(missing)
+        sizes = self._expert_bytes
         for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
-            if (layer, expert) not in queued:
-                size = self._expert_bytes[layer]
-                self._queue.append((layer, expert, size))
-                self.queued_bytes += size
+            size = sizes[layer]
+            kept.append((layer, expert, size))
+            queued_bytes += size
+        self._queue = kept
+        self.queued_bytes = queued_bytes
 
     def stats(self) -> dict[str, float]:
         return {
@@ -256,9 +258,19 @@ class ExpertLRUCache:
                 self._used_bytes -= freed
         return False
 
-    def experts_of(self, layer: int) -> set[int]:
+    def use_all(self, keys: list[tuple[int, int]], size_bytes: float) -> None:
+        """:meth:`use` each of ``keys`` in turn (``size_bytes`` each)."""
+        entries = self._entries
+        for key in keys:
+            if key in entries:
+                entries.move_to_end(key)
+                self.hits += 1
+            else:
+                self.use(key, size_bytes)
+
+    def experts_of(self, layer: int) -> set[int] | frozenset[int]:
         """The cached experts of ``layer`` (keys are ``(layer, expert)``)."""
-        return self._by_layer.get(layer, set())
+        return self._by_layer.get(layer, _NO_EXPERTS)
 
     def stats(self) -> dict[str, float]:
         return hit_stats("cache", self.hits, self.misses, self.bytes_moved)

@@ -103,3 +103,18 @@ def test_policies_needing_ndp_refuse_zero_units_and_unknown_policy_is_refused():
         _sim("fastest")
     result = _sim("gpu-offload", units=0).simulate_layer(0, np.eye(QWEN.num_experts, dtype=int)[0], "decode")
     assert result.placement == {0: "gpu"}
+
+
+def test_experts_the_prefetcher_holds_stay_out_of_the_staging_cache():
+    # an expert the prefetcher holds runs on the GPU without a copy: it must not take staging space or count as a
+    # cache miss, so the cache loads only the on-demand copies the prefetcher did not adopt
+    rng = np.random.default_rng(11)
+    layers = QWEN.moe_layer_shapes()[:4]
+    sim = MoESimulator(load_system("paper", 4), layers, "tp+lb+prefetch")
+    sim.simulate_step("prefill", np.stack([_random_counts(rng, QWEN, 256) for _ in range(4)]))
+    for _ in range(96):
+        sim.simulate_step("decode", np.stack([_random_counts(rng, QWEN, 1) for _ in range(4)]))
+    summary = sim.summary()
+    copies = round(summary["on_demand_weight_bytes"] / layers[0].expert.weight_bytes())
+    assert summary["prefetch_hits"] > 0 and summary["cache_hits"] > 0  # both kinds of residency were used
+    assert summary["cache_misses"] <= copies - summary["prefetch_adopted_from_misses"]
