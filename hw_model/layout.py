@@ -223,21 +223,15 @@ class InvocationLayout:
 
     def finish(self) -> None:
         """Set :attr:`summary` from the recorded decisions: from the run's memo, laid out on a miss."""
-        layer_class = self.ctx.layer_classes[self.layer_index]
+        key = (self.ctx.layer_classes[self.layer_index], tuple(sorted(self.decisions)))
         memo = self.state.layout_memo
-        # looked up as recorded first (invocations tend to repeat an order, and the order never changes the
-        # summary); a miss is looked up in the canonical order, then kept under both
-        recorded = (layer_class, tuple(self.decisions))
-        summary = memo.get(recorded)
+        summary = memo.get(key)
         if summary is None:
-            key = (layer_class, tuple(sorted(self.decisions)))
-            summary = memo.get(key)
+            self._timeline = self.lay_out()
+            summary = summarize(self._timeline)
             if len(memo) >= MEMO_SIZE:
                 memo.clear()
-            if summary is None:
-                self._timeline = self.lay_out()
-                summary = memo[key] = summarize(self._timeline)
-            memo[recorded] = summary
+            memo[key] = summary
         self.summary = summary
 
     def finish_with_timeline(self, timeline: LayerTimeline, placement: Mapping[int, str]) -> None:
