@@ -104,6 +104,7 @@ class InvocationLayout:
         "summary",
         "_timeline",
         "_placement",
+        "_unrecorded",
     )
 
     def __init__(
@@ -127,6 +128,7 @@ class InvocationLayout:
         self.summary: LayoutSummary | None = None
         self._timeline: LayerTimeline | None = None
         self._placement: Mapping[int, str] | None = None
+        self._unrecorded: tuple[list[bool], list[bool]] | None = None  # see gpu_or_sliced
 
     # -- what the policies read ------------------------------------------------------------------------
     @property
@@ -177,25 +179,53 @@ class InvocationLayout:
 
     def gpu_or_sliced(self, on_gpu: list[bool], resident: list[bool]) -> list[tuple[int, bool]]:
         """Active expert ``i`` on the GPU where ``on_gpu[i]`` (as :meth:`to_gpu` with ``resident[i]``), sliced over
-        all units otherwise (as :meth:`sliced`), in one pass; returns ``(expert, resident)`` of those on the GPU."""
+        all units otherwise (as :meth:`sliced`), and :meth:`finish`; returns ``(expert, resident)`` of those on the
+        GPU, in order.
+
+        The summary is memoised per run by the invocation's items as they are (per active expert, in order: its
+        tokens, on the GPU or not, resident or not), which is cheaper than sorting decisions; on a hit the
+        decisions are recorded only when the timeline or the placement is read. Where a copy reads the expert's
+        home unit (whole layouts) the decisions name the unit, so they are recorded and finished as usual."""
         ctx, state = self.ctx, self.state
-        home_unit = ctx.copy_sources == 1  # a copy from one DIMM (whole layout) reads the expert's home unit
-        units = ctx.system.num_ndp_units
+        on_the_gpu = [(e, res) for e, gpu, res in zip(self.active, on_gpu, resident, strict=True) if gpu]
         weight_bytes = ctx.expert_bytes[self.layer_index]
-        decisions = self.decisions
-        on_the_gpu = []
-        for e, tokens, gpu, res in zip(self.active, self.active_tokens, on_gpu, resident, strict=True):
-            if not gpu:
-                decisions.append((SLICED, tokens, 0, 0))
-                continue
-            if res:
-                decisions.append((GPU, tokens, 1, 0))
-            else:
+        for _, res in on_the_gpu:
+            if not res:
                 state.on_demand_bytes += weight_bytes
-                decisions.append((GPU, tokens, 0, e % units if home_unit else 0))
-            on_the_gpu.append((e, res))
-        self.ids += self.active
+        if ctx.copy_sources == 1:
+            self._record_gpu_or_sliced(on_gpu, resident)
+            self.finish()
+            return on_the_gpu
+        key = (ctx.layer_classes[self.layer_index], tuple(self.active_tokens), tuple(on_gpu), tuple(resident))
+        memo = state.item_memo
+        summary = memo.get(key)
+        if summary is None:
+            self._record_gpu_or_sliced(on_gpu, resident)
+            self.finish()
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[key] = self.summary
+        else:
+            self.summary = summary
+            self._unrecorded = (on_gpu, resident)
         return on_the_gpu
+
+    def _record_gpu_or_sliced(self, on_gpu: list[bool], resident: list[bool]) -> None:
+        """The decisions of :meth:`gpu_or_sliced` (its copies' bytes already counted)."""
+        home_unit = self.ctx.copy_sources == 1  # a copy from one DIMM (whole layout) reads the expert's home unit
+        units = self.ctx.system.num_ndp_units
+        self.decisions += [
+            (GPU, tokens, 1 if res else 0, e % units if home_unit and not res else 0) if gpu else (SLICED, tokens, 0, 0)
+            for e, tokens, gpu, res in zip(self.active, self.active_tokens, on_gpu, resident, strict=True)
+        ]
+        self.ids += self.active
+
+    def _recorded(self) -> None:
+        """Record the decisions a memoised :meth:`gpu_or_sliced` left unrecorded."""
+        if self._unrecorded is not None:
+            on_gpu, resident = self._unrecorded
+            self._unrecorded = None
+            self._record_gpu_or_sliced(on_gpu, resident)
 
     def whole_on_units(self, experts: list[int], tokens: list[int]) -> None:
         """Each of ``experts`` (``tokens[i]`` tokens) whole on its home unit."""
@@ -255,6 +285,7 @@ class InvocationLayout:
     def placement(self) -> Mapping[int, str]:
         """Expert id to ``"gpu"``, ``"ndp"`` (sliced), ``"ndpU"`` (whole on unit U) or ``"split"``."""
         if self._placement is None:
+            self._recorded()
             names = {GPU: "gpu", SLICED: "ndp", SPLIT: "split"}
             decisions = sorted(zip(self.ids, self.decisions, strict=True))
             self._placement = {e: f"ndp{d[2]}" if d[0] == WHOLE else names[d[0]] for e, d in decisions}
@@ -262,6 +293,7 @@ class InvocationLayout:
 
     def lay_out(self) -> LayerTimeline:
         """The timeline of the recorded decisions, laid out in the canonical order (see the module docstring)."""
+        self._recorded()
         ctx, costs, expert, units = self.ctx, self.costs, self.expert, self.units
         sources, tokens_all = self.sources, self.tokens
         weight_bytes = ctx.expert_bytes[self.layer_index]

@@ -275,6 +275,7 @@ class PolicyState:
     histograms: dict[str, DriftTracker] = field(default_factory=dict)  # per phase
     pack_memo: dict[tuple, Any] = field(default_factory=dict)  # packer and balancing-rule decisions
     layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
+    item_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)  # see InvocationLayout.gpu_or_sliced
     recomputations: int = 0
     reuses: int = 0
     decode_recomputations: int = 0
@@ -642,12 +643,10 @@ class TensorParallelLoadBalanced(Policy):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
-        if True in on_gpu:
-            _keep_copies(state, layer_index, out.gpu_or_sliced(on_gpu, resident), ctx.expert_bytes[layer_index])
-        else:
-            out.sliced(out.active, out.active_tokens)
         out.extra["resident_selected"] = float(sum(resident))
-        out.finish()
+        on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
+        if on_the_gpu:
+            _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
 
 
 @register

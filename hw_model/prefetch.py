@@ -191,13 +191,11 @@ class ExpertPrefetcher:
         if kept:
             missing.ravel()[[layer * missing.shape[1] + expert for layer, expert, _ in kept]] = False
         layers, experts = np.nonzero(missing)
-        sizes = self._expert_bytes
-        for layer, expert in zip(layers.tolist(), experts.tolist(), strict=True):
-            size = sizes[layer]
-            kept.append((layer, expert, size))
-            queued_bytes += size
+        layer_list = layers.tolist()
+        sizes = [self._expert_bytes[layer] for layer in layer_list]
+        kept.extend(zip(layer_list, experts.tolist(), sizes, strict=True))
         self._queue = kept
-        self.queued_bytes = queued_bytes
+        self.queued_bytes = sum(sizes, queued_bytes)
 
     def stats(self) -> dict[str, float]:
         return {
