@@ -237,34 +237,36 @@ class ExpertLRUCache:
 
     def use(self, key: tuple[int, int], size_bytes: float) -> bool:
         """Touch ``key``; returns whether it was resident (a miss loads it, counting the bytes)."""
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return True
-        self.misses += 1
-        self.bytes_moved += size_bytes
-        if size_bytes <= self.capacity_bytes:
-            self._entries[key] = size_bytes
-            cached = self._by_layer.get(key[0])
-            if cached is None:
-                cached = self._by_layer[key[0]] = set()
-            cached.add(key[1])
-            self._used_bytes += size_bytes
-            while self._used_bytes > self.capacity_bytes:
-                (layer, expert), freed = self._entries.popitem(last=False)
-                self._by_layer[layer].discard(expert)
-                self._used_bytes -= freed
-        return False
+        hits = self.hits
+        self.use_all([key], size_bytes)
+        return self.hits > hits
 
     def use_all(self, keys: list[tuple[int, int]], size_bytes: float) -> None:
-        """:meth:`use` each of ``keys`` in turn (``size_bytes`` each)."""
-        entries = self._entries
+        """Touch each of ``keys`` in turn (``size_bytes`` each): a resident one becomes the most recently used, a
+        missing one is loaded (counting its bytes), the least recently used going out while over capacity."""
+        entries, by_layer, capacity = self._entries, self._by_layer, self.capacity_bytes
+        hits = 0
         for key in keys:
             if key in entries:
                 entries.move_to_end(key)
-                self.hits += 1
-            else:
-                self.use(key, size_bytes)
+                hits += 1
+                continue
+            self.misses += 1
+            self.bytes_moved += size_bytes
+            if size_bytes > capacity:
+                continue
+            entries[key] = size_bytes
+            cached = by_layer.get(key[0])
+            if cached is None:
+                cached = by_layer[key[0]] = set()
+            cached.add(key[1])
+            used = self._used_bytes + size_bytes
+            while used > capacity:
+                (layer, expert), freed = entries.popitem(last=False)
+                by_layer[layer].discard(expert)
+                used -= freed
+            self._used_bytes = used
+        self.hits += hits
 
     def experts_of(self, layer: int) -> set[int] | frozenset[int]:
         """The cached experts of ``layer`` (keys are ``(layer, expert)``)."""
