@@ -234,8 +234,8 @@ def test_a_run_still_running_at_a_read_is_held_alone_and_reported_once_complete(
 
         def take(self, _width):
             records = self.reads.pop(0) if self.reads else []
-            meta = [(run, layer, 1) for run, layer, _ in records]
-            return meta, np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
+            counts = np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
+            return [run for run, _, _ in records], [layer for _, layer, _ in records], [1] * len(records), counts
 
         def dropped(self):
             return 0
