@@ -233,18 +233,19 @@ class RoutingReader:
             self._counts = np.empty((self.BATCH, width), np.int32)
             request.counts = self._counts.ctypes.data  # ndarray.ctypes is slow: read once per buffer
             request.width = width
+        got = self._take(self._request_ref)
+        if 0 <= got < self.BATCH:  # the usual read: one call drains the log
+            meta = self._meta_view[: 3 * got].tolist()
+            return meta[0::3], meta[1::3], meta[2::3], self._counts[:got].copy()
         meta: list[int] = []
         batches: list[np.ndarray] = []
-        while True:
-            got = self._take(self._request_ref)
-            if got == -2:
-                raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
-            if got > 0:
-                meta += self._meta_view[: 3 * got].tolist()
-                batches.append(self._counts[:got].copy())
-            if got < self.BATCH:  # the log is empty (or the session gone)
-                break
-        if not batches:
+        while got > 0:  # a full batch (more may follow), then the rest
+            meta += self._meta_view[: 3 * got].tolist()
+            batches.append(self._counts[:got].copy())
+            got = self._take(self._request_ref) if got == self.BATCH else 0
+        if got == -2:
+            raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
+        if not batches:  # -1: no log under this key (the session is gone)
             return [], [], [], np.zeros((0, width), np.int32)
         counts = batches[0] if len(batches) == 1 else np.concatenate(batches)
         return meta[0::3], meta[1::3], meta[2::3], counts
