@@ -179,6 +179,9 @@ def session_option(options, key: str) -> str | None:
     return value or None
 
 
+ROUTING_META = 4  # values per record the take call writes (native/src/routing_log.h kRoutingMeta)
+
+
 class _RoutingTake(ctypes.Structure):
     """``NdpRoutingTake`` of native/src/routing_log.h: what ``ndp_ep_routing_take`` reads and fills."""
 
@@ -203,7 +206,7 @@ class RoutingReader:
             raise NdpEpError("a session key is needed to read routing")
         self.key = key.encode()
         self._lib = native()
-        self._meta = np.empty(3 * self.BATCH, np.int64)
+        self._meta = np.empty(ROUTING_META * self.BATCH, np.int64)
         self._meta_view = memoryview(self._meta)  # its tolist is quicker than the array's
         self._request = _RoutingTake(self.key, self._meta.ctypes.data, self.BATCH, None, -1, 0)
         # one argument, built once: the call converts nothing else (the shared function object checks its type)
@@ -225,9 +228,10 @@ class RoutingReader:
         last :meth:`take`."""
         return self._request.dropped
 
-    def take(self, width: int) -> tuple[list[int], list[int], list[int], np.ndarray]:
-        """Every pending record, oldest first: their run ids, layers and tokens (one list each), and their expert
-        counts as the rows of one ``[records, width]`` array (zero beyond a layer's experts)."""
+    def take(self, width: int) -> tuple[list[int], list[int], list[int], list[int], np.ndarray]:
+        """Every pending record, oldest first: their run ids, layers, tokens and expert token totals (the sum of
+        each one's counts; one list each), and their expert counts as the rows of one ``[records, width]`` array
+        (zero beyond a layer's experts)."""
         request = self._request
         if width != request.width:
             self._counts = np.empty((self.BATCH, width), np.int32)
@@ -235,20 +239,26 @@ class RoutingReader:
             request.width = width
         got = self._take(self._request_ref)
         if 0 <= got < self.BATCH:  # the usual read: one call drains the log
-            meta = self._meta_view[: 3 * got].tolist()
-            return meta[0::3], meta[1::3], meta[2::3], self._counts[:got].copy()
+            meta = self._meta_view[: ROUTING_META * got].tolist()
+            return _columns(meta, self._counts[:got].copy())
         meta: list[int] = []
         batches: list[np.ndarray] = []
         while got > 0:  # a full batch (more may follow), then the rest
-            meta += self._meta_view[: 3 * got].tolist()
+            meta += self._meta_view[: ROUTING_META * got].tolist()
             batches.append(self._counts[:got].copy())
             got = self._take(self._request_ref) if got == self.BATCH else 0
         if got == -2:
             raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
         if not batches:  # -1: no log under this key (the session is gone)
-            return [], [], [], np.zeros((0, width), np.int32)
+            return [], [], [], [], np.zeros((0, width), np.int32)
         counts = batches[0] if len(batches) == 1 else np.concatenate(batches)
-        return meta[0::3], meta[1::3], meta[2::3], counts
+        return _columns(meta, counts)
+
+
+def _columns(meta: list[int], counts: np.ndarray) -> tuple[list[int], list[int], list[int], list[int], np.ndarray]:
+    """The records taken, as :meth:`RoutingReader.take` returns them, from their meta values in a row."""
+    m = ROUTING_META
+    return meta[0::m], meta[1::m], meta[2::m], meta[3::m], counts
 
 
 def last_report(session):

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class LayerReport:
@@ -73,18 +75,20 @@ class LayerReport:
 class StepLayers(NamedTuple):
     """What a report's :class:`LayerReport` s are built from: the invocations of one simulated step, in order.
     Invocation ``i`` ran layer ``indices[i]`` (named ``names[indices[i]]``, with ``widths[indices[i]]`` experts)
-    on ``tokens[i]`` tokens routed as ``rows[i]`` (per expert; zero beyond the layer's experts); ``step`` is the
+    on ``tokens[i]`` tokens routed as row ``i`` of ``counts`` (per expert; zero beyond the layer's experts; not
+    modified afterwards); ``step`` is the
     simulator's :class:`hw_model.simulator.StepResult` (its ``latencies_s`` and timelines)."""
 
     indices: Sequence[int]
     names: Sequence[str]
     widths: Sequence[int]
     tokens: Sequence[int]
-    rows: Sequence[Sequence[int]]
+    counts: np.ndarray  # [invocations, widest layer's experts]
     step: Any
 
     def build(self) -> tuple[LayerReport, ...]:
         names, widths, step = self.names, self.widths, self.step
+        rows = self.counts.tolist()
         return tuple(
             LayerReport(
                 index=index,
@@ -96,7 +100,7 @@ class StepLayers(NamedTuple):
                 position=position,
             )
             for position, (index, tokens, row, latency_s) in enumerate(
-                zip(self.indices, self.tokens, self.rows, step.latencies_s, strict=True)
+                zip(self.indices, self.tokens, rows, step.latencies_s, strict=True)
             )
         )
 

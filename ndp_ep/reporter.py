@@ -43,10 +43,12 @@ UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unkn
 
 
 class _Routing(NamedTuple):
-    """The routing one run took: its MoE layers in order, each one's tokens and expert counts (rows)."""
+    """The routing one run took: its MoE layers in order, each one's tokens, expert token total and expert counts
+    (rows)."""
 
     layers: Sequence[int]
     tokens: Sequence[int]
+    totals: Sequence[int]  # the sum of each layer's counts
     counts: np.ndarray
 
 
@@ -146,7 +148,7 @@ class SessionReporter:
         self._lock = threading.Lock()
         self._ring: deque[RunReport] = deque(maxlen=report_ring)
         self._shapes: dict[int, Shapes] = {}  # run tag -> its input shapes
-        self._held: tuple[list, list, list, np.ndarray] | None = None  # the records of a run that may still run
+        self._held: tuple[list, list, list, list, np.ndarray] | None = None  # the records of a run that may still run
         self._width = max((layer.num_experts for layer in self.layers), default=0)
         # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
@@ -188,10 +190,11 @@ class SessionReporter:
     def _update(self) -> None:
         if self.simulator is None:
             return
-        run_ids, native_layers, tokens, counts = self._reader.take(self._width)
+        run_ids, native_layers, tokens, totals, counts = self._reader.take(self._width)
         if self._held is not None:  # the records of a run that was possibly still running at the last read
-            held_ids, held_layers, held_tokens, held_counts = self._held
-            run_ids, native_layers, tokens = held_ids + run_ids, held_layers + native_layers, held_tokens + tokens
+            held_ids, held_layers, held_tokens, held_totals, held_counts = self._held
+            run_ids, native_layers = held_ids + run_ids, held_layers + native_layers
+            tokens, totals = held_tokens + tokens, held_totals + totals
             counts = np.concatenate([held_counts, counts])
             self._held = None
         if not run_ids:
@@ -199,7 +202,7 @@ class SessionReporter:
         self.aggregates.dropped_records = self._reader.dropped()
         if native_layers == self._native_order and run_ids.count(run_ids[0]) == len(run_ids):
             # the usual read after each run: that run's records, its layers in order
-            self._add_run(self._shapes_of(run_ids[0]), _Routing(self._every_layer, tokens, counts))
+            self._add_run(self._shapes_of(run_ids[0]), _Routing(self._every_layer, tokens, totals, counts))
             return
         runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
@@ -216,6 +219,7 @@ class SessionReporter:
                 [run_ids[row] for row in held],
                 [native_layers[row] for row in held],
                 [tokens[row] for row in held],
+                [totals[row] for row in held],
                 counts[held],
             )
         for run_id, records in runs:
@@ -224,7 +228,10 @@ class SessionReporter:
             first = rows[0]
             in_order = rows == list(range(first, first + len(rows)))  # the usual case: a slice, not a copy
             routing = _Routing(
-                layers, [tokens[row] for row in rows], counts[first : first + len(rows)] if in_order else counts[rows]
+                layers,
+                [tokens[row] for row in rows],
+                [totals[row] for row in rows],
+                counts[first : first + len(rows)] if in_order else counts[rows],
             )
             self._add_run(self._shapes_of(run_id), routing)
 
@@ -313,7 +320,7 @@ class SessionReporter:
             )
             moe_s = 0.0
         else:
-            layers, layer_tokens, counts = routing
+            layers, layer_tokens, totals, counts = routing
             tokens = max(layer_tokens)
             phase = _phase(tokens)
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
@@ -323,7 +330,6 @@ class SessionReporter:
                 layers=None if len(layers) == len(self.layers) else layers,  # sorted and distinct
                 gap_before_layer_s=gpu_s / len(layers),
             )
-            rows = counts.tolist()
             system = self.system
             report = RunReport.of_step(
                 a.runs,
@@ -335,16 +341,15 @@ class SessionReporter:
                 phase,
                 tokens,
                 gpu_s,
-                StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, rows, step),
+                StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, counts, step),
                 self.simulator.summary(),
                 notes,
             )
             moe_s = sum(step.latencies_s)  # report.moe_s: the layers' latencies summed once
-            widths = self._layer_widths
             invocations, expert_tokens = a.layer_invocations, a.layer_expert_tokens
-            for index, row in zip(layers, rows, strict=True):
+            for index, total in zip(layers, totals, strict=True):  # a row is zero beyond its layer's experts
                 invocations[index] += 1
-                expert_tokens[index] += sum(row[: widths[index]])
+                expert_tokens[index] += total
         self._ring.append(report)
         a.runs += 1
         a.tokens += tokens

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <numeric>
 
 namespace ndp {
 namespace {
@@ -42,9 +43,10 @@ int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, siz
   while (taken < max_records && !records_.empty()) {
     RoutingRecord& r = records_.front();
     if (r.counts.size() > width) return taken ? static_cast<int64_t>(taken) : -1;
-    meta[3 * taken + 0] = r.run_id;
-    meta[3 * taken + 1] = r.layer;
-    meta[3 * taken + 2] = r.tokens;
+    meta[kRoutingMeta * taken + 0] = r.run_id;
+    meta[kRoutingMeta * taken + 1] = r.layer;
+    meta[kRoutingMeta * taken + 2] = r.tokens;
+    meta[kRoutingMeta * taken + 3] = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
     int32_t* row = counts + taken * width;
     std::memcpy(row, r.counts.data(), r.counts.size() * sizeof(int32_t));
     std::memset(row + r.counts.size(), 0, (width - r.counts.size()) * sizeof(int32_t));

@@ -235,7 +235,8 @@ def test_a_run_still_running_at_a_read_is_held_alone_and_reported_once_complete(
         def take(self, _width):
             records = self.reads.pop(0) if self.reads else []
             counts = np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
-            return [run for run, _, _ in records], [layer for _, layer, _ in records], [1] * len(records), counts
+            runs, layers = [run for run, _, _ in records], [layer for _, layer, _ in records]
+            return runs, layers, [1] * len(records), counts.sum(axis=1).tolist(), counts
 
         def dropped(self):
             return 0
