@@ -21,7 +21,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -40,16 +39,6 @@ MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldes
 MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a run's input shapes, (name, shape) in feed order
 UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unknown (untagged run)"
-
-
-class _Routing(NamedTuple):
-    """The routing one run took: its MoE layers in order, each one's tokens, expert token total and expert counts
-    (rows)."""
-
-    layers: Sequence[int]
-    tokens: Sequence[int]
-    totals: Sequence[int]  # the sum of each layer's counts
-    counts: np.ndarray
 
 
 @dataclass
@@ -171,7 +160,7 @@ class SessionReporter:
     def add_run_without_moe(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
         """A run of a model without provider nodes: only its GPU cost is reported."""
         with self._lock:
-            self._add_run(tuple(input_shapes.items()), None)
+            self._add_run(tuple(input_shapes.items()), None, (), (), None)
 
     # -- reading ----------------------------------------------------------------------------------------
     @property
@@ -202,7 +191,7 @@ class SessionReporter:
         self.aggregates.dropped_records = self._reader.dropped()
         if native_layers == self._native_order and run_ids.count(run_ids[0]) == len(run_ids):
             # the usual read after each run: that run's records, its layers in order
-            self._add_run(self._shapes_of(run_ids[0]), _Routing(self._every_layer, tokens, totals, counts))
+            self._add_run(self._shapes_of(run_ids[0]), self._every_layer, tokens, totals, counts)
             return
         runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
@@ -227,13 +216,13 @@ class SessionReporter:
             rows = [records[layer] for layer in layers]
             first = rows[0]
             in_order = rows == list(range(first, first + len(rows)))  # the usual case: a slice, not a copy
-            routing = _Routing(
+            self._add_run(
+                self._shapes_of(run_id),
                 layers,
                 [tokens[row] for row in rows],
                 [totals[row] for row in rows],
                 counts[first : first + len(rows)] if in_order else counts[rows],
             )
-            self._add_run(self._shapes_of(run_id), routing)
 
     def _shapes_of(self, run_id: int) -> Shapes | None:
         """The input shapes of a run being reported: those it was tagged with, else (an untagged run) those the
@@ -292,15 +281,24 @@ class SessionReporter:
             self._gpu_seconds_of[shapes] = seconds
         return seconds
 
-    def _add_run(self, shapes: Shapes | None, routing: _Routing | None) -> None:
-        """Simulate one run, append its report to the ring and add it to the aggregates."""
+    def _add_run(
+        self,
+        shapes: Shapes | None,
+        layers: Sequence[int] | None,
+        layer_tokens: Sequence[int],
+        totals: Sequence[int],
+        counts: np.ndarray | None,
+    ) -> None:
+        """Simulate one run, append its report to the ring and add it to the aggregates. Its routing: its MoE
+        layers in order (None for a model without provider nodes), each one's tokens, expert token total (the
+        sum of its counts) and expert counts (the rows of ``counts``)."""
         gpu_s = self._gpu_seconds(shapes)
         notes = self.notes
         if gpu_s is None:
             notes = self._untagged_notes
             gpu_s = 0.0
         a = self.aggregates
-        if routing is None:
+        if layers is None:
             tokens = 0
             if shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
                 tokens = _tokens_of(dict(shapes), self._unconverted_moe[0].hidden)
@@ -320,7 +318,6 @@ class SessionReporter:
             )
             moe_s = 0.0
         else:
-            layers, layer_tokens, totals, counts = routing
             tokens = max(layer_tokens)
             phase = _phase(tokens)
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
