@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class StepLayers(NamedTuple):
     """What a report's :class:`LayerReport` s are built from: the invocations of one simulated step, in order.
     Invocation ``i`` ran layer ``indices[i]`` (named ``names[indices[i]]``, with ``widths[indices[i]]`` experts)
     on ``tokens[i]`` tokens routed as row ``i`` of ``counts`` (per expert; zero beyond the layer's experts; not
-    modified afterwards); ``step`` is the
-    simulator's :class:`hw_model.simulator.StepResult` (its ``latencies_s`` and timelines)."""
+    modified afterwards); ``step`` is the simulator's :class:`hw_model.simulator.StepResult` (its
+    ``latencies_s`` and timelines)."""
 
     indices: Sequence[int]
     names: Sequence[str]
