@@ -135,13 +135,11 @@ def native() -> ctypes.CDLL:
     global _native
     if _native is None:
         lib = ctypes.CDLL(register())
-        i64, p = ctypes.c_int64, ctypes.c_void_p
-        lib.ndp_ep_routing_take.argtypes = [ctypes.c_char_p, p, i64, p, i64]
+        i64 = ctypes.c_int64
+        lib.ndp_ep_routing_take.argtypes = [ctypes.POINTER(_RoutingTake)]
         lib.ndp_ep_routing_take.restype = i64
         lib.ndp_ep_routing_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p, i64]
         lib.ndp_ep_routing_layers.restype = i64
-        lib.ndp_ep_routing_dropped.argtypes = [ctypes.c_char_p]
-        lib.ndp_ep_routing_dropped.restype = i64
         lib.ndp_ep_factory_api_version.restype = ctypes.c_int
         lib.ndp_ep_version.restype = ctypes.c_char_p
         _native = lib
@@ -181,6 +179,22 @@ def session_option(options, key: str) -> str | None:
     return value or None
 
 
+ROUTING_META = 4  # values per record the take call writes (native/src/routing_log.h kRoutingMeta)
+
+
+class _RoutingTake(ctypes.Structure):
+    """``NdpRoutingTake`` of native/src/routing_log.h: what ``ndp_ep_routing_take`` reads and fills."""
+
+    _fields_ = (
+        ("key", ctypes.c_char_p),
+        ("meta", ctypes.c_void_p),
+        ("max_records", ctypes.c_int64),
+        ("counts", ctypes.c_void_p),
+        ("width", ctypes.c_int64),
+        ("dropped", ctypes.c_int64),
+    )
+
+
 class RoutingReader:
     """Reads (and removes) the routing counters the library captured for one session key: per MoE layer
     invocation, how many token slots each expert was routed."""
@@ -192,9 +206,13 @@ class RoutingReader:
             raise NdpEpError("a session key is needed to read routing")
         self.key = key.encode()
         self._lib = native()
-        self._meta = np.empty((self.BATCH, 3), np.int64)
-        self._meta_ptr = self._meta.ctypes.data  # ndarray.ctypes is slow: read once per buffer
-        self._width = -1
+        self._meta = np.empty(ROUTING_META * self.BATCH, np.int64)
+        self._meta_view = memoryview(self._meta)  # its tolist is quicker than the array's
+        self._request = _RoutingTake(self.key, self._meta.ctypes.data, self.BATCH, None, -1, 0)
+        # one argument, built once: the call converts nothing else (the shared function object checks its type)
+        self._request_ref = ctypes.pointer(self._request)
+        self._take = self._lib["ndp_ep_routing_take"]  # a new function object, without argtypes
+        self._take.restype = ctypes.c_int64
 
     def layer_names(self) -> list[str]:
         size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
@@ -206,29 +224,41 @@ class RoutingReader:
         return text.split("\n") if text else []
 
     def dropped(self) -> int:
-        return max(int(self._lib.ndp_ep_routing_dropped(self.key)), 0)
+        """Records the log dropped because nobody drained it (it keeps the newest ``routing_capacity``), as of the
+        last :meth:`take`."""
+        return self._request.dropped
 
-    def take(self, width: int) -> tuple[list[tuple[int, int, int]], np.ndarray]:
-        """Every pending record, oldest first: ``(run_id, layer, tokens)`` each, and their expert counts as the
-        rows of one ``[records, width]`` array (zero beyond a layer's experts)."""
-        if width != self._width:
+    def take(self, width: int) -> tuple[list[int], list[int], list[int], list[int], np.ndarray]:
+        """Every pending record, oldest first: their run ids, layers, tokens and expert token totals (the sum of
+        each one's counts; one list each), and their expert counts as the rows of one ``[records, width]`` array
+        (zero beyond a layer's experts)."""
+        request = self._request
+        if width != request.width:
             self._counts = np.empty((self.BATCH, width), np.int32)
-            self._counts_ptr = self._counts.ctypes.data
-            self._width = width
-        meta: list[tuple[int, int, int]] = []
+            request.counts = self._counts.ctypes.data  # ndarray.ctypes is slow: read once per buffer
+            request.width = width
+        got = self._take(self._request_ref)
+        if 0 <= got < self.BATCH:  # the usual read: one call drains the log
+            meta = self._meta_view[: ROUTING_META * got].tolist()
+            return _columns(meta, self._counts[:got].copy())
+        meta: list[int] = []
         batches: list[np.ndarray] = []
-        while True:
-            got = int(self._lib.ndp_ep_routing_take(self.key, self._meta_ptr, self.BATCH, self._counts_ptr, width))
-            if got == -2:
-                raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
-            if got > 0:
-                meta += self._meta[:got].tolist()
-                batches.append(self._counts[:got].copy())
-            if got < self.BATCH:  # the log is empty (or the session gone)
-                break
-        if not batches:
-            return meta, np.zeros((0, width), np.int32)
-        return meta, batches[0] if len(batches) == 1 else np.concatenate(batches)
+        while got > 0:  # a full batch (more may follow), then the rest
+            meta += self._meta_view[: ROUTING_META * got].tolist()
+            batches.append(self._counts[:got].copy())
+            got = self._take(self._request_ref) if got == self.BATCH else 0
+        if got == -2:
+            raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
+        if not batches:  # -1: no log under this key (the session is gone)
+            return [], [], [], [], np.zeros((0, width), np.int32)
+        counts = batches[0] if len(batches) == 1 else np.concatenate(batches)
+        return _columns(meta, counts)
+
+
+def _columns(meta: list[int], counts: np.ndarray) -> tuple[list[int], list[int], list[int], list[int], np.ndarray]:
+    """The records taken, as :meth:`RoutingReader.take` returns them, from their meta values in a row."""
+    m = ROUTING_META
+    return meta[0::m], meta[1::m], meta[2::m], meta[3::m], counts
 
 
 def last_report(session):

@@ -1,9 +1,19 @@
-"""Simulated-latency reports of provider runs (what ``InferenceSession.last_report`` holds)."""
+"""Simulated-latency reports of provider runs (what ``InferenceSession.last_report`` holds).
+
+A session's reporter builds one :class:`RunReport` per run with :meth:`RunReport.of_step`, which leaves the
+run's :class:`LayerReport` s to be built from the simulated step (:class:`StepLayers`) when ``layers`` is first
+read: reading ``last_report`` after every run then costs no per-layer objects nobody looks at. Every field
+reads the same as a report built whole.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,39 @@ class LayerReport:
         }
 
 
+class StepLayers(NamedTuple):
+    """What a report's :class:`LayerReport` s are built from: the invocations of one simulated step, in order.
+    Invocation ``i`` ran layer ``indices[i]`` (named ``names[indices[i]]``, with ``widths[indices[i]]`` experts)
+    on ``tokens[i]`` tokens routed as row ``i`` of ``counts`` (per expert; zero beyond the layer's experts; not
+    modified afterwards); ``step`` is the simulator's :class:`hw_model.simulator.StepResult` (its
+    ``latencies_s`` and timelines)."""
+
+    indices: Sequence[int]
+    names: Sequence[str]
+    widths: Sequence[int]
+    tokens: Sequence[int]
+    counts: np.ndarray  # [invocations, widest layer's experts]
+    step: Any
+
+    def build(self) -> tuple[LayerReport, ...]:
+        names, widths, step = self.names, self.widths, self.step
+        rows = self.counts.tolist()
+        return tuple(
+            LayerReport(
+                index=index,
+                name=names[index],
+                tokens=tokens,
+                expert_tokens=tuple(row[: widths[index]]),
+                latency_s=latency_s,
+                step=step,
+                position=position,
+            )
+            for position, (index, tokens, row, latency_s) in enumerate(
+                zip(self.indices, self.tokens, rows, step.latencies_s, strict=True)
+            )
+        )
+
+
 @dataclass(frozen=True)
 class RunReport:
     """The simulated latency of one ``run`` on the configured GPU + NDP system."""
@@ -86,8 +129,61 @@ class RunReport:
         if self.non_expert_gpu_s < 0 or any(layer.latency_s < 0 for layer in self.layers):
             raise ValueError("RunReport: simulated times must be non-negative")
 
+    @classmethod
+    def of_step(
+        cls,
+        run_index: int,
+        hardware: str,
+        ndp_units: int,
+        policy: str,
+        dtype: str,
+        weights: str,
+        phase: str,
+        tokens: int,
+        non_expert_gpu_s: float,
+        step_layers: StepLayers,
+        simulator: dict[str, Any],
+        notes: tuple[str, ...],
+    ) -> RunReport:
+        """The report whose ``layers`` are ``step_layers.build()``, built when first read (the same checks as
+        the constructor's, now)."""
+        latencies = step_layers.step.latencies_s
+        if run_index < 0 or tokens < 0 or ndp_units < 0:
+            raise ValueError("RunReport: run_index, tokens and ndp_units must be non-negative")
+        if non_expert_gpu_s < 0 or (latencies and min(latencies) < 0):
+            raise ValueError("RunReport: simulated times must be non-negative")
+        report = cls.__new__(cls)
+        report.__dict__.update(  # frozen: its fields are set as the dataclass's __init__ would, without __setattr__
+            run_index=run_index,
+            hardware=hardware,
+            ndp_units=ndp_units,
+            policy=policy,
+            dtype=dtype,
+            phase=phase,
+            tokens=tokens,
+            non_expert_gpu_s=non_expert_gpu_s,
+            simulator=simulator,
+            notes=notes,
+            weights=weights,
+            _step_layers=step_layers,
+        )
+        return report
+
+    def __getattr__(self, name: str) -> Any:
+        """``layers`` of a report from :meth:`of_step`, built on first read (only called for a missing attribute)."""
+        if name == "layers":
+            source = self.__dict__.get("_step_layers")
+            if source is not None:
+                layers = source.build()  # two threads reading at once build equal tuples; either one is kept
+                self.__dict__["layers"] = layers
+                return layers
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def moe_s(self) -> float:
+        source = self.__dict__.get("_step_layers")
+        if source is not None and "layers" not in self.__dict__:  # the same sum, without building the layers
+            return sum(source.step.latencies_s)
         return sum(layer.latency_s for layer in self.layers)
 
     @property

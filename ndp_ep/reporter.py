@@ -21,7 +21,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -31,20 +30,15 @@ from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
 from ndp_ep.ep import RoutingReader
 from ndp_ep.errors import NdpEpError
 from ndp_ep.partition import ClaimedNode, claim
-from ndp_ep.report import LayerReport, RunReport
+from ndp_ep.report import RunReport, StepLayers
 
 DEFAULT_REPORT_RING = 256
 DEPLOYMENT_DTYPE = "bf16"  # what float experts are costed in unless a dtype is given
 UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
-
-
-class _Routing(NamedTuple):
-    """The routing one run took: its MoE layers in order, each one's tokens and expert counts (rows)."""
-
-    layers: list[int]
-    tokens: list[int]
-    counts: np.ndarray
+MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
+Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a run's input shapes, (name, shape) in feed order
+UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unknown (untagged run)"
 
 
 @dataclass
@@ -124,6 +118,9 @@ class SessionReporter:
             if self.layers
             else None
         )
+        self._layer_names = [layer.name for layer in self.layers]
+        self._layer_widths = [layer.num_experts for layer in self.layers]
+        self._gpu_seconds_of: dict[Shapes, float] = {}  # non-expert GPU seconds of the input shapes costed
         self._model = model
         self._unconverted_moe = _unconverted_moe_ops(model)
         if self._unconverted_moe:
@@ -131,13 +128,16 @@ class SessionReporter:
                 f"{len(self._unconverted_moe)} fused MoE op(s) not converted are costed as dense GPU work "
                 "(all their experts' weights read, top-k experts per token computed)",
             )
+        self._untagged_notes = (*self.notes, UNTAGGED_NOTE)
         self._coster = None  # built on first use: ONNX shape inference is not needed for the expert side
         self._reader = RoutingReader(session_key)
         self._native_layers: list[int] = []  # native layer index -> our layer index
+        self._every_layer = tuple(range(len(self.layers)))
+        self._native_order: list[int] | None = None  # native index of each of our layers, once known
         self._lock = threading.Lock()
         self._ring: deque[RunReport] = deque(maxlen=report_ring)
-        self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}
-        self._held: tuple[list, np.ndarray] | None = None  # records (meta, counts) of a run that may still run
+        self._shapes: dict[int, Shapes] = {}  # run tag -> its input shapes
+        self._held: tuple[list, list, list, list, np.ndarray] | None = None  # the records of a run that may still run
         self._width = max((layer.num_experts for layer in self.layers), default=0)
         # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
@@ -153,14 +153,14 @@ class SessionReporter:
     def tag_run(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Remember the input shapes of the run ONNX Runtime will record under ``tag``."""
         with self._lock:
-            self._shapes[tag] = dict(input_shapes)
+            self._shapes[tag] = tuple(input_shapes.items())
             if len(self._shapes) > MAX_PENDING_SHAPES:
                 self._shapes.pop(next(iter(self._shapes)))
 
     def add_run_without_moe(self, tag: int, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
         """A run of a model without provider nodes: only its GPU cost is reported."""
         with self._lock:
-            self._append(self._report(tag, dict(input_shapes), None))
+            self._add_run(tuple(input_shapes.items()), None, (), (), None)
 
     # -- reading ----------------------------------------------------------------------------------------
     @property
@@ -179,17 +179,23 @@ class SessionReporter:
     def _update(self) -> None:
         if self.simulator is None:
             return
-        meta, counts = self._reader.take(self._width)
+        run_ids, native_layers, tokens, totals, counts = self._reader.take(self._width)
         if self._held is not None:  # the records of a run that was possibly still running at the last read
-            meta = self._held[0] + meta
-            counts = np.concatenate([self._held[1], counts])
+            held_ids, held_layers, held_tokens, held_totals, held_counts = self._held
+            run_ids, native_layers = held_ids + run_ids, held_layers + native_layers
+            tokens, totals = held_tokens + tokens, held_totals + totals
+            counts = np.concatenate([held_counts, counts])
             self._held = None
-        if not meta:
+        if not run_ids:
             return
         self.aggregates.dropped_records = self._reader.dropped()
+        if native_layers == self._native_order and run_ids.count(run_ids[0]) == len(run_ids):
+            # the usual read after each run: that run's records, its layers in order
+            self._add_run(self._shapes_of(run_ids[0]), self._every_layer, tokens, totals, counts)
+            return
         runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
-        for record, (run_id, native_layer, _) in enumerate(meta):
+        for record, (run_id, native_layer) in enumerate(zip(run_ids, native_layers, strict=True)):
             layer = self._layer_index(native_layer)
             position = open_runs.get(run_id)
             if position is None or layer in runs[position][1]:  # a layer twice: the next run of an untagged caller
@@ -198,26 +204,42 @@ class SessionReporter:
             runs[position][1][layer] = record
         if len(runs[-1][1]) < len(self.layers):  # possibly still running on another thread: report it next time
             held = sorted(runs.pop()[1].values())  # its records only: other runs' may interleave with them
-            self._held = ([meta[row] for row in held], counts[held])
+            self._held = (
+                [run_ids[row] for row in held],
+                [native_layers[row] for row in held],
+                [tokens[row] for row in held],
+                [totals[row] for row in held],
+                counts[held],
+            )
         for run_id, records in runs:
-            shapes = self._shapes.pop(run_id, None)
-            if shapes is None and run_id >= UNTAGGED_RUN_BASE:
-                if self._untagged_shapes is not None:
-                    shapes = dict(self._untagged_shapes(self._untagged_runs))
-                self._untagged_runs += 1
             layers = sorted(records)
             rows = [records[layer] for layer in layers]
             first = rows[0]
             in_order = rows == list(range(first, first + len(rows)))  # the usual case: a slice, not a copy
-            routing = _Routing(
-                layers, [meta[row][2] for row in rows], counts[first : first + len(rows)] if in_order else counts[rows]
+            self._add_run(
+                self._shapes_of(run_id),
+                layers,
+                [tokens[row] for row in rows],
+                [totals[row] for row in rows],
+                counts[first : first + len(rows)] if in_order else counts[rows],
             )
-            self._append(self._report(run_id, shapes, routing))
+
+    def _shapes_of(self, run_id: int) -> Shapes | None:
+        """The input shapes of a run being reported: those it was tagged with, else (an untagged run) those the
+        caller gave for the n-th untagged run, else None."""
+        shapes = self._shapes.pop(run_id, None)
+        if shapes is None and run_id >= UNTAGGED_RUN_BASE:
+            if self._untagged_shapes is not None:
+                shapes = tuple(self._untagged_shapes(self._untagged_runs).items())
+            self._untagged_runs += 1
+        return shapes
 
     def _layer_index(self, native_layer: int) -> int:
         while len(self._native_layers) <= native_layer:
             names = self._reader.layer_names()
             self._native_layers = [self._layer_of_node.get(name, -1) for name in names]
+            native_of = {layer: native for native, layer in enumerate(self._native_layers) if layer >= 0}
+            self._native_order = [native_of.get(layer, -1) for layer in self._every_layer]
             if len(self._native_layers) <= native_layer:
                 raise NdpEpError(f"routing record of unknown layer {native_layer}")
         layer = self._native_layers[native_layer]
@@ -226,26 +248,13 @@ class SessionReporter:
         return layer
 
     # -- simulation -------------------------------------------------------------------------------------
-    def _append(self, report: RunReport) -> None:
-        self._ring.append(report)
-        a = self.aggregates
-        a.runs += 1
-        a.tokens += report.tokens
-        moe_s = report.moe_s  # simulated_latency_s is non_expert_gpu_s + moe_s: summed over the layers once
-        a.simulated_s += report.non_expert_gpu_s + moe_s
-        a.moe_s += moe_s
-        a.non_expert_gpu_s += report.non_expert_gpu_s
-        for layer in report.layers:
-            a.layer_invocations[layer.index] += 1
-            a.layer_expert_tokens[layer.index] += sum(layer.expert_tokens)
-
     def prepare_costing(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         """Build the non-expert costing now rather than at the first report, and cost ``input_shapes`` (the
         coming runs' input shapes, when known) ahead."""
         with self._lock:
-            coster = self._non_expert_coster()
+            self._non_expert_coster()
             if input_shapes is not None:
-                coster.cost({name: tuple(int(d) for d in shape) for name, shape in input_shapes.items()})
+                self._gpu_seconds(tuple((name, tuple(int(d) for d in shape)) for name, shape in input_shapes.items()))
 
     def _non_expert_coster(self):
         if self._coster is None:
@@ -254,63 +263,100 @@ class SessionReporter:
             self._coster = NonExpertCoster(self._model, self.system, self.dtype)
         return self._coster
 
-    def _gpu_seconds(self, input_shapes: dict[str, tuple[int, ...]] | None) -> float | None:
-        if input_shapes is None:
+    def _gpu_seconds(self, shapes: Shapes | None) -> float | None:
+        """Non-expert GPU seconds of a run with these input shapes (None when unknown), remembered per shapes."""
+        if shapes is None:
             return None
-        seconds = self._non_expert_coster().cost(input_shapes).time_s
-        if self._unconverted_moe:
-            seconds += sum(
-                op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)
-                for op in self._unconverted_moe
-            )
+        seconds = self._gpu_seconds_of.get(shapes)
+        if seconds is None:
+            input_shapes = dict(shapes)
+            seconds = self._non_expert_coster().cost(input_shapes).time_s
+            if self._unconverted_moe:
+                seconds += sum(
+                    op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)
+                    for op in self._unconverted_moe
+                )
+            if len(self._gpu_seconds_of) >= MAX_COSTED_SHAPES:
+                self._gpu_seconds_of.pop(next(iter(self._gpu_seconds_of)))
+            self._gpu_seconds_of[shapes] = seconds
         return seconds
 
-    def _report(self, run_id: int, input_shapes, routing: _Routing | None) -> RunReport:
-        notes = list(self.notes)
-        gpu_s = self._gpu_seconds(input_shapes)
+    def _add_run(
+        self,
+        shapes: Shapes | None,
+        layers: Sequence[int] | None,
+        layer_tokens: Sequence[int],
+        totals: Sequence[int],
+        counts: np.ndarray | None,
+    ) -> None:
+        """Simulate one run, append its report to the ring and add it to the aggregates. Its routing: its MoE
+        layers in order (None for a model without provider nodes), each one's tokens, expert token total (the
+        sum of its counts) and expert counts (the rows of ``counts``)."""
+        gpu_s = self._gpu_seconds(shapes)
+        notes = self.notes
         if gpu_s is None:
-            notes.append("non-expert GPU work not costed: the run's input shapes are unknown (untagged run)")
+            notes = self._untagged_notes
             gpu_s = 0.0
-        tokens = max(routing.tokens) if routing is not None else 0
-        if routing is None and input_shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
-            tokens = _tokens_of(input_shapes, self._unconverted_moe[0].hidden)
-        phase = ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
-        layers: list[LayerReport] = []
-        if routing is not None:
-            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
-            step = self.simulator.simulate_step(
-                phase, routing.counts, layers=routing.layers, gap_before_layer_s=gpu_s / len(routing.layers)
+        a = self.aggregates
+        if layers is None:
+            tokens = 0
+            if shapes and self._unconverted_moe:  # tokens of the skipped MoE ops' input
+                tokens = _tokens_of(dict(shapes), self._unconverted_moe[0].hidden)
+            report = RunReport(
+                run_index=a.runs,
+                hardware=self.system.name,
+                ndp_units=self.system.num_ndp_units,
+                policy=self.policy,
+                dtype=self.dtype,
+                weights=self.weights,
+                phase=_phase(tokens),
+                tokens=tokens,
+                non_expert_gpu_s=gpu_s,
+                layers=(),
+                simulator=self.simulator.summary() if self.simulator is not None else {},
+                notes=notes,
             )
-            rows = routing.counts.tolist()
-            for row, (index, layer_tokens, latency_s) in enumerate(
-                zip(routing.layers, routing.tokens, step.latencies_s, strict=True)
-            ):
-                shape = self.layers[index]
-                layers.append(
-                    LayerReport(
-                        index=index,
-                        name=shape.name,
-                        tokens=layer_tokens,
-                        expert_tokens=tuple(rows[row][: shape.num_experts]),
-                        latency_s=latency_s,
-                        step=step,
-                        position=row,
-                    )
-                )
-        return RunReport(
-            run_index=self.aggregates.runs,
-            hardware=self.system.name,
-            ndp_units=self.system.num_ndp_units,
-            policy=self.policy,
-            dtype=self.dtype,
-            weights=self.weights,
-            phase=phase,
-            tokens=tokens,
-            non_expert_gpu_s=gpu_s,
-            layers=tuple(layers),
-            simulator=self.simulator.summary() if self.simulator is not None else {},
-            notes=tuple(notes),
-        )
+            moe_s = 0.0
+        else:
+            tokens = max(layer_tokens)
+            phase = _phase(tokens)
+            # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
+            step = self.simulator.simulate_step(  # layers=None: every layer, in order (fewer checks)
+                phase,
+                counts,
+                layers=None if len(layers) == len(self.layers) else layers,  # sorted and distinct
+                gap_before_layer_s=gpu_s / len(layers),
+            )
+            system = self.system
+            report = RunReport.of_step(
+                a.runs,
+                system.name,
+                system.num_ndp_units,
+                self.policy,
+                self.dtype,
+                self.weights,
+                phase,
+                tokens,
+                gpu_s,
+                StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, counts, step),
+                self.simulator.summary(),
+                notes,
+            )
+            moe_s = sum(step.latencies_s)  # report.moe_s: the layers' latencies summed once
+            invocations, expert_tokens = a.layer_invocations, a.layer_expert_tokens
+            for index, total in zip(layers, totals, strict=True):  # a row is zero beyond its layer's experts
+                invocations[index] += 1
+                expert_tokens[index] += total
+        self._ring.append(report)
+        a.runs += 1
+        a.tokens += tokens
+        a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s
+        a.moe_s += moe_s
+        a.non_expert_gpu_s += gpu_s
+
+
+def _phase(tokens: int) -> str:
+    return ("prefill" if tokens > 1 else "decode") if tokens else "unknown"
 
 
 def stored_weight_formats(model, claimed: Sequence[ClaimedNode]) -> list[WeightFormat | None]:

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <numeric>
 
 namespace ndp {
 namespace {
@@ -35,15 +36,17 @@ void RoutingLog::Append(RoutingRecord record) {
   }
 }
 
-int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width) {
+int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width, uint64_t* dropped) {
   std::lock_guard<std::mutex> lock(mutex_);
+  *dropped = dropped_;
   size_t taken = 0;
   while (taken < max_records && !records_.empty()) {
     RoutingRecord& r = records_.front();
     if (r.counts.size() > width) return taken ? static_cast<int64_t>(taken) : -1;
-    meta[3 * taken + 0] = r.run_id;
-    meta[3 * taken + 1] = r.layer;
-    meta[3 * taken + 2] = r.tokens;
+    meta[kRoutingMeta * taken + 0] = r.run_id;
+    meta[kRoutingMeta * taken + 1] = r.layer;
+    meta[kRoutingMeta * taken + 2] = r.tokens;
+    meta[kRoutingMeta * taken + 3] = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
     int32_t* row = counts + taken * width;
     std::memcpy(row, r.counts.data(), r.counts.size() * sizeof(int32_t));
     std::memset(row + r.counts.size(), 0, (width - r.counts.size()) * sizeof(int32_t));
@@ -51,11 +54,6 @@ int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, siz
     ++taken;
   }
   return static_cast<int64_t>(taken);
-}
-
-uint64_t RoutingLog::dropped() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return dropped_;
 }
 
 std::shared_ptr<RoutingLog> OpenRoutingLog(const std::string& key, size_t capacity) {
@@ -81,14 +79,17 @@ void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(
 // ---- C interface for ndp_ep/_native.py -------------------------------------------------------------------
 #define NDP_EXPORT extern "C" __attribute__((visibility("default")))
 
-// Moves up to max_records records out: meta gets (run_id, layer, tokens) per record, counts one row of `width`
-// expert counts per record. Returns the records taken; -1 for an unknown key or bad arguments, -2 when the
-// oldest record has more experts than `width`.
-NDP_EXPORT int64_t ndp_ep_routing_take(const char* key, int64_t* meta, int64_t max_records, int32_t* counts,
-                                       int64_t width) {
-  auto log = ndp::FindRoutingLog(key);
-  if (!log || max_records < 0 || width < 0) return -1;
-  const int64_t taken = log->Take(meta, static_cast<size_t>(max_records), counts, static_cast<size_t>(width));
+// Moves up to request->max_records records out of the log of request->key (see NdpRoutingTake). Returns the
+// records taken; -1 for an unknown key or bad arguments, -2 when the oldest record has more experts than
+// request->width.
+NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) {
+  if (!request || !request->key || request->max_records < 0 || request->width < 0) return -1;
+  auto log = ndp::FindRoutingLog(request->key);
+  if (!log) return -1;
+  uint64_t dropped = 0;
+  const int64_t taken = log->Take(request->meta, static_cast<size_t>(request->max_records), request->counts,
+                                  static_cast<size_t>(request->width), &dropped);
+  request->dropped = static_cast<int64_t>(dropped);
   return taken < 0 ? -2 : taken;
 }
 
@@ -104,10 +105,4 @@ NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t 
     buffer[n] = '\0';
   }
   return static_cast<int64_t>(text.size() + 1);
-}
-
-// Records dropped because nobody drained the log (it keeps only the newest `routing_capacity`).
-NDP_EXPORT int64_t ndp_ep_routing_dropped(const char* key) {
-  auto log = ndp::FindRoutingLog(key);
-  return log ? static_cast<int64_t>(log->dropped()) : -1;
 }

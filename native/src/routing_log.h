@@ -11,6 +11,19 @@
 #include <string>
 #include <vector>
 
+constexpr int64_t kRoutingMeta = 4;  // meta values per record (ndp_ep/ep.py RoutingReader.META)
+
+// What ndp_ep_routing_take (routing_log.cc) reads and fills: the caller (ndp_ep/ep.py RoutingReader) builds one
+// per session log and passes the same one to every call, so a call converts a single argument.
+struct NdpRoutingTake {  // standard layout: ctypes.Structure _RoutingTake mirrors it
+  const char* key;      // the session key naming the log
+  int64_t* meta;        // [max_records * kRoutingMeta]: (run_id, layer, tokens, expert token total) per record
+  int64_t max_records;  // records taken per call at most
+  int32_t* counts;      // [max_records * width]: each record's expert counts, zero beyond its layer's experts
+  int64_t width;
+  int64_t dropped;  // out: records dropped so far because nobody drained the log (it keeps `routing_capacity`)
+};
+
 namespace ndp {
 
 struct RoutingRecord {
@@ -27,11 +40,11 @@ class RoutingLog {
   int32_t AddLayer(const std::string& node_name);
   std::vector<std::string> layers() const;
   void Append(RoutingRecord record);
-  // Moves up to max_records oldest records out of the log: meta gets (run_id, layer, tokens) per record and
-  // counts one row of `width` per record (zero beyond the layer's experts). Returns the number taken, or -1
-  // when the oldest record has more experts than `width`.
-  int64_t Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width);
-  uint64_t dropped() const;
+  // Moves up to max_records oldest records out of the log: meta gets (run_id, layer, tokens, the sum of its
+  // counts) per record and counts one row of `width` per record (zero beyond the layer's experts); *dropped
+  // the records dropped so far because nobody drained the log (Append keeps only the newest `capacity`).
+  // Returns the number taken, or -1 when the oldest record has more experts than `width`.
+  int64_t Take(int64_t* meta, size_t max_records, int32_t* counts, size_t width, uint64_t* dropped);
 
  private:
   mutable std::mutex mutex_;

@@ -163,6 +163,33 @@ def test_reports_live_in_a_bounded_ring_with_running_totals(block):
     assert totals.simulated_s >= sum(r.simulated_latency_s for r in reports) > 0
 
 
+def test_a_report_reads_the_same_before_and_after_its_layers_are_built(samples_dir):
+    import dataclasses
+
+    import onnx
+
+    from graph_passes.feeds import random_feeds
+    from ndp_ep.report import RunReport
+
+    model = samples_dir / "moe_decoder.onnx"
+    session = ndp_ep.InferenceSession(model, hw="paper")
+    proto = onnx.load(str(model), load_external_data=False)
+    for seed, tokens in enumerate((4, 1, 1)):
+        session.run(None, random_feeds(proto, seed=seed, seq_len=tokens))
+    reports = session.reports
+    totals = [(r.moe_s, r.simulated_latency_s) for r in reports]  # read before any report's layers
+    for report, (moe_s, simulated_s) in zip(reports, totals, strict=True):
+        summed = 0.0
+        for layer in report.layers:
+            summed += layer.latency_s
+        assert (moe_s, simulated_s) == (summed, report.non_expert_gpu_s + summed)
+        whole = RunReport(**{f.name: getattr(report, f.name) for f in dataclasses.fields(RunReport)})
+        assert whole == report and whole.to_json() == report.to_json() and str(whole) == str(report)
+    by_layer = [[layer.expert_tokens for layer in r.layers] for r in reports]
+    assert session.aggregates.layer_expert_tokens == [sum(sum(run[i]) for run in by_layer) for i in range(3)]
+    assert session.aggregates.moe_s == sum(moe_s for moe_s, _ in totals)
+
+
 def test_a_plain_onnx_runtime_session_gets_its_report_from_the_providers_routing(block, tmp_path):
     converted = tmp_path / "block.ndp.onnx"
     ndp_ep.convert_model(block, converted, shards=2)
@@ -234,8 +261,9 @@ def test_a_run_still_running_at_a_read_is_held_alone_and_reported_once_complete(
 
         def take(self, _width):
             records = self.reads.pop(0) if self.reads else []
-            meta = [(run, layer, 1) for run, layer, _ in records]
-            return meta, np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
+            counts = np.array([row(layer, first) for _, layer, first in records], np.int32).reshape(-1, width)
+            runs, layers = [run for run, _, _ in records], [layer for _, layer, _ in records]
+            return runs, layers, [1] * len(records), counts.sum(axis=1).tolist(), counts
 
         def dropped(self):
             return 0

@@ -165,9 +165,10 @@ def test_routing_nobody_reads_is_bounded_and_the_drop_is_counted(tmp_path):
     for _ in range(5):  # 3 MoE layers per run: 15 records into a log of 4
         session.run(None, feeds)
     reader = RoutingReader("bounded")
-    records, counts = reader.take(8)
-    assert len(records) == 4 and reader.dropped() == 11 and counts.shape == (4, 8)
-    assert [layer for _, layer, _ in records] == [2, 0, 1, 2]  # the newest records, oldest first
+    run_ids, layers, _, totals, counts = reader.take(8)
+    assert len(run_ids) == 4 and reader.dropped() == 11 and counts.shape == (4, 8)
+    assert layers == [2, 0, 1, 2]  # the newest records, oldest first
+    assert totals == counts.sum(axis=1).tolist()
 
 
 def test_routing_counts_are_the_routers_top_k_choices_per_expert_in_run_order(tmp_path):
@@ -184,8 +185,9 @@ def test_routing_counts_are_the_routers_top_k_choices_per_expert_in_run_order(tm
     batches = [rng.standard_normal((1, tokens, 64)).astype(np.float32) for tokens in [300] + [1] * 299]
     for hidden in batches:
         session.run(None, {"hidden_states": hidden})
-    records, counts = RoutingReader("large-prefill").take(8)
-    assert [tokens for _, _, tokens in records] == [300] + [1] * 299
+    _, _, tokens, totals, counts = RoutingReader("large-prefill").take(8)
+    assert totals == [2 * t for t in tokens]  # top-2: two expert slots per token
+    assert tokens == [300] + [1] * 299
     for hidden, row in zip(batches, counts, strict=True):  # the top-2 of the router's logits, counted by numpy
         logits = hidden[0] @ router.T
         top = np.argsort(-logits, axis=1, kind="stable")[:, :2]
