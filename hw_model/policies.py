@@ -441,13 +441,11 @@ class GpuOffload(Policy):
         prefetcher, lru = state.prefetcher, state.lru
         assert prefetcher is not None and lru is not None
         layer_index = out.layer_index
-        resident = prefetcher.resident_sets[layer_index]
-        weight_bytes = ctx.expert_bytes[layer_index]
-        for e, tokens in zip(out.active, out.active_tokens, strict=True):
-            hit = e in resident or lru.use((layer_index, e), weight_bytes)
-            out.to_gpu(e, tokens, hit)
-            if not hit:
-                prefetcher.adopt_staged(layer_index, e)
+        prefetched, cached = prefetcher.resident_sets[layer_index], lru.experts_of(layer_index)
+        on_the_gpu = [(e, e in prefetched or e in cached) for e in out.active]
+        for (e, resident), tokens in zip(on_the_gpu, out.active_tokens, strict=True):
+            out.to_gpu(e, tokens, resident)
+        _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
         out.finish()
 
 

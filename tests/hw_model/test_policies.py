@@ -105,12 +105,13 @@ def test_policies_needing_ndp_refuse_zero_units_and_unknown_policy_is_refused():
     assert result.placement == {0: "gpu"}
 
 
-def test_experts_the_prefetcher_holds_stay_out_of_the_staging_cache():
-    # an expert the prefetcher holds runs on the GPU without a copy: it must not take staging space or count as a
-    # cache miss, so the cache loads only the on-demand copies the prefetcher did not adopt
+@pytest.mark.parametrize("policy", ["tp+lb+prefetch", "gpu-offload"])
+def test_experts_the_prefetcher_holds_stay_out_of_the_staging_cache(policy):
+    # an expert the prefetcher holds (or adopts from an on-demand copy) is in GPU memory once: it must not also
+    # take staging space or count as a cache miss, so the cache loads only the copies the prefetcher did not adopt
     rng = np.random.default_rng(11)
     layers = QWEN.moe_layer_shapes()[:4]
-    sim = MoESimulator(load_system("paper", 4), layers, "tp+lb+prefetch")
+    sim = MoESimulator(load_system("paper", 4), layers, policy)
     sim.simulate_step("prefill", np.stack([_random_counts(rng, QWEN, 256) for _ in range(4)]))
     for _ in range(96):
         sim.simulate_step("decode", np.stack([_random_counts(rng, QWEN, 1) for _ in range(4)]))
