@@ -484,6 +484,18 @@ def test_ndp_ep_run_pauses_the_cyclic_collector_and_turns_it_back_on(samples_dir
     capsys.readouterr()
 
 
+def test_what_the_paused_block_allocated_goes_to_the_oldest_generation():
+    # left in the youngest generation, all of it would be traversed by the first collection after the block
+    import gc
+
+    from ndp_ep.commands.run import cyclic_gc_paused
+
+    with cyclic_gc_paused():
+        kept = [[] for _ in range(5000)]  # containers the collector tracks
+    oldest = gc.get_objects(generation=2)
+    assert any(o is kept[0] for o in oldest) and any(o is kept[-1] for o in oldest)
+
+
 @pytest.mark.parametrize(
     "relative", ["moe_decoder.onnx", "genai/gpt_oss_int4/model.onnx", "hf/mixtral_model_dynamo.onnx"]
 )
