@@ -188,6 +188,7 @@ def test_memoised_decisions_equal_decisions_made_afresh(policy):
     )
     afresh._state.pack_memo = _Forgetful()
     afresh._state.layout_memo = _Forgetful()
+    afresh._state.item_memo = _Forgetful()  # tp+lb's summaries by items, whose decisions are recorded when read
     prefill = trace.prefill_step_counts()
     results = [sim.simulate_step("prefill", prefill, gap_before_layer_s=GAP_S) for sim in (memoised, afresh)]
     assert results[0].latencies_s == results[1].latencies_s
