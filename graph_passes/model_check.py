@@ -27,6 +27,7 @@ from onnx import TensorProto
 
 from graph_passes.errors import InvalidModelError
 from graph_passes.model_io import PACKED_BITS, element_count, external_range, tensor_nbytes
+from graph_passes.runtime_probe import runtime_builds
 from graph_passes.sharded_op import DOMAIN as SHARDED_DOMAIN
 from graph_passes.sharded_op import ShardedOpError, ShardedOpSpec, is_sharded_node, parse_node
 
@@ -188,18 +189,7 @@ def _probe_model(version: int) -> bytes:
 def runtime_loads_opset(version: int) -> bool:
     """Whether the installed ONNX Runtime loads a model of ai.onnx opset ``version`` (one probe per version asked,
     a one-node model: about a millisecond, where finding the newest supported opset takes several)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1  # no thread pool to start and stop for a probe
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(_probe_model(version), options, providers=["CPUExecutionProvider"])
-    except Exception:  # noqa: BLE001 - any refusal means "not this version"
-        return False
-    return True
+    return runtime_builds(_probe_model(version))
 
 
 @functools.lru_cache(maxsize=1)

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
-import queue
 import re
 import stat
 import threading
@@ -47,6 +45,8 @@ from graph_passes.graph_index import copy_without_initializers
 from ndp_io import check_output_path, directory_lock, staged_file
 
 if TYPE_CHECKING:
+    import mmap
+    import queue
     from collections.abc import Callable
 
     from graph_passes.rewrite import RewrittenModel
@@ -503,6 +503,8 @@ class _Chunk:
     it (made by the writer thread that then writes it)."""
 
     def __init__(self, size: int) -> None:
+        import mmap  # the writers' modules are imported on use: reading a model needs neither
+
         self.memory = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
         self.view = memoryview(self.memory)
         self.offset = 0
@@ -543,6 +545,8 @@ class _DirectWriter:
     """
 
     def __init__(self, data_file, fd: int, flags: int, chunk_bytes: int, writers: int) -> None:
+        import queue
+
         self.file, self.fd, self.flags = data_file, fd, flags
         self.chunk_bytes = chunk_bytes
         self.position = data_file.tell()  # where the next byte goes (aligned: see open)
@@ -653,6 +657,8 @@ class _DirectWriter:
     def _mappable(self, source_offset: int, length: int) -> int:
         """How many of ``length`` bytes from ``source_offset`` can go to the disk straight from a mapping of the
         source (0: none; at most one buffer's worth at a time)."""
+        import mmap
+
         if not self.direct or self.position % DIRECT_ALIGN or source_offset % max(DIRECT_ALIGN, mmap.PAGESIZE):
             return 0
         return min(length - length % DIRECT_ALIGN, self.chunk_bytes)
@@ -674,6 +680,8 @@ class _DirectWriter:
         end = min(max(start + MAP_WINDOW_BYTES, source_offset + length), size)
         if source_offset + length > end:
             return None
+        import mmap
+
         try:
             mapping = mmap.mmap(source, end - start, access=mmap.ACCESS_READ, offset=start)
         except (OSError, ValueError):

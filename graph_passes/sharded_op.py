@@ -75,6 +75,7 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from graph_passes.activations import ACTIVATIONS, GATED_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
 
@@ -305,9 +306,9 @@ _SHARD_NAME = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.shard(?P<sh
 _DOWN_BIAS_NAME = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.down_bias$")
 
 
-@dataclass(frozen=True)
-class ShardName:
-    """A parsed weight name: ``shard`` is None for the per-expert down bias."""
+class ShardName(NamedTuple):
+    """A parsed weight name: ``shard`` is None for the per-expert down bias (a named tuple, defined at a fraction of
+    a frozen dataclass's import cost)."""
 
     block: str
     expert: int

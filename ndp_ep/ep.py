@@ -17,6 +17,7 @@ bounds it (records kept when nobody reads them), ``record_routing=0`` turns capt
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -117,6 +118,25 @@ def register() -> str:
                 raise LibraryNotFoundError(f"onnxruntime could not load {path}: {exc}") from None
         _registered_path = path
         return path
+
+
+def warm_up() -> threading.Thread:
+    """ONNX Runtime's one-time work, started on a daemon thread (returned): registering the library
+    (:func:`register`) and building the process's first session, of a one-node model
+    (:data:`graph_passes.runtime_probe.WARM_UP_MODEL`). About 5 ms, nearly all of it in ONNX Runtime without
+    the GIL, that the first session built (the opset probe of :mod:`graph_passes.model_check`) and the first
+    :func:`session_options` would otherwise pay on the calling thread; a program starts it before it imports
+    onnx. A failure here is left to whoever registers the library next, which raises it as it would have."""
+    from graph_passes.runtime_probe import WARM_UP_MODEL, runtime_builds
+
+    def work() -> None:
+        with contextlib.suppress(Exception):  # raised again, to the caller, by the next register()
+            register()
+        runtime_builds(WARM_UP_MODEL)
+
+    thread = threading.Thread(target=work, name="ndp-ep warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def devices() -> list:

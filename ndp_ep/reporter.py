@@ -16,6 +16,7 @@ only and say so in their notes, as does every report of a model whose MoE blocks
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import deque
@@ -417,11 +418,16 @@ class UnconvertedMoE:
 def _unconverted_moe_ops(model) -> tuple[UnconvertedMoE, ...]:
     from onnx import helper
 
+    fused = [
+        node
+        for node in model.graph.node
+        if node.domain == "com.microsoft" and node.op_type in ("MoE", "QMoE") and len(node.input) >= 5
+    ]
+    if not fused:  # the usual case: no table of every initializer's dims to build
+        return ()
     dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
     found = []
-    for node in model.graph.node:
-        if node.domain != "com.microsoft" or node.op_type not in ("MoE", "QMoE") or len(node.input) < 5:
-            continue
+    for node in fused:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         fc1, fc2 = dims.get(node.input[2]), dims.get(node.input[4])
         if not fc1 or not fc2 or len(fc1) != 3 or len(fc2) != 3:
@@ -445,7 +451,7 @@ def non_expert_weight_bytes(model, claimed: tuple[ClaimedNode, ...], dtype: str)
     """GPU memory the non-expert weights take at the simulated dtype (not available to experts)."""
     claimed_names = {c.name for c in claimed}
     expert = {i for n in model.graph.node if n.name in claimed_names for i in n.input[3:]}
-    elements = sum(int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer if t.name not in expert)
+    elements = sum(math.prod(t.dims) for t in model.graph.initializer if t.name not in expert)  # not np.prod: 20x
     return float(elements * DTYPE_BYTES[dtype])
 
 

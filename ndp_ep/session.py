@@ -15,8 +15,10 @@ session is available (delegated); ``run`` additionally tags the run with its inp
 cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
 model is checked (and converted), ONNX Runtime builds its session on a thread of its own while this one sets up
 the reports (ONNX Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted)
-gets the last of its checks (onnx's schemas, operators ONNX Runtime knows) in that time too, and a failure
-drops the session (:func:`_load` says which checks come first).
+gets the last of its checks (onnx's schemas, operators ONNX Runtime knows) in that time too, after the reports'
+set-up (Python, which ONNX Runtime's thread cuts into between loading and compiling the model, where the
+check's ~10 ms call into onnx would keep it waiting), and a failure drops the session (:func:`_load` says which
+checks come first; an error setting up the reports is raised only when those checks pass).
 """
 
 from __future__ import annotations
@@ -119,21 +121,26 @@ class InferenceSession:
         # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
         creating = _SessionCreation(ort_model, options, kwargs)
         try:
-            if checks_pending:  # a model handed to ONNX Runtime as it is: its last checks, meanwhile
-                _finish_checks(proto)
-            self.reporter = SessionReporter(
-                converted,
-                self.system,
-                self.session_key,
-                policy=policy,
-                dtype=dtype,
-                report_ring=report_ring,
-                claimed=claimed,
-                notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
-            )
+            try:  # Python first, which ONNX Runtime's thread can cut into between its loading and compiling steps
+                self.reporter = SessionReporter(
+                    converted,
+                    self.system,
+                    self.session_key,
+                    policy=policy,
+                    dtype=dtype,
+                    report_ring=report_ring,
+                    claimed=claimed,
+                    notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
+                )
+                self.reporter.prepare_costing(input_shapes)
+            except BaseException:
+                if checks_pending:  # an error they find comes first, as when they ran first
+                    _finish_checks(proto)
+                raise
+            if checks_pending:  # a model handed to ONNX Runtime as it is: its last checks, meanwhile (onnx's
+                _finish_checks(proto)  # schema registry, built here, holds the GIL ~10 ms in one call)
             self.policy = self.reporter.policy
             annotate_placement(converted, self.system, self.policy, claimed)
-            self.reporter.prepare_costing(input_shapes)
         except BaseException:  # this error is the one raised (the session is dropped), as when it came first
             creating.wait()
             raise

@@ -3,6 +3,10 @@
 A model converted for another shard count than the simulated hardware's NDP units still runs: the outputs
 use the model's shards; the simulator splits every expert over all the hardware's units, as a conversion
 for that hardware would (a warning says so).
+
+Start-up: once ONNX Runtime is imported, its one-time work (registering the provider library, the process's
+first session) starts on a thread of its own (:func:`ndp_ep.ep.warm_up`) while the session imports onnx and
+checks the model.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         import numpy  # noqa: F401
 
     from ndp_ep.cli import warn
+    from ndp_ep.ep import warm_up
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession
 
@@ -128,9 +133,11 @@ def _run(args: argparse.Namespace) -> int:
 
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
+    options = _one_run_options()  # imports ONNX Runtime
+    warm_up()  # its one-time work on a thread of its own while the session imports onnx and checks the model
     session = InferenceSession(
         args.model,
-        _one_run_options(),
+        options,
         hw=args.hw,
         ndp_units=args.ndp_units,
         policy=args.policy,

@@ -13,7 +13,10 @@ the reports are set up (the simulator imported, the feeds' non-expert cost compu
 without copying weights), and parsing ``run``'s options leaves the simulator unimported; the in-tree library is
 found without scanning the installed distributions; ``ndp-ep run`` asks ONNX Runtime's threads not to spin after its
 one run, loads numpy's OpenBLAS without idle workers and pauses the cyclic garbage collector (a session build leaves no
-cyclic garbage). Each cut keeps its refusal: the failing cases still fail with
+cyclic garbage); ``ndp-ep run`` starts ONNX Runtime's one-time work (library registration, a first session of a
+one-node model serialized ahead) on a thread before onnx is imported, a failure there left to the command; the
+reports are set up before a converted model's schema check (its error still first); reading a model leaves the
+writers' ``mmap`` and ``queue`` unimported. Each cut keeps its refusal: the failing cases still fail with
 the same message.
 """
 
@@ -599,3 +602,76 @@ def test_ndp_ep_run_refuses_a_converted_model_failing_the_schema_check_with_one_
     assert captured.err.count("\n") == 1
     assert captured.err.startswith("ndp-ep run: error: not a valid ONNX model: ")
     assert "no_such_attribute" in captured.err
+
+
+def test_the_warm_up_model_is_the_opset_probe_and_onnx_runtime_builds_it():
+    from graph_passes.runtime_probe import WARM_UP_MODEL, WARM_UP_OPSET, runtime_builds
+
+    assert model_check._probe_model(WARM_UP_OPSET) == WARM_UP_MODEL
+    assert runtime_builds(WARM_UP_MODEL)
+    assert not runtime_builds(b"not a model")
+
+
+def test_the_warm_up_registers_the_library_on_a_daemon_thread(repo_root):
+    probe = (
+        "import json, onnxruntime\n"
+        "import ndp_ep.ep as ep\n"
+        "thread = ep.warm_up()\n"
+        "thread.join(120)\n"
+        "listed = any(d.ep_name == ep.EP_NAME for d in onnxruntime.get_ep_devices())\n"
+        "print(json.dumps([thread.daemon, thread.is_alive(), listed]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo_root))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, False, True]
+
+
+def test_ndp_ep_run_starts_the_warm_up_before_onnx_is_imported(repo_root, samples_dir):
+    script = (
+        "import contextlib, io, json, sys\n"
+        "import ndp_ep.ep as ep\n"
+        "seen = []\n"
+        "original = ep.warm_up\n"
+        "def recorded():\n"
+        "    seen.append('onnx' in sys.modules)\n"
+        "    return original()\n"
+        "ep.warm_up = recorded\n"
+        "from ndp_ep.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main(['run', {str(samples_dir / 'moe_block.onnx')!r}, '--inputs', "
+        f"{str(samples_dir / 'moe_block.inputs.npz')!r}])\n"
+        "print(json.dumps([code, seen]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo_root))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, [False]]
+
+
+def test_a_failed_warm_up_leaves_the_library_error_to_the_command(repo_root, samples_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(repo_root), NDP_EP_LIBRARY=str(tmp_path / "missing.so"))
+    model = str(samples_dir / "moe_block.onnx")
+    done = subprocess.run([sys.executable, "-m", "ndp_ep", "run", model], capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "missing.so is not a file" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("bogus_attribute", "expected"),
+    [(True, "not a valid ONNX model: .*no_such_attribute"), (False, "report_ring must be a positive integer")],
+    ids=["schema-check-first", "reports"],
+)
+def test_the_schema_check_error_still_comes_before_an_error_setting_up_the_reports(
+    tmp_path, samples_dir, bogus_attribute, expected
+):
+    """The reports are set up before the converted model's schema check now (ONNX Runtime's thread cuts into
+    Python, not into the check's long call into onnx): a model failing the check still reports the check's error."""
+    from ndp_ep import NdpEpError
+
+    path = _converted_block(tmp_path, samples_dir, bogus_attribute=bogus_attribute, unknown_operator=False)
+    with pytest.raises(NdpEpError, match=f"^{expected}"):
+        InferenceSession(path, report_ring=0)
+
+
+def test_reading_a_model_leaves_the_writers_modules_unimported(repo_root, samples_dir):
+    load = f"from graph_passes.model_io import load_model\nload_model({str(samples_dir / 'moe_block.onnx')!r})"
+    assert _modules_after(load, repo_root, ("mmap", "queue")) == []

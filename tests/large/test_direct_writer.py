@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 from pathlib import Path
 
@@ -135,14 +136,14 @@ def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_pat
     _write(tmp_path / "out.bin", parts)
     assert (tmp_path / "out.bin").read_bytes() == expected
     assert sum(from_mappings) == (5 + 24 + 1) * 4096
-    real_mmap = model_io.mmap.mmap
+    real_mmap = mmap.mmap  # the module the writer imports on use
 
     def refuse(fileno, length, *args, **kwargs):
         if fileno != -1:
             raise OSError(errno.ENODEV, "No such device")  # a source that cannot be mapped: read instead
         return real_mmap(fileno, length, *args, **kwargs)
 
-    monkeypatch.setattr(model_io.mmap, "mmap", refuse)
+    monkeypatch.setattr(mmap, "mmap", refuse)
     from_mappings.clear()
     _write(tmp_path / "out2.bin", parts)
     assert (tmp_path / "out2.bin").read_bytes() == expected
