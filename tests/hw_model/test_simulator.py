@@ -136,3 +136,13 @@ def test_bad_input_is_refused():
 def test_gpu_op_time_is_positive_and_grows_with_bytes():
     system = load_system("paper")
     assert 0 < gpu_op_time_s(system, 1e6, 1e6, "bf16") < gpu_op_time_s(system, 1e6, 1e9, "bf16")
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 8, 101])
+def test_median_equals_the_standard_librarys(size):
+    import statistics
+
+    from hw_model.simulator import median
+
+    values = np.random.default_rng(size).random(size).tolist()
+    assert median(values) == statistics.median(values)
