@@ -7,7 +7,14 @@ expert reads its source DIMMs, channel-capped, and takes that DRAM time from the
 the whole-expert layout (each expert on one home unit), which is harder for the packer.
 
 Prints the median decision time in microseconds and its ratio to the 200 us target, measured in this run.
-Usage: python benchmarks/bench_scheduler.py [--instances 200] [--repeats 5]
+
+With ``--richer N``, instead: the quality of the variable-degree extension's decision (``tp+lb+prefetch+vtp``:
+per expert on the GPU, sliced over every unit, or whole on its home unit, each unit its own bin) against the
+exact optimum of that richer problem (``hw_model.scheduler.solve_exact_modes``, a MILP), on N real invocations
+per (model, NDP units, phase): decode (top-k experts, one token each) and a 16-token prefill, a random quarter
+of the active experts resident. Also printed against the same optimum: ours' packer (every expert sliced) and the
+exact optimum of ours' problem (what per-expert degrees could gain at best).
+Usage: python benchmarks/bench_scheduler.py [--instances 200] [--repeats 5] [--richer 20]
 """
 
 from __future__ import annotations
@@ -24,9 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hw_model.cost import expert_shard_time_s  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
+from hw_model.layout import InvocationLayout  # noqa: E402
 from hw_model.models import get_model  # noqa: E402
-from hw_model.policies import ExpertCosts  # noqa: E402
-from hw_model.scheduler import PlacementProblem, pack  # noqa: E402
+from hw_model.policies import (  # noqa: E402
+    ExpertCosts,
+    variable_degree_choice,
+    variable_degree_problem,
+)
+from hw_model.scheduler import (  # noqa: E402
+    PlacementProblem,
+    makespan_modes_s,
+    makespan_s,
+    pack,
+    solve_exact,
+    solve_exact_modes,
+)
+from hw_model.simulator import MoESimulator  # noqa: E402
 from hw_model.traces import TraceKnobs, skew_for, synthetic_trace  # noqa: E402
 
 TARGET_S = 200e-6
@@ -84,11 +104,59 @@ def median_decision_time_s(problems: list[PlacementProblem], repeats: int) -> fl
     return float(np.median(times))
 
 
+RICHER_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-7b")
+
+
+def richer_ratios(instances: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per real invocation, each decision's makespan over the richer problem's exact optimum (see the module
+    docstring): ``vtp`` (the extension's heuristic), ``ours`` (the packer, every expert sliced) and
+    ``ours-optimum`` (the exact optimum with every expert sliced)."""
+    rng = np.random.default_rng(seed)
+    ratios: dict[str, list[float]] = {"vtp": [], "ours": [], "ours-optimum": []}
+    for name in RICHER_MODELS:
+        model = get_model(name)
+        for units in (2, 4, 6):
+            sim = MoESimulator(load_system("paper", units), model.moe_layer_shapes()[:1], "tp+lb+prefetch+vtp")
+            for tokens_per_step in (1, 16):
+                for _ in range(instances):
+                    counts = np.zeros(model.num_experts, dtype=np.int64)
+                    for _ in range(tokens_per_step):
+                        counts[rng.choice(model.num_experts, model.top_k, replace=False)] += 1
+                    active = np.flatnonzero(counts).tolist()
+                    out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
+                    resident = (rng.random(len(active)) < 0.25).tolist()
+                    problem, whole_s = variable_degree_problem(sim.context, out, resident)
+                    on_gpu, exact_mode = solve_exact_modes(problem, (whole_s,))
+                    optimum = makespan_modes_s(problem, (whole_s,), on_gpu, exact_mode)
+                    vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
+                    vtp = makespan_modes_s(problem, (whole_s,), vtp_gpu, np.where(whole & ~vtp_gpu, 1, 0))
+                    ratios["vtp"].append(vtp / optimum)
+                    ratios["ours"].append(makespan_s(problem, pack(problem)) / optimum)
+                    ratios["ours-optimum"].append(solve_exact(problem)[1] / optimum)
+    return {key: np.asarray(values) for key, values in ratios.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--richer", type=int, metavar="N", help="instead: decision quality on the richer problem")
     args = parser.parse_args()
+    if args.richer:
+        ratios = richer_ratios(args.richer)
+        count = len(ratios["vtp"])
+        print(f"makespan over the exact optimum of the richer problem (GPU / sliced / whole), {count} invocations")
+        for key, label in (
+            ("vtp", "tp+lb+prefetch+vtp (choose_whole, then the packer)"),
+            ("ours", "tp+lb+prefetch's packer (every expert sliced)"),
+            ("ours-optimum", "exact optimum with every expert sliced"),
+        ):
+            r = ratios[key]
+            print(
+                f"{label:52s} median {np.median(r):.3f}  p90 {np.percentile(r, 90):.3f}  p99 {np.percentile(r, 99):.3f}"
+                f"  max {r.max():.3f}  at the optimum {np.mean(r <= 1 + 1e-9):.0%}"
+            )
+        return 0
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"packer decision time, 128 experts x {UNITS} NDP units + GPU ({args.instances} layers x {args.repeats})")
     print(f"machine load average (1 min): {load:.2f} on {os.cpu_count()} CPUs")

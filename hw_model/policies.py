@@ -801,8 +801,7 @@ class OursVariableDegree(Ours):
         active, active_tokens = out.active, out.active_tokens
         res = self._resident(state, layer_index, active)
         started = time.perf_counter()
-        whole = choose_whole(out)
-        on_gpu = pack(_placement_problem(ctx, out, out.item_arrays(active, active_tokens, res, whole)))
+        on_gpu, whole = variable_degree_choice(ctx, out, res)
         state.decision_times_s.append(time.perf_counter() - started)
         state.recomputations += 1
         if phase == "decode":
@@ -818,6 +817,28 @@ class OursVariableDegree(Ours):
         out.extra["resident_selected"] = float(sum(res))
         out.extra["whole_on_unit"] = float(whole.sum())
         out.finish()
+
+
+def variable_degree_choice(
+    ctx: RunContext, out: InvocationLayout, resident: list[bool]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``tp+lb+prefetch+vtp``'s decision for the invocation ``out`` (``resident[i]``: whether active expert ``i`` is
+    on the GPU already): per active expert, on the GPU, and run whole on its home unit (:func:`choose_whole`,
+    then the packer over those NDP times)."""
+    whole = choose_whole(out)
+    on_gpu = pack(_placement_problem(ctx, out, out.item_arrays(out.active, out.active_tokens, resident, whole)))
+    return on_gpu, whole
+
+
+def variable_degree_problem(
+    ctx: RunContext, out: InvocationLayout, resident: list[bool]
+) -> tuple[PlacementProblem, np.ndarray]:
+    """The richer placement problem of the invocation ``out`` that :func:`variable_degree_choice` decides
+    heuristically: every active expert sliced over all units (the problem) or whole on its home unit (the
+    alternative NDP times), for :func:`hw_model.scheduler.solve_exact_modes`."""
+    active, tokens = out.active, out.active_tokens
+    problem = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident))
+    return problem, out.item_arrays(active, tokens, resident, [True] * len(active))["ndp"]
 
 
 def choose_whole(out: InvocationLayout) -> np.ndarray:

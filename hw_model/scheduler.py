@@ -22,6 +22,7 @@ bound the packer's loss. Both minimise exactly :func:`makespan_s`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,28 +196,85 @@ def pack(problem: PlacementProblem) -> np.ndarray:
 
 def solve_exact(problem: PlacementProblem, time_limit_s: float = 10.0) -> tuple[np.ndarray, float]:
     """Optimal placement from a MILP (HiGHS). Returns ``(on_gpu, makespan_s)``."""
+    on_gpu, _ = solve_exact_modes(problem, (), time_limit_s)
+    return on_gpu, makespan_s(problem, on_gpu)
+
+
+def makespan_modes_s(
+    problem: PlacementProblem, alternatives: Sequence[np.ndarray], on_gpu: np.ndarray, ndp_mode: np.ndarray
+) -> float:
+    """The objective of the richer problem, where an item left on the NDP units runs in one of several ways (a
+    tensor-parallel degree per expert: sliced over every unit, or whole on its home unit): item ``i`` adds
+    ``problem.ndp_time_s[i]`` to the units when ``ndp_mode[i]`` is 0, ``alternatives[ndp_mode[i] - 1][i]`` otherwise."""
+    on_gpu = np.asarray(on_gpu, dtype=bool)
+    modes = np.stack([problem.ndp_time_s, *(np.asarray(a, dtype=np.float64) for a in alternatives)])
+    chosen = modes[np.asarray(ndp_mode, dtype=np.int64), np.arange(problem.num_items)]  # [items, units]
+    pcie = problem.pcie_base_s + float(problem.transfer_s[on_gpu].sum())
+    gpu = problem.gpu_base_s + float(problem.gpu_compute_s[on_gpu].sum())
+    units = problem.unit_base_s + chosen[~on_gpu].sum(axis=0) + problem.copy_unit_s[on_gpu].sum(axis=0)
+    return max(pcie, gpu, float(units.max()) if units.size else 0.0)
+
+
+def solve_exact_modes(
+    problem: PlacementProblem, alternatives: Sequence[np.ndarray], time_limit_s: float = 10.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Optimal placement of the richer problem (see :func:`makespan_modes_s`) from a MILP (HiGHS): per item, on
+    the GPU or in one of the NDP modes (``problem.ndp_time_s``, then each of ``alternatives``, ``[items, units]``
+    arrays). Returns ``(on_gpu, ndp_mode)``; with no alternatives it is :func:`solve_exact`'s problem."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     n, units = problem.ndp_time_s.shape
-    # variables: x_0..x_{n-1} (1 = on the GPU), then the makespan C
-    objective = np.zeros(n + 1)
+    modes = [problem.ndp_time_s, *(np.asarray(a, dtype=np.float64) for a in alternatives)]
+    if any(m.shape != (n, units) or (m < 0).any() or not np.isfinite(m).all() for m in modes):
+        raise WorkloadError(f"every NDP mode must be a finite non-negative [{n}, {units}] array")
+    k = len(modes)
+    # variables: x_0..x_{n-1} (1 = on the GPU), y_{i,m} (1 = item i in NDP mode m, item-major), then the makespan C
+    width = n + n * k + 1
+    objective = np.zeros(width)
     objective[-1] = 1.0
-    rows = [np.append(problem.transfer_s, -1.0), np.append(problem.gpu_compute_s, -1.0)]
-    upper = [-problem.pcie_base_s, -problem.gpu_base_s]
-    for u in range(units):  # base_u + sum_i ndp[i,u] (1 - x_i) + copy[i,u] x_i <= C
-        rows.append(np.append(problem.copy_unit_s[:, u] - problem.ndp_time_s[:, u], -1.0))
-        upper.append(-(problem.unit_base_s[u] + problem.ndp_time_s[:, u].sum()))
+    rows, lower, upper = [], [], []
+
+    def row() -> np.ndarray:
+        return np.zeros(width)
+
+    for i in range(n):  # each item placed once: x_i + sum_m y_{i,m} = 1
+        r = row()
+        r[i] = 1.0
+        r[n + i * k : n + (i + 1) * k] = 1.0
+        rows.append(r)
+        lower.append(1.0)
+        upper.append(1.0)
+    for times, base in ((problem.transfer_s, problem.pcie_base_s), (problem.gpu_compute_s, problem.gpu_base_s)):
+        r = row()
+        r[:n] = times
+        r[-1] = -1.0
+        rows.append(r)
+        lower.append(-np.inf)
+        upper.append(-base)
+    for u in range(units):  # base_u + sum_{i,m} ndp_m[i,u] y_{i,m} + copy[i,u] x_i <= C
+        r = row()
+        r[:n] = problem.copy_unit_s[:, u]
+        for m, times in enumerate(modes):
+            r[n + m : n + n * k : k] = times[:, u]
+        r[-1] = -1.0
+        rows.append(r)
+        lower.append(-np.inf)
+        upper.append(-problem.unit_base_s[u])
     if np.isfinite(problem.staging_cap_bytes):
-        rows.append(np.append(problem.transfer_bytes, 0.0))
+        r = row()
+        r[:n] = problem.transfer_bytes
+        rows.append(r)
+        lower.append(-np.inf)
         upper.append(problem.staging_cap_bytes)
     result = milp(
         objective,
-        constraints=LinearConstraint(np.array(rows), -np.inf, np.array(upper)),
-        integrality=np.append(np.ones(n), 0),
-        bounds=Bounds(np.zeros(n + 1), np.append(np.ones(n), np.inf)),
+        constraints=LinearConstraint(np.array(rows), np.array(lower), np.array(upper)),
+        integrality=np.append(np.ones(width - 1), 0),
+        bounds=Bounds(np.zeros(width), np.append(np.ones(width - 1), np.inf)),
         options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
     )
     if result.x is None:
         raise WorkloadError(f"MILP found no placement: {result.message}")
     on_gpu = result.x[:n] > 0.5
-    return on_gpu, makespan_s(problem, on_gpu)
+    ndp_mode = result.x[n : n + n * k].reshape(n, k).argmax(axis=1)
+    return on_gpu, np.where(on_gpu, 0, ndp_mode)

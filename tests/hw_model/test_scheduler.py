@@ -1,4 +1,5 @@
-"""The run-time packer against the exact MILP optimum, and the MILP against brute force."""
+"""The run-time packer against the exact MILP optimum, and the MILP against brute force; the richer problem
+(a tensor-parallel degree per expert: sliced or whole on its home unit) likewise."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import numpy as np
 import pytest
 
 from hw_model.errors import WorkloadError
-from hw_model.scheduler import PlacementProblem, is_feasible, makespan_s, pack, solve_exact
+from hw_model.scheduler import (
+    PlacementProblem,
+    is_feasible,
+    makespan_modes_s,
+    makespan_s,
+    pack,
+    solve_exact,
+    solve_exact_modes,
+)
 
 
 def random_problem(rng: np.random.Generator, max_items: int = 12, max_units: int = 4) -> PlacementProblem:
@@ -111,3 +120,62 @@ def test_empty_problem_and_bad_input():
         PlacementProblem(np.ones((2, 2)), [1.0], [0, 0], [0, 0])
     with pytest.raises(WorkloadError, match="ndp_time_s"):
         PlacementProblem(-np.ones((2, 2)), [1, 1], [0, 0], [0, 0])
+
+
+def _whole_alternative(rng: np.random.Generator, problem: PlacementProblem) -> np.ndarray:
+    """Per item, its NDP time whole on one home unit: the sum of its per-unit times on one unit, minus some fixed
+    shard costs saved (a variable tensor-parallel degree's other mode)."""
+    n, units = problem.ndp_time_s.shape
+    whole = np.zeros((n, units))
+    whole[np.arange(n), rng.integers(0, units, n)] = problem.ndp_time_s.sum(axis=1) * rng.uniform(0.6, 1.0, n)
+    return whole
+
+
+def test_milp_with_ndp_modes_matches_brute_force_on_tiny_instances():
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        problem = random_problem(rng, max_items=5, max_units=3)
+        whole = _whole_alternative(rng, problem)
+        best = float("inf")
+        for choice in itertools.product((-1, 0, 1), repeat=problem.num_items):  # -1: on the GPU
+            on_gpu = np.array(choice) < 0
+            if is_feasible(problem, on_gpu):
+                best = min(best, makespan_modes_s(problem, (whole,), on_gpu, np.maximum(choice, 0)))
+        on_gpu, mode = solve_exact_modes(problem, (whole,))
+        assert is_feasible(problem, on_gpu)
+        assert makespan_modes_s(problem, (whole,), on_gpu, mode) == pytest.approx(best, rel=1e-7)
+        # with no alternative mode it is the plain problem's optimum
+        plain_gpu, plain_mode = solve_exact_modes(problem, ())
+        assert not plain_mode.any()
+        assert makespan_s(problem, plain_gpu) == pytest.approx(solve_exact(problem)[1], rel=1e-7)
+
+
+def test_richer_optimum_bounds_the_variable_degree_and_sliced_decisions_of_real_invocations():
+    from hw_model import load_system
+    from hw_model.layout import InvocationLayout
+    from hw_model.models import get_model
+    from hw_model.policies import variable_degree_choice, variable_degree_problem
+    from hw_model.simulator import MoESimulator
+
+    rng = np.random.default_rng(5)
+    model = get_model("qwen3-30b-a3b")
+    sim = MoESimulator(load_system("paper", 4), model.moe_layer_shapes()[:1], "tp+lb+prefetch+vtp")
+    for tokens in (1, 1, 16, 16):
+        counts = np.zeros(model.num_experts, dtype=np.int64)
+        for _ in range(tokens):
+            counts[rng.choice(model.num_experts, model.top_k, replace=False)] += 1
+        active = np.flatnonzero(counts).tolist()
+        out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
+        resident = (rng.random(len(active)) < 0.25).tolist()
+        problem, whole_s = variable_degree_problem(sim.context, out, resident)
+        on_gpu, mode = solve_exact_modes(problem, (whole_s,))
+        optimum = makespan_modes_s(problem, (whole_s,), on_gpu, mode)
+        vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
+        vtp = makespan_modes_s(problem, (whole_s,), vtp_gpu, np.where(whole & ~vtp_gpu, 1, 0))
+        sliced_gpu, sliced_optimum = solve_exact(problem)
+        assert optimum <= vtp * (1 + 1e-9)
+        assert optimum <= makespan_s(problem, pack(problem)) * (1 + 1e-9)
+        assert optimum <= sliced_optimum * (1 + 1e-9)  # a superset of the sliced-only choices
+        assert makespan_modes_s(problem, (whole_s,), sliced_gpu, np.zeros(len(active), int)) == pytest.approx(
+            sliced_optimum, rel=1e-12
+        )
