@@ -8,12 +8,13 @@ the whole-expert layout (each expert on one home unit), which is harder for the 
 
 Prints the median decision time in microseconds and its ratio to the 200 us target, measured in this run.
 
-With ``--richer N``, instead: the quality of the variable-degree extension's decision (``tp+lb+prefetch+vtp``:
-per expert on the GPU, sliced over every unit, or whole on its home unit, each unit its own bin) against the
-exact optimum of that richer problem (``hw_model.scheduler.solve_exact_modes``, a MILP), on N real invocations
-per (model, NDP units, phase): decode (top-k experts, one token each) and a 16-token prefill, a random quarter
-of the active experts resident. Also printed against the same optimum: ours' packer (every expert sliced) and the
-exact optimum of ours' problem (what per-expert degrees could gain at best).
+With ``--richer N``, instead: the quality of the extensions' decisions (``tp+lb+prefetch+vtp``: per expert on
+the GPU, sliced over every unit, or whole on its home unit, each unit its own bin; ``tp+lb+prefetch+split``) against the
+exact optimum of the richer problem (``hw_model.scheduler.solve_exact_modes``, a MILP; per expert: the GPU,
+sliced, whole on its home unit, or 1/k on the GPU and the rest sliced, k = 2..8), on N real invocations per
+(model, NDP units, phase): decode (top-k experts, one token each) and a 16-token prefill, a random quarter of the
+active experts resident. Also against the same optimum: ours' packer (every expert sliced or on the GPU), the
+exact optimum of ours' problem (what the richer choices could gain at best) and the split extension's choice.
 Usage: python benchmarks/bench_scheduler.py [--instances 200] [--repeats 5] [--richer 20]
 """
 
@@ -33,11 +34,7 @@ from hw_model.cost import expert_shard_time_s  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
 from hw_model.layout import InvocationLayout  # noqa: E402
 from hw_model.models import get_model  # noqa: E402
-from hw_model.policies import (  # noqa: E402
-    ExpertCosts,
-    variable_degree_choice,
-    variable_degree_problem,
-)
+from hw_model.policies import ExpertCosts, richer_problem, split_choice, variable_degree_choice  # noqa: E402
 from hw_model.scheduler import (  # noqa: E402
     PlacementProblem,
     makespan_modes_s,
@@ -105,14 +102,19 @@ def median_decision_time_s(problems: list[PlacementProblem], repeats: int) -> fl
 
 
 RICHER_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-7b")
+RICHER_DECISIONS = {
+    "ours": "tp+lb+prefetch's packer (every expert sliced or on the GPU)",
+    "ours-optimum": "exact optimum with every expert sliced or on the GPU",
+    "vtp": "tp+lb+prefetch+vtp (choose_whole, then the packer)",
+    "split": "tp+lb+prefetch+split (the packer, then one expert split)",
+}
 
 
 def richer_ratios(instances: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Per real invocation, each decision's makespan over the richer problem's exact optimum (see the module
-    docstring): ``vtp`` (the extension's heuristic), ``ours`` (the packer, every expert sliced) and
-    ``ours-optimum`` (the exact optimum with every expert sliced)."""
+    """Per real invocation, each decision's makespan over the richer problem's exact optimum (every expert on the
+    GPU, sliced, whole on its home unit, or 1/k on the GPU and the rest sliced; see the module docstring)."""
     rng = np.random.default_rng(seed)
-    ratios: dict[str, list[float]] = {"vtp": [], "ours": [], "ours-optimum": []}
+    ratios: dict[str, list[float]] = {key: [] for key in RICHER_DECISIONS}
     for name in RICHER_MODELS:
         model = get_model(name)
         for units in (2, 4, 6):
@@ -125,14 +127,22 @@ def richer_ratios(instances: int, seed: int = 0) -> dict[str, np.ndarray]:
                     active = np.flatnonzero(counts).tolist()
                     out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
                     resident = (rng.random(len(active)) < 0.25).tolist()
-                    problem, whole_s = variable_degree_problem(sim.context, out, resident)
-                    on_gpu, exact_mode = solve_exact_modes(problem, (whole_s,))
-                    optimum = makespan_modes_s(problem, (whole_s,), on_gpu, exact_mode)
+                    problem, modes = richer_problem(sim.context, out, resident)
+                    optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))
+                    packed = pack(problem)
                     vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
-                    vtp = makespan_modes_s(problem, (whole_s,), vtp_gpu, np.where(whole & ~vtp_gpu, 1, 0))
-                    ratios["vtp"].append(vtp / optimum)
-                    ratios["ours"].append(makespan_s(problem, pack(problem)) / optimum)
-                    ratios["ours-optimum"].append(solve_exact(problem)[1] / optimum)
+                    split = split_choice(out, resident, packed)
+                    split_modes = np.where(packed, -1, 0)
+                    if split is not None:
+                        split_modes[split[0]] = 1 + split[1] - 1  # mode 1 is whole; then k = 2, 3, ...
+                    spans = {
+                        "ours": makespan_s(problem, packed),
+                        "ours-optimum": solve_exact(problem)[1],
+                        "vtp": makespan_modes_s(problem, modes, np.where(vtp_gpu, -1, np.where(whole, 1, 0))),
+                        "split": makespan_modes_s(problem, modes, split_modes),
+                    }
+                    for key, span in spans.items():
+                        ratios[key].append(span / optimum)
     return {key: np.asarray(values) for key, values in ratios.items()}
 
 
@@ -145,15 +155,11 @@ def main() -> int:
     if args.richer:
         ratios = richer_ratios(args.richer)
         count = len(ratios["vtp"])
-        print(f"makespan over the exact optimum of the richer problem (GPU / sliced / whole), {count} invocations")
-        for key, label in (
-            ("vtp", "tp+lb+prefetch+vtp (choose_whole, then the packer)"),
-            ("ours", "tp+lb+prefetch's packer (every expert sliced)"),
-            ("ours-optimum", "exact optimum with every expert sliced"),
-        ):
+        print(f"makespan over the richer problem's optimum (GPU / sliced / whole / split), {count} invocations")
+        for key, label in RICHER_DECISIONS.items():
             r = ratios[key]
             print(
-                f"{label:52s} median {np.median(r):.3f}  p90 {np.percentile(r, 90):.3f}  p99 {np.percentile(r, 99):.3f}"
+                f"{label:58s} median {np.median(r):.3f}  p90 {np.percentile(r, 90):.3f}  p99 {np.percentile(r, 99):.3f}"
                 f"  max {r.max():.3f}  at the optimum {np.mean(r <= 1 + 1e-9):.0%}"
             )
         return 0

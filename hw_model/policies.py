@@ -54,7 +54,7 @@ from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
-from hw_model.scheduler import PlacementProblem, pack
+from hw_model.scheduler import ItemMode, PlacementProblem, pack
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
 
@@ -740,6 +740,21 @@ def _keep_copies(state: PolicyState, layer_index: int, experts: list[tuple[int, 
         lru.use_all(staged, weight_bytes)
 
 
+SPLIT_PARTS = range(2, 9)  # k: 1/k of an expert's FFN columns on the GPU
+
+
+def _split_part_costs(out: InvocationLayout, tokens: int, k: int) -> tuple[float, float, float, float]:
+    """Running 1/``k`` of an expert's FFN columns (``tokens`` tokens) on the GPU and the rest sliced over the
+    units: (each unit's NDP seconds for the rest, each unit's DRAM seconds reading the part's copy, PCIe seconds
+    of that copy, GPU seconds)."""
+    costs, expert, sources = out.costs, out.expert, out.sources
+    rest = out.units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
+    ndp_part = max(costs.ndp_s(expert, tokens, rest), costs.ndp_dram_s(expert, tokens, rest))
+    copy_part = costs.copy_read_s(expert, sources) / k
+    transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
+    return ndp_part, copy_part, transfer_part, expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k)
+
+
 def _best_split(
     out: InvocationLayout,
     tokens_of: dict[int, int],
@@ -766,19 +781,24 @@ def _best_split(
     tokens = tokens_of[hot]
     whole_ndp = max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
     best: tuple[float, int] | None = None
-    for k in range(2, 9):
-        rest = units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
-        ndp_part = max(costs.ndp_s(expert, tokens, rest), costs.ndp_dram_s(expert, tokens, rest))
-        copy_part = costs.copy_read_s(expert, sources) / k
-        transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
-        span = max(
-            unit - whole_ndp + ndp_part + copy_part,
-            pcie + transfer_part,
-            gpu + expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k),
-        )
+    for k in SPLIT_PARTS:
+        ndp_part, copy_part, transfer_part, gpu_part = _split_part_costs(out, tokens, k)
+        span = max(unit - whole_ndp + ndp_part + copy_part, pcie + transfer_part, gpu + gpu_part)
         if span < current * (1 - 1e-9) and (best is None or span < best[0]):
             best = (span, k)
     return None if best is None else (hot, best[1])
+
+
+def split_choice(out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool]) -> tuple[int, int] | None:
+    """``tp+lb+prefetch+split``'s choice after the packer put active expert ``i`` on the GPU where ``on_gpu[i]``:
+    (position in ``out.active`` of the expert split, k), or None."""
+    gpu_set = {e for e, g in zip(out.active, on_gpu, strict=True) if g}
+    on_ndp = [e for e in out.active if e not in gpu_set]
+    if not on_ndp:
+        return None
+    tokens_of = dict(zip(out.active, out.active_tokens, strict=True))
+    split = _best_split(out, tokens_of, dict(zip(out.active, resident, strict=True)), gpu_set, on_ndp)
+    return None if split is None else (out.active.index(split[0]), split[1])
 
 
 @register
@@ -830,15 +850,25 @@ def variable_degree_choice(
     return on_gpu, whole
 
 
-def variable_degree_problem(
+def richer_problem(
     ctx: RunContext, out: InvocationLayout, resident: list[bool]
-) -> tuple[PlacementProblem, np.ndarray]:
-    """The richer placement problem of the invocation ``out`` that :func:`variable_degree_choice` decides
-    heuristically: every active expert sliced over all units (the problem) or whole on its home unit (the
-    alternative NDP times), for :func:`hw_model.scheduler.solve_exact_modes`."""
+) -> tuple[PlacementProblem, list[ItemMode]]:
+    """The richer placement problem of the invocation ``out`` (``resident[i]``: active expert ``i`` on the GPU
+    already), for :func:`hw_model.scheduler.solve_exact_modes`: every active expert on the GPU, sliced over all
+    units (the problem), whole on its home unit (the first mode, :func:`variable_degree_choice`'s alternative) or
+    with 1/k of its FFN columns on the GPU and the rest sliced (one mode per k in :data:`SPLIT_PARTS`, as
+    :func:`split_choice` splits one expert)."""
     active, tokens = out.active, out.active_tokens
     problem = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident))
-    return problem, out.item_arrays(active, tokens, resident, [True] * len(active))["ndp"]
+    modes = [ItemMode(out.item_arrays(active, tokens, resident, [True] * len(active))["ndp"])]
+    weight_bytes = out.expert.weight_bytes()
+    for k in SPLIT_PARTS:
+        parts = [_split_part_costs(out, t, k) for t in tokens]
+        unit = np.repeat([[ndp + copy] for ndp, copy, _, _ in parts], out.units, axis=1)
+        modes.append(
+            ItemMode(unit, [p[2] for p in parts], [p[3] for p in parts], np.full(len(active), weight_bytes / k))
+        )
+    return problem, modes
 
 
 def choose_whole(out: InvocationLayout) -> np.ndarray:

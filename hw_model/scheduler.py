@@ -196,76 +196,107 @@ def pack(problem: PlacementProblem) -> np.ndarray:
 
 def solve_exact(problem: PlacementProblem, time_limit_s: float = 10.0) -> tuple[np.ndarray, float]:
     """Optimal placement from a MILP (HiGHS). Returns ``(on_gpu, makespan_s)``."""
-    on_gpu, _ = solve_exact_modes(problem, (), time_limit_s)
+    on_gpu = solve_exact_modes(problem, (), time_limit_s) < 0
     return on_gpu, makespan_s(problem, on_gpu)
 
 
-def makespan_modes_s(
-    problem: PlacementProblem, alternatives: Sequence[np.ndarray], on_gpu: np.ndarray, ndp_mode: np.ndarray
-) -> float:
-    """The objective of the richer problem, where an item left on the NDP units runs in one of several ways (a
-    tensor-parallel degree per expert: sliced over every unit, or whole on its home unit): item ``i`` adds
-    ``problem.ndp_time_s[i]`` to the units when ``ndp_mode[i]`` is 0, ``alternatives[ndp_mode[i] - 1][i]`` otherwise."""
-    on_gpu = np.asarray(on_gpu, dtype=bool)
-    modes = np.stack([problem.ndp_time_s, *(np.asarray(a, dtype=np.float64) for a in alternatives)])
-    chosen = modes[np.asarray(ndp_mode, dtype=np.int64), np.arange(problem.num_items)]  # [items, units]
-    pcie = problem.pcie_base_s + float(problem.transfer_s[on_gpu].sum())
-    gpu = problem.gpu_base_s + float(problem.gpu_compute_s[on_gpu].sum())
-    units = problem.unit_base_s + chosen[~on_gpu].sum(axis=0) + problem.copy_unit_s[on_gpu].sum(axis=0)
+@dataclass(frozen=True)
+class ItemMode:
+    """Another way to run every item of a :class:`PlacementProblem` (the richer problem: a tensor-parallel degree
+    per expert, or part of an expert on the GPU): what item ``i`` then adds to each NDP unit (``unit_s[i, u]``),
+    to PCIe, to the GPU and to the staged bytes. Sizes are checked against the problem when solving."""
+
+    unit_s: np.ndarray
+    pcie_s: np.ndarray | None = None
+    gpu_s: np.ndarray | None = None
+    staged_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        unit = np.asarray(self.unit_s, dtype=np.float64)
+        if unit.ndim != 2 or (unit < 0).any() or not np.isfinite(unit).all():
+            raise WorkloadError("ItemMode.unit_s must be a finite non-negative [items, units] array")
+        object.__setattr__(self, "unit_s", unit)
+        for name in ("pcie_s", "gpu_s", "staged_bytes"):
+            value = getattr(self, name)
+            arr = np.zeros(unit.shape[0]) if value is None else np.asarray(value, dtype=np.float64)
+            if arr.shape != (unit.shape[0],) or (arr < 0).any() or not np.isfinite(arr).all():
+                raise WorkloadError(f"ItemMode.{name} must be {unit.shape[0]} finite non-negative numbers")
+            object.__setattr__(self, name, arr)
+
+
+def _all_modes(problem: PlacementProblem, modes: Sequence[ItemMode]) -> list[ItemMode]:
+    """Choice ``-1`` (the GPU), ``0`` (the problem's NDP times), then ``modes``, as a list indexed by choice + 1."""
+    n = problem.num_items
+    gpu = ItemMode(problem.copy_unit_s, problem.transfer_s, problem.gpu_compute_s, problem.transfer_bytes)
+    all_modes = [gpu, ItemMode(problem.ndp_time_s), *modes]
+    if any(m.unit_s.shape != problem.ndp_time_s.shape for m in all_modes):
+        raise WorkloadError(f"every mode must cover the problem's [{n}, {problem.num_units}] items and units")
+    return all_modes
+
+
+def makespan_modes_s(problem: PlacementProblem, modes: Sequence[ItemMode], choice: np.ndarray) -> float:
+    """The objective of the richer problem: item ``i`` on the GPU where ``choice[i]`` is ``-1``, on the NDP units
+    as the problem has it where ``0``, in ``modes[choice[i] - 1]`` otherwise."""
+    all_modes = _all_modes(problem, modes)
+    picked = np.asarray(choice, dtype=np.int64) + 1
+    rows = np.arange(problem.num_items)
+    unit = np.stack([m.unit_s for m in all_modes])[picked, rows].sum(axis=0)
+    pcie = problem.pcie_base_s + float(np.stack([m.pcie_s for m in all_modes])[picked, rows].sum())
+    gpu = problem.gpu_base_s + float(np.stack([m.gpu_s for m in all_modes])[picked, rows].sum())
+    units = problem.unit_base_s + unit
     return max(pcie, gpu, float(units.max()) if units.size else 0.0)
 
 
-def solve_exact_modes(
-    problem: PlacementProblem, alternatives: Sequence[np.ndarray], time_limit_s: float = 10.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Optimal placement of the richer problem (see :func:`makespan_modes_s`) from a MILP (HiGHS): per item, on
-    the GPU or in one of the NDP modes (``problem.ndp_time_s``, then each of ``alternatives``, ``[items, units]``
-    arrays). Returns ``(on_gpu, ndp_mode)``; with no alternatives it is :func:`solve_exact`'s problem."""
+def staged_bytes_of(problem: PlacementProblem, modes: Sequence[ItemMode], choice: np.ndarray) -> float:
+    """The bytes a choice of the richer problem stages on the GPU (within ``problem.staging_cap_bytes`` if
+    feasible)."""
+    picked = np.asarray(choice, dtype=np.int64) + 1
+    staged = np.stack([m.staged_bytes for m in _all_modes(problem, modes)])
+    return float(staged[picked, np.arange(problem.num_items)].sum())
+
+
+def solve_exact_modes(problem: PlacementProblem, modes: Sequence[ItemMode], time_limit_s: float = 10.0) -> np.ndarray:
+    """Optimal choice of the richer problem (see :func:`makespan_modes_s`) from a MILP (HiGHS): per item, ``-1``
+    (the GPU), ``0`` (the problem's NDP times) or ``m`` (``modes[m - 1]``). With no modes it is
+    :func:`solve_exact`'s problem."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     n, units = problem.ndp_time_s.shape
-    modes = [problem.ndp_time_s, *(np.asarray(a, dtype=np.float64) for a in alternatives)]
-    if any(m.shape != (n, units) or (m < 0).any() or not np.isfinite(m).all() for m in modes):
-        raise WorkloadError(f"every NDP mode must be a finite non-negative [{n}, {units}] array")
-    k = len(modes)
-    # variables: x_0..x_{n-1} (1 = on the GPU), y_{i,m} (1 = item i in NDP mode m, item-major), then the makespan C
-    width = n + n * k + 1
-    objective = np.zeros(width)
-    objective[-1] = 1.0
+    all_modes = _all_modes(problem, modes)
+    k = len(all_modes)
+    # variables: y_{i,m} (1 = item i in mode m; item-major, mode 0 the GPU), then the makespan C
+    width = n * k + 1
     rows, lower, upper = [], [], []
-
-    def row() -> np.ndarray:
-        return np.zeros(width)
-
-    for i in range(n):  # each item placed once: x_i + sum_m y_{i,m} = 1
-        r = row()
-        r[i] = 1.0
-        r[n + i * k : n + (i + 1) * k] = 1.0
+    for i in range(n):  # each item placed once
+        r = np.zeros(width)
+        r[i * k : (i + 1) * k] = 1.0
         rows.append(r)
         lower.append(1.0)
         upper.append(1.0)
-    for times, base in ((problem.transfer_s, problem.pcie_base_s), (problem.gpu_compute_s, problem.gpu_base_s)):
-        r = row()
-        r[:n] = times
+
+    def load_row(per_mode: list[np.ndarray]) -> np.ndarray:
+        r = np.zeros(width)
+        for m, values in enumerate(per_mode):
+            r[m : n * k : k] = values
         r[-1] = -1.0
-        rows.append(r)
+        return r
+
+    for per_mode, base in (
+        ([m.pcie_s for m in all_modes], problem.pcie_base_s),
+        ([m.gpu_s for m in all_modes], problem.gpu_base_s),
+        *(([m.unit_s[:, u] for m in all_modes], problem.unit_base_s[u]) for u in range(units)),
+    ):  # base + sum_{i,m} load_m[i] y_{i,m} <= C
+        rows.append(load_row(per_mode))
         lower.append(-np.inf)
         upper.append(-base)
-    for u in range(units):  # base_u + sum_{i,m} ndp_m[i,u] y_{i,m} + copy[i,u] x_i <= C
-        r = row()
-        r[:n] = problem.copy_unit_s[:, u]
-        for m, times in enumerate(modes):
-            r[n + m : n + n * k : k] = times[:, u]
-        r[-1] = -1.0
-        rows.append(r)
-        lower.append(-np.inf)
-        upper.append(-problem.unit_base_s[u])
     if np.isfinite(problem.staging_cap_bytes):
-        r = row()
-        r[:n] = problem.transfer_bytes
+        r = load_row([m.staged_bytes for m in all_modes])
+        r[-1] = 0.0
         rows.append(r)
         lower.append(-np.inf)
         upper.append(problem.staging_cap_bytes)
+    objective = np.zeros(width)
+    objective[-1] = 1.0
     result = milp(
         objective,
         constraints=LinearConstraint(np.array(rows), np.array(lower), np.array(upper)),
@@ -275,6 +306,4 @@ def solve_exact_modes(
     )
     if result.x is None:
         raise WorkloadError(f"MILP found no placement: {result.message}")
-    on_gpu = result.x[:n] > 0.5
-    ndp_mode = result.x[n : n + n * k].reshape(n, k).argmax(axis=1)
-    return on_gpu, np.where(on_gpu, 0, ndp_mode)
+    return result.x[: n * k].reshape(n, k).argmax(axis=1) - 1

@@ -10,6 +10,7 @@ import pytest
 
 from hw_model.errors import WorkloadError
 from hw_model.scheduler import (
+    ItemMode,
     PlacementProblem,
     is_feasible,
     makespan_modes_s,
@@ -17,6 +18,7 @@ from hw_model.scheduler import (
     pack,
     solve_exact,
     solve_exact_modes,
+    staged_bytes_of,
 )
 
 
@@ -122,39 +124,52 @@ def test_empty_problem_and_bad_input():
         PlacementProblem(-np.ones((2, 2)), [1, 1], [0, 0], [0, 0])
 
 
-def _whole_alternative(rng: np.random.Generator, problem: PlacementProblem) -> np.ndarray:
+def _whole_mode(rng: np.random.Generator, problem: PlacementProblem) -> ItemMode:
     """Per item, its NDP time whole on one home unit: the sum of its per-unit times on one unit, minus some fixed
     shard costs saved (a variable tensor-parallel degree's other mode)."""
     n, units = problem.ndp_time_s.shape
     whole = np.zeros((n, units))
     whole[np.arange(n), rng.integers(0, units, n)] = problem.ndp_time_s.sum(axis=1) * rng.uniform(0.6, 1.0, n)
-    return whole
+    return ItemMode(whole)
 
 
-def test_milp_with_ndp_modes_matches_brute_force_on_tiny_instances():
+def _split_mode(rng: np.random.Generator, problem: PlacementProblem) -> ItemMode:
+    """Per item, part of it on the GPU (a share of its copy, compute and bytes) and the rest on the NDP units."""
+    share = rng.uniform(0.2, 0.8, problem.num_items)
+    return ItemMode(
+        problem.ndp_time_s * (1 - share)[:, None] + problem.copy_unit_s * share[:, None],
+        problem.transfer_s * share + rng.uniform(0, 0.1, problem.num_items),
+        problem.gpu_compute_s * share * rng.uniform(1.0, 1.5, problem.num_items),
+        problem.transfer_bytes * share,
+    )
+
+
+def test_milp_with_item_modes_matches_brute_force_on_tiny_instances():
     rng = np.random.default_rng(11)
     for _ in range(30):
         problem = random_problem(rng, max_items=5, max_units=3)
-        whole = _whole_alternative(rng, problem)
+        modes = (_whole_mode(rng, problem), _split_mode(rng, problem))
         best = float("inf")
-        for choice in itertools.product((-1, 0, 1), repeat=problem.num_items):  # -1: on the GPU
-            on_gpu = np.array(choice) < 0
-            if is_feasible(problem, on_gpu):
-                best = min(best, makespan_modes_s(problem, (whole,), on_gpu, np.maximum(choice, 0)))
-        on_gpu, mode = solve_exact_modes(problem, (whole,))
-        assert is_feasible(problem, on_gpu)
-        assert makespan_modes_s(problem, (whole,), on_gpu, mode) == pytest.approx(best, rel=1e-7)
-        # with no alternative mode it is the plain problem's optimum
-        plain_gpu, plain_mode = solve_exact_modes(problem, ())
-        assert not plain_mode.any()
-        assert makespan_s(problem, plain_gpu) == pytest.approx(solve_exact(problem)[1], rel=1e-7)
+        for choice in itertools.product((-1, 0, 1, 2), repeat=problem.num_items):  # -1: the GPU
+            if staged_bytes_of(problem, modes, choice) <= problem.staging_cap_bytes * (1 + 1e-9):
+                best = min(best, makespan_modes_s(problem, modes, np.array(choice)))
+        choice = solve_exact_modes(problem, modes)
+        assert staged_bytes_of(problem, modes, choice) <= problem.staging_cap_bytes * (1 + 1e-9)
+        assert makespan_modes_s(problem, modes, choice) == pytest.approx(best, rel=1e-7)
+        # with no other mode it is the plain problem, and the objective is the plain one
+        plain = solve_exact_modes(problem, ())
+        assert set(plain.tolist()) <= {-1, 0}
+        assert makespan_modes_s(problem, (), plain) == pytest.approx(solve_exact(problem)[1], rel=1e-7)
+        assert makespan_modes_s(problem, modes, np.where(plain < 0, -1, 0)) == pytest.approx(
+            makespan_s(problem, plain < 0), rel=1e-12
+        )
 
 
-def test_richer_optimum_bounds_the_variable_degree_and_sliced_decisions_of_real_invocations():
+def test_richer_optimum_bounds_the_decisions_of_ours_and_the_extensions_on_real_invocations():
     from hw_model import load_system
     from hw_model.layout import InvocationLayout
     from hw_model.models import get_model
-    from hw_model.policies import variable_degree_choice, variable_degree_problem
+    from hw_model.policies import richer_problem, split_choice, variable_degree_choice
     from hw_model.simulator import MoESimulator
 
     rng = np.random.default_rng(5)
@@ -167,15 +182,15 @@ def test_richer_optimum_bounds_the_variable_degree_and_sliced_decisions_of_real_
         active = np.flatnonzero(counts).tolist()
         out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
         resident = (rng.random(len(active)) < 0.25).tolist()
-        problem, whole_s = variable_degree_problem(sim.context, out, resident)
-        on_gpu, mode = solve_exact_modes(problem, (whole_s,))
-        optimum = makespan_modes_s(problem, (whole_s,), on_gpu, mode)
+        problem, modes = richer_problem(sim.context, out, resident)
+        optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))
+        packed = pack(problem)
         vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
-        vtp = makespan_modes_s(problem, (whole_s,), vtp_gpu, np.where(whole & ~vtp_gpu, 1, 0))
-        sliced_gpu, sliced_optimum = solve_exact(problem)
-        assert optimum <= vtp * (1 + 1e-9)
-        assert optimum <= makespan_s(problem, pack(problem)) * (1 + 1e-9)
-        assert optimum <= sliced_optimum * (1 + 1e-9)  # a superset of the sliced-only choices
-        assert makespan_modes_s(problem, (whole_s,), sliced_gpu, np.zeros(len(active), int)) == pytest.approx(
-            sliced_optimum, rel=1e-12
-        )
+        decisions = [np.where(packed, -1, 0), np.where(vtp_gpu, -1, np.where(whole, 1, 0))]
+        split = split_choice(out, resident, packed)
+        if split is not None:
+            decisions.append(decisions[0].copy())
+            decisions[-1][split[0]] = split[1]  # mode 1 is whole on the home unit, then k = 2, 3, ...
+        for choice in decisions:
+            assert optimum <= makespan_modes_s(problem, modes, choice) * (1 + 1e-9)
+        assert optimum <= solve_exact(problem)[1] * (1 + 1e-9)  # a superset of the plain problem's choices
