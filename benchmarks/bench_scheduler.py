@@ -34,11 +34,10 @@ from hw_model.cost import expert_shard_time_s  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
 from hw_model.layout import InvocationLayout  # noqa: E402
 from hw_model.models import get_model  # noqa: E402
-from hw_model.policies import ExpertCosts, richer_problem, split_choice, variable_degree_choice  # noqa: E402
+from hw_model.policies import ExpertCosts, richer_choices, richer_problem  # noqa: E402
 from hw_model.scheduler import (  # noqa: E402
     PlacementProblem,
     makespan_modes_s,
-    makespan_s,
     pack,
     solve_exact,
     solve_exact_modes,
@@ -103,10 +102,10 @@ def median_decision_time_s(problems: list[PlacementProblem], repeats: int) -> fl
 
 RICHER_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-7b")
 RICHER_DECISIONS = {
-    "ours": "tp+lb+prefetch's packer (every expert sliced or on the GPU)",
-    "ours-optimum": "exact optimum with every expert sliced or on the GPU",
-    "vtp": "tp+lb+prefetch+vtp (choose_whole, then the packer)",
-    "split": "tp+lb+prefetch+split (the packer, then one expert split)",
+    "tp+lb+prefetch": "tp+lb+prefetch's packer (every expert sliced or on the GPU)",
+    "sliced optimum": "exact optimum with every expert sliced or on the GPU",
+    "tp+lb+prefetch+vtp": "tp+lb+prefetch+vtp (choose_whole, then the packer)",
+    "tp+lb+prefetch+split": "tp+lb+prefetch+split (the packer, then one expert split)",
 }
 
 
@@ -129,18 +128,11 @@ def richer_ratios(instances: int, seed: int = 0) -> dict[str, np.ndarray]:
                     resident = (rng.random(len(active)) < 0.25).tolist()
                     problem, modes = richer_problem(sim.context, out, resident)
                     optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))
-                    packed = pack(problem)
-                    vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
-                    split = split_choice(out, resident, packed)
-                    split_modes = np.where(packed, -1, 0)
-                    if split is not None:
-                        split_modes[split[0]] = 1 + split[1] - 1  # mode 1 is whole; then k = 2, 3, ...
                     spans = {
-                        "ours": makespan_s(problem, packed),
-                        "ours-optimum": solve_exact(problem)[1],
-                        "vtp": makespan_modes_s(problem, modes, np.where(vtp_gpu, -1, np.where(whole, 1, 0))),
-                        "split": makespan_modes_s(problem, modes, split_modes),
+                        policy: makespan_modes_s(problem, modes, choice)
+                        for policy, choice in richer_choices(sim.context, out, resident, problem).items()
                     }
+                    spans["sliced optimum"] = solve_exact(problem)[1]
                     for key, span in spans.items():
                         ratios[key].append(span / optimum)
     return {key: np.asarray(values) for key, values in ratios.items()}
@@ -154,7 +146,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.richer:
         ratios = richer_ratios(args.richer)
-        count = len(ratios["vtp"])
+        count = len(ratios["tp+lb+prefetch"])
         print(f"makespan over the richer problem's optimum (GPU / sliced / whole / split), {count} invocations")
         for key, label in RICHER_DECISIONS.items():
             r = ratios[key]

@@ -871,6 +871,26 @@ def richer_problem(
     return problem, modes
 
 
+def richer_choices(
+    ctx: RunContext, out: InvocationLayout, resident: list[bool], problem: PlacementProblem
+) -> dict[str, np.ndarray]:
+    """The decisions of ours and of the variable-degree and split extensions for the invocation ``out``, as choices
+    of its :func:`richer_problem` ``problem`` (per active expert: ``-1`` the GPU, ``0`` sliced, ``1`` whole on its
+    home unit, ``k`` >= 2 split with 1/k on the GPU), by policy name."""
+    packed = pack(problem)
+    ours = np.where(packed, -1, 0)
+    on_gpu, whole = variable_degree_choice(ctx, out, resident)
+    split = ours.copy()
+    chosen = split_choice(out, resident, packed)
+    if chosen is not None:
+        split[chosen[0]] = chosen[1]  # richer_problem's modes: whole first, then k = 2, 3, ...: mode k is 1/k
+    return {
+        Ours.name: ours,
+        OursVariableDegree.name: np.where(on_gpu, -1, np.where(whole, 1, 0)),
+        OursSplit.name: split,
+    }
+
+
 def choose_whole(out: InvocationLayout) -> np.ndarray:
     """Per active expert, whether to run it whole on its home unit (per-unit bins): every unit takes the same
     number ``m`` of its own coldest experts whole (``m`` = the fewest active experts any unit is home to), which

@@ -281,20 +281,28 @@ def solve_exact_modes(problem: PlacementProblem, modes: Sequence[ItemMode], time
         r[-1] = -1.0
         return r
 
-    for per_mode, base in (
+    loads = (
         ([m.pcie_s for m in all_modes], problem.pcie_base_s),
         ([m.gpu_s for m in all_modes], problem.gpu_base_s),
         *(([m.unit_s[:, u] for m in all_modes], problem.unit_base_s[u]) for u in range(units)),
-    ):  # base + sum_{i,m} load_m[i] y_{i,m} <= C
-        rows.append(load_row(per_mode))
+    )
+    # in units of the largest time: the solver's tolerances are absolute (~1e-7), and layer times are microseconds
+    scale = max(
+        [float(base) for _, base in loads] + [float(v.max()) for per_mode, _ in loads for v in per_mode if v.size]
+    )
+    scale = scale if scale > 0 else 1.0
+    for per_mode, base in loads:  # base + sum_{i,m} load_m[i] y_{i,m} <= C
+        rows.append(load_row([v / scale for v in per_mode]))
         lower.append(-np.inf)
-        upper.append(-base)
+        upper.append(-base / scale)
     if np.isfinite(problem.staging_cap_bytes):
-        r = load_row([m.staged_bytes for m in all_modes])
+        per_mode = [m.staged_bytes for m in all_modes]
+        size = max([problem.staging_cap_bytes] + [float(v.max()) for v in per_mode if v.size]) or 1.0
+        r = load_row([v / size for v in per_mode])
         r[-1] = 0.0
         rows.append(r)
         lower.append(-np.inf)
-        upper.append(problem.staging_cap_bytes)
+        upper.append(problem.staging_cap_bytes / size)
     objective = np.zeros(width)
     objective[-1] = 1.0
     result = milp(

@@ -169,28 +169,25 @@ def test_richer_optimum_bounds_the_decisions_of_ours_and_the_extensions_on_real_
     from hw_model import load_system
     from hw_model.layout import InvocationLayout
     from hw_model.models import get_model
-    from hw_model.policies import richer_problem, split_choice, variable_degree_choice
+    from hw_model.policies import richer_choices, richer_problem
     from hw_model.simulator import MoESimulator
+    from hw_model.traces import TraceKnobs, synthetic_trace
 
-    rng = np.random.default_rng(5)
     model = get_model("qwen3-30b-a3b")
     sim = MoESimulator(load_system("paper", 4), model.moe_layer_shapes()[:1], "tp+lb+prefetch+vtp")
-    for tokens in (1, 1, 16, 16):
-        counts = np.zeros(model.num_experts, dtype=np.int64)
-        for _ in range(tokens):
-            counts[rng.choice(model.num_experts, model.top_k, replace=False)] += 1
+    trace = synthetic_trace(1, model.num_experts, model.top_k, 16, 2, TraceKnobs(seed=5))
+    # two decode tokens, then the 16-token prompt; every third active expert resident
+    for counts in (trace.counts(0, 16, 17), trace.counts(0, 17, 18), trace.prefill_counts(0)):
         active = np.flatnonzero(counts).tolist()
         out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
-        resident = (rng.random(len(active)) < 0.25).tolist()
+        resident = [i % 3 == 0 for i in range(len(active))]
         problem, modes = richer_problem(sim.context, out, resident)
         optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))
-        packed = pack(problem)
-        vtp_gpu, whole = variable_degree_choice(sim.context, out, resident)
-        decisions = [np.where(packed, -1, 0), np.where(vtp_gpu, -1, np.where(whole, 1, 0))]
-        split = split_choice(out, resident, packed)
-        if split is not None:
-            decisions.append(decisions[0].copy())
-            decisions[-1][split[0]] = split[1]  # mode 1 is whole on the home unit, then k = 2, 3, ...
-        for choice in decisions:
+        choices = richer_choices(sim.context, out, resident, problem)
+        assert set(choices) == {"tp+lb+prefetch", "tp+lb+prefetch+vtp", "tp+lb+prefetch+split"}
+        assert makespan_modes_s(problem, modes, choices["tp+lb+prefetch"]) == pytest.approx(
+            makespan_s(problem, pack(problem)), rel=1e-12
+        )
+        for choice in choices.values():
             assert optimum <= makespan_modes_s(problem, modes, choice) * (1 + 1e-9)
         assert optimum <= solve_exact(problem)[1] * (1 + 1e-9)  # a superset of the plain problem's choices
