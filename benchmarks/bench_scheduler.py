@@ -104,7 +104,7 @@ RICHER_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-
 RICHER_DECISIONS = {
     "tp+lb+prefetch": "tp+lb+prefetch's packer (every expert sliced or on the GPU)",
     "sliced optimum": "exact optimum with every expert sliced or on the GPU",
-    "tp+lb+prefetch+vtp": "tp+lb+prefetch+vtp (choose_whole, then the packer)",
+    "tp+lb+prefetch+vtp": "tp+lb+prefetch+vtp (choose_whole + packer, or all sliced)",
     "tp+lb+prefetch+split": "tp+lb+prefetch+split (the packer, then one expert split)",
 }
 

@@ -54,7 +54,7 @@ from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
-from hw_model.scheduler import ItemMode, PlacementProblem, pack
+from hw_model.scheduler import ItemMode, PlacementProblem, makespan_s, pack
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
 
@@ -843,10 +843,19 @@ def variable_degree_choice(
     ctx: RunContext, out: InvocationLayout, resident: list[bool]
 ) -> tuple[np.ndarray, np.ndarray]:
     """``tp+lb+prefetch+vtp``'s decision for the invocation ``out`` (``resident[i]``: whether active expert ``i`` is
-    on the GPU already): per active expert, on the GPU, and run whole on its home unit (:func:`choose_whole`,
-    then the packer over those NDP times)."""
+    on the GPU already): per active expert, on the GPU, and run whole on its home unit. The packer runs over the
+    NDP times :func:`choose_whole` picks and, when it picked any expert whole, over every expert sliced as well;
+    the placement with the shorter makespan is kept (whole experts alone can leave the units unbalanced where
+    slicing them would not: up to 2x the richer problem's optimum, ``benchmarks/bench_scheduler.py --richer``)."""
+    active, tokens = out.active, out.active_tokens
     whole = choose_whole(out)
-    on_gpu = pack(_placement_problem(ctx, out, out.item_arrays(out.active, out.active_tokens, resident, whole)))
+    mixed = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident, whole))
+    on_gpu = pack(mixed)
+    if whole.any():
+        sliced = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident))
+        sliced_gpu = pack(sliced)
+        if makespan_s(sliced, sliced_gpu) < makespan_s(mixed, on_gpu):
+            return sliced_gpu, np.zeros_like(whole)
     return on_gpu, whole
 
 
