@@ -808,7 +808,8 @@ class OursVariableDegree(Ours):
     description = (
         "ours with a tensor-parallel degree per expert and per-unit bins: every expert is stored both sliced over "
         "all units and whole on its home unit (twice the DIMM capacity); each invocation runs an expert whole on "
-        "its home unit where that lowers the busiest unit's load (fewer, larger kernels), sliced otherwise"
+        "its home unit where that lowers the busiest unit's load (fewer, larger kernels), sliced otherwise, and "
+        "keeps that only if it packs shorter than every expert sliced"
     )
     source = "issue 13 (beyond arXiv 2601.03992): variable TP degree per expert, each NDP unit its own bin"
     layout = "dual"
