@@ -13,6 +13,10 @@ invocation's plan:
 - its :class:`~hw_model.timeline.LayerTimeline` (every busy interval, labelled with this invocation's expert
   ids), laid out only when read.
 
+A placement where every expert runs on the GPU or sliced (:meth:`InvocationLayout.gpu_or_sliced`, the packer
+policies') is also memoised by its items as they are (per active expert: tokens, on the GPU, resident), a
+cheaper key than the sorted decisions; on such a hit the decisions are recorded only when read.
+
 Decisions are laid out in one canonical order, sorted by (kind, tokens, detail, expert id); decisions equal
 but for the expert cost exactly the same, so a memoised summary is exactly what laying out any invocation
 with the same id-free decisions gives.
