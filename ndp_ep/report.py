@@ -124,10 +124,9 @@ class RunReport:
     weights: str = ""  # what the expert weights were costed as (default: ``dtype``)
 
     def __post_init__(self) -> None:
-        if self.run_index < 0 or self.tokens < 0 or self.ndp_units < 0:
-            raise ValueError("RunReport: run_index, tokens and ndp_units must be non-negative")
-        if self.non_expert_gpu_s < 0 or any(layer.latency_s < 0 for layer in self.layers):
-            raise ValueError("RunReport: simulated times must be non-negative")
+        _check_report(
+            self.run_index, self.tokens, self.ndp_units, self.non_expert_gpu_s, [x.latency_s for x in self.layers]
+        )
 
     @classmethod
     def of_step(
@@ -145,13 +144,9 @@ class RunReport:
         simulator: dict[str, Any],
         notes: tuple[str, ...],
     ) -> RunReport:
-        """The report whose ``layers`` are ``step_layers.build()``, built when first read (the same checks as
-        the constructor's, now)."""
-        latencies = step_layers.step.latencies_s
-        if run_index < 0 or tokens < 0 or ndp_units < 0:
-            raise ValueError("RunReport: run_index, tokens and ndp_units must be non-negative")
-        if non_expert_gpu_s < 0 or (latencies and min(latencies) < 0):
-            raise ValueError("RunReport: simulated times must be non-negative")
+        """The report whose ``layers`` are ``step_layers.build()``, built when first read (the constructor's
+        checks, now)."""
+        _check_report(run_index, tokens, ndp_units, non_expert_gpu_s, step_layers.step.latencies_s)
         report = cls.__new__(cls)
         report.__dict__.update(  # frozen: its fields are set as the dataclass's __init__ would, without __setattr__
             run_index=run_index,
@@ -261,3 +256,13 @@ class RunReport:
         lines += table(rows, "<><<", indent="  ")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _check_report(
+    run_index: int, tokens: int, ndp_units: int, non_expert_gpu_s: float, latencies_s: Sequence[float]
+) -> None:
+    """A :class:`RunReport`'s checks, however it is built: counts and simulated times non-negative."""
+    if run_index < 0 or tokens < 0 or ndp_units < 0:
+        raise ValueError("RunReport: run_index, tokens and ndp_units must be non-negative")
+    if non_expert_gpu_s < 0 or any(latency < 0 for latency in latencies_s):
+        raise ValueError("RunReport: simulated times must be non-negative")
