@@ -173,13 +173,17 @@ class InvocationLayout:
         """Expert ``e`` (``tokens`` tokens) on the GPU; unless ``resident``, its weights are copied first (counted
         as on-demand)."""
         self.ids.append(e)
+        if not resident:
+            self.state.on_demand_bytes += self.ctx.expert_bytes[self.layer_index]
+        self.decisions.append(self._gpu_decision(e, tokens, resident))
+
+    def _gpu_decision(self, e: int, tokens: int, resident: bool) -> Decision:
+        """The decision of expert ``e`` (``tokens`` tokens) on the GPU, its weights copied first unless ``resident``:
+        a copy from one DIMM (whole layout) reads the expert's home unit."""
         if resident:
-            self.decisions.append((GPU, tokens, 1, 0))
-            return
+            return (GPU, tokens, 1, 0)
         ctx = self.ctx
-        self.state.on_demand_bytes += ctx.expert_bytes[self.layer_index]
-        # a copy from one DIMM (whole layout) reads the expert's home unit
-        self.decisions.append((GPU, tokens, 0, e % ctx.system.num_ndp_units if ctx.copy_sources == 1 else 0))
+        return (GPU, tokens, 0, e % ctx.system.num_ndp_units if ctx.copy_sources == 1 else 0)
 
     def gpu_or_sliced(self, on_gpu: list[bool], resident: list[bool]) -> list[tuple[int, bool]]:
         """Active expert ``i`` on the GPU where ``on_gpu[i]`` (as :meth:`to_gpu` with ``resident[i]``), sliced over
@@ -216,10 +220,9 @@ class InvocationLayout:
 
     def _record_gpu_or_sliced(self, on_gpu: list[bool], resident: list[bool]) -> None:
         """The decisions of :meth:`gpu_or_sliced` (its copies' bytes already counted)."""
-        home_unit = self.ctx.copy_sources == 1  # a copy from one DIMM (whole layout) reads the expert's home unit
-        units = self.ctx.system.num_ndp_units
+        gpu_decision = self._gpu_decision
         self.decisions += [
-            (GPU, tokens, 1 if res else 0, e % units if home_unit and not res else 0) if gpu else (SLICED, tokens, 0, 0)
+            gpu_decision(e, tokens, res) if gpu else (SLICED, tokens, 0, 0)
             for e, tokens, gpu, res in zip(self.active, self.active_tokens, on_gpu, resident, strict=True)
         ]
         self.ids += self.active
