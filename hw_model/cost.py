@@ -108,7 +108,7 @@ def elementwise_time_s(device: ComputeSpec, elements_read: float, elements_writt
 
 
 def expert_shard_kernels(
-    device: ComputeSpec, expert: ExpertShape, tokens: int, shards: int = 1, *, fused_activation: bool = True
+    device: ComputeSpec, expert: ExpertShape, tokens: int, shards: float = 1, *, fused_activation: bool = True
 ) -> tuple[KernelCost, ...]:
     """The kernels of one tensor-parallel shard (1/``shards`` of the FFN width) of ``expert``.
 
@@ -175,7 +175,7 @@ def expert_shard_time_s(
     device: ComputeSpec,
     expert: ExpertShape,
     tokens: int,
-    shards: int = 1,
+    shards: float = 1,
     *,
     eager: bool = False,
 ) -> float:
@@ -237,7 +237,7 @@ def moe_layer_eager_time_s(device: ComputeSpec, layer: MoELayerShape, tokens: in
     return router_s + select_s + active * per_expert_s + shared_s
 
 
-def _check_tokens_shards(tokens: int, shards: int) -> None:
+def _check_tokens_shards(tokens: int, shards: float) -> None:
     if tokens < 0:
         raise WorkloadError(f"tokens must be >= 0, got {tokens}")
     if shards < 1:

@@ -43,6 +43,7 @@ _SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of slice
 # (kind, tokens, detail_a, detail_b): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
 # WHOLE (home unit, 0); SPLIT (k, 0). The expert it is about is kept beside it.
 Decision = tuple[int, int, int, int]
+Flags = Sequence[bool] | np.ndarray  # one flag per active expert: a list, or a boolean array
 
 
 class LayoutSummary(NamedTuple):
@@ -110,6 +111,7 @@ class InvocationLayout:
         "_placement",
         "_unrecorded",
     )
+    summary: LayoutSummary  # set by finish (or gpu_or_sliced); reading it before is an AttributeError
 
     def __init__(
         self,
@@ -129,7 +131,6 @@ class InvocationLayout:
         self.decisions: list[Decision] = []  # id-free, in the order recorded
         self.ids: list[int] = []  # the expert of each decision
         self.extra: dict[str, float] = {}
-        self.summary: LayoutSummary | None = None
         self._timeline: LayerTimeline | None = None
         self._placement: Mapping[int, str] | None = None
         self._unrecorded: tuple[list[bool], list[bool]] | None = None  # see gpu_or_sliced
@@ -209,10 +210,10 @@ class InvocationLayout:
         summary = memo.get(key)
         if summary is None:
             self._record_gpu_or_sliced(on_gpu, resident)
-            self.finish()
+            summary = self.finish()
             if len(memo) >= MEMO_SIZE:
                 memo.clear()
-            memo[key] = self.summary
+            memo[key] = summary
         else:
             self.summary = summary
             self._unrecorded = (on_gpu, resident)
@@ -258,8 +259,8 @@ class InvocationLayout:
         self.state.on_demand_bytes += self.layer.expert.weight_bytes() / k
         self.decisions.append((SPLIT, tokens, k, 0))
 
-    def finish(self) -> None:
-        """Set :attr:`summary` from the recorded decisions: from the run's memo, laid out on a miss."""
+    def finish(self) -> LayoutSummary:
+        """Set :attr:`summary` from the recorded decisions (from the run's memo, laid out on a miss); returns it."""
         key = (self.ctx.layer_classes[self.layer_index], tuple(sorted(self.decisions)))
         memo = self.state.layout_memo
         summary = memo.get(key)
@@ -270,6 +271,7 @@ class InvocationLayout:
                 memo.clear()
             memo[key] = summary
         self.summary = summary
+        return summary
 
     def finish_with_timeline(self, timeline: LayerTimeline, placement: Mapping[int, str]) -> None:
         """Finish with a timeline the policy laid out itself (not from recorded decisions)."""
@@ -356,7 +358,7 @@ class InvocationLayout:
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------
     def item_lists(
-        self, ids: list[int], tokens: list[int], resident: Sequence[bool], whole: Sequence[bool] | None = None
+        self, ids: list[int], tokens: list[int], resident: Flags, whole: Flags | None = None
     ) -> dict[str, list]:
         """Per active expert ``ids[i]`` (``tokens[i]`` tokens): NDP time per unit (``ndp``, one list of
         ``units`` floats per expert), DRAM time a copy takes per unit (``copy``, likewise), copy time
@@ -402,7 +404,7 @@ class InvocationLayout:
         return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
 
     def item_arrays(
-        self, ids: list[int], tokens: list[int], resident: Sequence[bool], whole: Sequence[bool] | None = None
+        self, ids: list[int], tokens: list[int], resident: Flags, whole: Flags | None = None
     ) -> dict[str, np.ndarray]:
         """:meth:`item_lists` as arrays (``ndp`` and ``copy``: experts x units), for the packer."""
         items = self.item_lists(ids, tokens, resident, whole)

@@ -48,6 +48,7 @@ from operator import add, sub
 from typing import Any, ClassVar
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from hw_model.cost import ExpertShard, expert_shard_time_s
 from hw_model.errors import WorkloadError
@@ -135,7 +136,7 @@ class ExpertCosts:
             unit = self.system.ndp_unit
             ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
             value = self._store(key, expert, expert.flops(tokens) / expert.weight_bytes() > ridge)
-        return value
+        return bool(value)
 
     def copy_bandwidth(self, sources: int) -> float:
         """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
@@ -284,6 +285,7 @@ class PolicyState:
     staged_ahead: dict[int, set[int]] = field(default_factory=dict)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a policy defined outside this module works compiled too
 class Policy(ABC):
     """The protocol every policy implements (see the module docstring)."""
 
@@ -302,7 +304,7 @@ class Policy(ABC):
         return PolicyState()
 
     def begin_step(
-        self, ctx: RunContext, state: PolicyState, layers: list[int], counts: np.ndarray, phase: str
+        self, ctx: RunContext, state: PolicyState, layers: Sequence[int], counts: np.ndarray, phase: str
     ) -> None:
         """Called before the invocations of ``layers`` (in that order, ``counts[i]`` for ``layers[i]``): work
         a policy can do for all of them at once. Default: nothing."""
@@ -324,7 +326,7 @@ _REGISTRY: dict[str, Policy] = {}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: validate a policy's declaration and add an instance to the registry."""
+    """Validate a policy's declaration and add an instance to the registry (usable as a class decorator)."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.__name__} must declare a non-empty name")
@@ -421,7 +423,6 @@ def _best_prefix(items: dict[str, list], order: list[int], units: int, base_s: f
 # -- the policies ---------------------------------------------------------------------------------------
 
 
-@register
 class GpuOffload(Policy):
     name = "gpu-offload"
     role = "baseline"
@@ -437,7 +438,7 @@ class GpuOffload(Policy):
     def new_state(self, ctx: RunContext) -> PolicyState:
         return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         prefetcher, lru = state.prefetcher, state.lru
         assert prefetcher is not None and lru is not None
         layer_index = out.layer_index
@@ -449,14 +450,13 @@ class GpuOffload(Policy):
         out.finish()
 
 
-@register
 class NdpExpertPerUnit(Policy):
     name = "ndp-expert-per-unit"
     role = "baseline"
     description = "whole experts on NDP units, expert e on unit e mod N; no GPU, no tensor parallelism"
     source = "the NDP-only design point of NDP-DIMM papers (Hermes, HPCA 2025)"
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         out.whole_on_units(out.active, out.active_tokens)
         out.finish()
 
@@ -464,7 +464,7 @@ class NdpExpertPerUnit(Policy):
 class _Balanced(Policy):
     """MoNDE's rule: move experts to the GPU in load-aware order, as many as balance GPU and NDP time."""
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         chosen = self._moved(ctx, state, out, resident)
@@ -541,7 +541,6 @@ class _Balanced(Policy):
         return None
 
 
-@register
 class Monde(_Balanced):
     name = "monde"
     role = "baseline"
@@ -552,7 +551,6 @@ class Monde(_Balanced):
     source = "MoNDE (DAC 2024, arXiv 2405.18832)"
 
 
-@register
 class MondeCache(_Balanced):
     name = "monde+cache"
     role = "baseline"
@@ -563,17 +561,16 @@ class MondeCache(_Balanced):
     def new_state(self, ctx: RunContext) -> PolicyState:
         return PolicyState(lru=ExpertLRUCache(ctx.residency_cap_bytes))
 
-    def _resident(self, state, layer_index, active):
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
         assert state.lru is not None
         cached = state.lru.experts_of(layer_index)
         return [e in cached for e in active]
 
-    def _keep(self, state, layer_index, e, weight_bytes):
+    def _keep(self, state: PolicyState, layer_index: int, e: int, weight_bytes: float) -> None:
         assert state.lru is not None
         state.lru.use((layer_index, e), weight_bytes)
 
 
-@register
 class Duplex(Policy):
     name = "duplex"
     role = "baseline"
@@ -585,7 +582,7 @@ class Duplex(Policy):
     tensor_parallel = True
     layout = "sliced"
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         costs = ctx.costs
         expert = out.layer.expert
         weight_bytes = ctx.expert_bytes[out.layer_index]
@@ -604,7 +601,6 @@ class Duplex(Policy):
         out.finish()
 
 
-@register
 class TensorParallel(_Balanced):
     name = "tp"
     role = "ablation"
@@ -617,7 +613,6 @@ class TensorParallel(_Balanced):
     layout = "sliced"
 
 
-@register
 class TensorParallelLoadBalanced(Policy):
     name = "tp+lb"
     role = "ablation"
@@ -630,14 +625,16 @@ class TensorParallelLoadBalanced(Policy):
         """Per active expert, whether its weights are on the GPU already."""
         return [False] * len(active)
 
-    def begin_step(self, ctx, state, layers, counts, phase):
+    def begin_step(
+        self, ctx: RunContext, state: PolicyState, layers: Sequence[int], counts: np.ndarray, phase: str
+    ) -> None:
         tracker = state.histograms.get(phase)
         if tracker is None:
             width = max(layer.num_experts for layer in ctx.layers)
             tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.drift_smoothing)
         tracker.update(layers, counts)
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
@@ -647,7 +644,6 @@ class TensorParallelLoadBalanced(Policy):
             _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
 
 
-@register
 class Ours(TensorParallelLoadBalanced):
     name = "tp+lb+prefetch"
     role = "ours"
@@ -661,7 +657,7 @@ class Ours(TensorParallelLoadBalanced):
         # the staging area keeps its copies, least recently used out first, as gpu-offload's does
         return PolicyState(prefetcher=_prefetcher(ctx), lru=ExpertLRUCache(ctx.staging_cap_bytes))
 
-    def _resident(self, state, layer_index, active):
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
         assert state.prefetcher is not None and state.lru is not None
         prefetched = state.prefetcher.resident_sets[layer_index]
         cached = state.lru.experts_of(layer_index)
@@ -670,7 +666,6 @@ class Ours(TensorParallelLoadBalanced):
         return [e in prefetched or e in cached for e in active]
 
 
-@register
 class OursLookahead(Ours):
     name = "tp+lb+prefetch+lookahead"
     role = "extension"
@@ -681,7 +676,7 @@ class OursLookahead(Ours):
     source = "pre-gating systems (Pre-gated MoE, ISCA 2024; AdapMoE); predictor accuracy is a stated knob"
     lookahead = True
 
-    def _resident(self, state, layer_index, active):
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
         resident = super()._resident(state, layer_index, active)
         staged = state.staged_ahead.pop(layer_index, None)
         if staged:
@@ -689,7 +684,6 @@ class OursLookahead(Ours):
         return resident
 
 
-@register
 class OursSplit(Ours):
     name = "tp+lb+prefetch+split"
     role = "extension"
@@ -700,7 +694,7 @@ class OursSplit(Ours):
     )
     source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         gpu_flags, planned = _scheduled_gpu_set(ctx, state, out, resident, phase)
@@ -789,7 +783,9 @@ def _best_split(
     return None if best is None else (hot, best[1])
 
 
-def split_choice(out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool]) -> tuple[int, int] | None:
+def split_choice(
+    out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool] | np.ndarray
+) -> tuple[int, int] | None:
     """``tp+lb+prefetch+split``'s choice after the packer put active expert ``i`` on the GPU where ``on_gpu[i]``:
     (position in ``out.active`` of the expert split, k), or None."""
     gpu_set = {e for e, g in zip(out.active, on_gpu, strict=True) if g}
@@ -801,7 +797,6 @@ def split_choice(out: InvocationLayout, resident: list[bool], on_gpu: Sequence[b
     return None if split is None else (out.active.index(split[0]), split[1])
 
 
-@register
 class OursVariableDegree(Ours):
     name = "tp+lb+prefetch+vtp"
     role = "extension"
@@ -814,10 +809,12 @@ class OursVariableDegree(Ours):
     source = "issue 13 (beyond arXiv 2601.03992): variable TP degree per expert, each NDP unit its own bin"
     layout = "dual"
 
-    def begin_step(self, ctx, state, layers, counts, phase):
+    def begin_step(
+        self, ctx: RunContext, state: PolicyState, layers: Sequence[int], counts: np.ndarray, phase: str
+    ) -> None:
         return None  # it packs every invocation: no plan to reuse, so no drift to track
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         layer_index = out.layer_index
         active, active_tokens = out.active, out.active_tokens
         res = self._resident(state, layer_index, active)
@@ -927,7 +924,6 @@ def choose_whole(out: InvocationLayout) -> np.ndarray:
     return whole if max(after) < before * (1 - 1e-12) else np.zeros(len(tokens), dtype=bool)
 
 
-@register
 class LowerBound(Policy):
     name = "lower-bound"
     role = "bound"
@@ -939,9 +935,27 @@ class LowerBound(Policy):
     needs_ndp = False
     layout = "sliced"
 
-    def place(self, ctx, state, out, phase):
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
         _lower_bound(ctx, out)
 
+
+# Registered here rather than with a class decorator: a decorated class would not compile to a native class with
+# mypyc (see native/compile_hw_model.py). Registration order is the order ``policy_names`` lists them in.
+for _policy_class in (
+    GpuOffload,
+    NdpExpertPerUnit,
+    Monde,
+    MondeCache,
+    Duplex,
+    TensorParallel,
+    TensorParallelLoadBalanced,
+    Ours,
+    OursLookahead,
+    OursSplit,
+    OursVariableDegree,
+    LowerBound,
+):
+    register(_policy_class)
 
 POLICIES: tuple[str, ...] = policy_names()
 

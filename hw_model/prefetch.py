@@ -20,6 +20,7 @@ handful of experts, where a set look-up is far cheaper than indexing an array; t
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,7 +116,7 @@ class ExpertPrefetcher:
         self.misses += miss
         return hit, miss
 
-    def add_scores(self, layers: int | slice | np.ndarray, counts: np.ndarray) -> None:
+    def add_scores(self, layers: int | slice | Sequence[int] | np.ndarray, counts: np.ndarray) -> None:
         """Add selection counts to the scores: one layer's ``counts``, or rows of ``counts`` for ``layers``."""
         if counts.ndim == 1:
             self.scores[layers, : counts.size] += counts
@@ -192,10 +193,10 @@ class ExpertPrefetcher:
             missing.ravel()[[layer * missing.shape[1] + expert for layer, expert, _ in kept]] = False
         layers, experts = np.nonzero(missing)
         layer_list = layers.tolist()
-        sizes = [self._expert_bytes[layer] for layer in layer_list]
-        kept.extend(zip(layer_list, experts.tolist(), sizes, strict=True))
+        missing_bytes = [self._expert_bytes[layer] for layer in layer_list]
+        kept.extend(zip(layer_list, experts.tolist(), missing_bytes, strict=True))
         self._queue = kept
-        self.queued_bytes = sum(sizes, queued_bytes)
+        self.queued_bytes = sum(missing_bytes, queued_bytes)
 
     def stats(self) -> dict[str, float]:
         return {

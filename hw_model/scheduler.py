@@ -42,10 +42,11 @@ class PlacementProblem:
     transfer_s: np.ndarray
     transfer_bytes: np.ndarray
     staging_cap_bytes: float = float("inf")
-    unit_base_s: np.ndarray | None = None
+    # None: zeros (set in __post_init__, so always an array when read)
+    unit_base_s: np.ndarray = None  # type: ignore[assignment]
     gpu_base_s: float = 0.0
     pcie_base_s: float = 0.0
-    copy_unit_s: np.ndarray | None = None
+    copy_unit_s: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         ndp = np.asarray(self.ndp_time_s, dtype=np.float64)
@@ -140,7 +141,7 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     for _ in range(_IMPROVEMENT_STEPS):
         critical_unit = int(np.argmax(unit_load))
         current = max(pcie_load, gpu_load, float(unit_load[critical_unit]))
-        move = None
+        move: tuple[int | None, int | None] | None = None
         if unit_load[critical_unit] >= current:  # an NDP unit is critical: bring one of its items to the GPU
             cand = np.flatnonzero(~on_gpu & (ndp[:, critical_unit] > 0) & (staged + b <= cap))
             if cand.size:
@@ -182,15 +183,15 @@ def pack(problem: PlacementProblem) -> np.ndarray:
         if gpu_item is not None:
             on_gpu[gpu_item] = True
             unit_load = unit_load - ndp[gpu_item]
-            pcie_load += t[gpu_item]
-            gpu_load += g[gpu_item]
-            staged += b[gpu_item]
+            pcie_load += float(t[gpu_item])
+            gpu_load += float(g[gpu_item])
+            staged += float(b[gpu_item])
         if home_item is not None:
             on_gpu[home_item] = False
             unit_load = unit_load + ndp[home_item]
-            pcie_load -= t[home_item]
-            gpu_load -= g[home_item]
-            staged -= b[home_item]
+            pcie_load -= float(t[home_item])
+            gpu_load -= float(g[home_item])
+            staged -= float(b[home_item])
     return on_gpu
 
 
@@ -207,9 +208,10 @@ class ItemMode:
     to PCIe, to the GPU and to the staged bytes. Sizes are checked against the problem when solving."""
 
     unit_s: np.ndarray
-    pcie_s: np.ndarray | None = None
-    gpu_s: np.ndarray | None = None
-    staged_bytes: np.ndarray | None = None
+    # None: zeros (set in __post_init__, so always an array when read); a sequence is made an array
+    pcie_s: np.ndarray | Sequence[float] = None  # type: ignore[assignment]
+    gpu_s: np.ndarray | Sequence[float] = None  # type: ignore[assignment]
+    staged_bytes: np.ndarray | Sequence[float] = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         unit = np.asarray(self.unit_s, dtype=np.float64)
@@ -281,11 +283,11 @@ def solve_exact_modes(problem: PlacementProblem, modes: Sequence[ItemMode], time
         r[-1] = -1.0
         return r
 
-    loads = (
-        ([m.pcie_s for m in all_modes], problem.pcie_base_s),
-        ([m.gpu_s for m in all_modes], problem.gpu_base_s),
-        *(([m.unit_s[:, u] for m in all_modes], problem.unit_base_s[u]) for u in range(units)),
-    )
+    loads: list[tuple[list[np.ndarray], float]] = [
+        ([np.asarray(m.pcie_s) for m in all_modes], problem.pcie_base_s),
+        ([np.asarray(m.gpu_s) for m in all_modes], problem.gpu_base_s),
+        *(([m.unit_s[:, u] for m in all_modes], float(problem.unit_base_s[u])) for u in range(units)),
+    ]
     # in units of the largest time: the solver's tolerances are absolute (~1e-7), and layer times are microseconds
     scale = max(
         [float(base) for _, base in loads] + [float(v.max()) for per_mode, _ in loads for v in per_mode if v.size]
@@ -296,7 +298,7 @@ def solve_exact_modes(problem: PlacementProblem, modes: Sequence[ItemMode], time
         lower.append(-np.inf)
         upper.append(-base / scale)
     if np.isfinite(problem.staging_cap_bytes):
-        per_mode = [m.staged_bytes for m in all_modes]
+        per_mode = [np.asarray(m.staged_bytes) for m in all_modes]
         size = max([problem.staging_cap_bytes] + [float(v.max()) for v in per_mode if v.size]) or 1.0
         r = load_row([v / size for v in per_mode])
         r[-1] = 0.0

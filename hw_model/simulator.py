@@ -21,7 +21,7 @@ take can hand that time over with :meth:`advance_time_s`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -195,7 +195,7 @@ class StepResult:
             result = self._results[i] = LayerResult(layer_index, self.phase, tokens, plan, extra, self._policy, events)
         return result
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[LayerResult]:
         return (self[i] for i in range(len(self._records)))
 
 
@@ -370,8 +370,9 @@ class MoESimulator:
             if between:
                 if gap_before_layer_s > 0:
                     self.advance_time_s(gap_before_layer_s)
-                if predictions is not None and predictions[i] is not None:
-                    self.predict_next(layer_index + 1, predictions[i])
+                prediction = predictions[i] if predictions is not None else None
+                if prediction is not None:
+                    self.predict_next(layer_index + 1, prediction)
             if layer_index == 0 and prefetcher is not None:  # it re-plans before layer 0 of a decode step
                 if i > scored:  # its re-plan reads the scores of the layers run before it
                     prefetcher.add_scores(row_selector(indices[scored:i]), counts[scored:i])
@@ -383,7 +384,8 @@ class MoESimulator:
             out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
             summary = out.summary
-            copied, added = 0.0, ()
+            copied = 0.0
+            added: Sequence[tuple[str, float, float, str]] = ()
             if self._ahead_queue or (prefetcher is not None and prefetcher.queued_bytes > 0):
                 copied, added = self._drain_in_gaps(summary)
             latency = summary.latency_s
@@ -448,7 +450,7 @@ class MoESimulator:
                 busy[resource] = busy.get(resource, 0.0) + count * seconds
         self._busy_counts.clear()
 
-    def predict_next(self, layer_index: int, predicted_counts: Sequence[int]) -> None:
+    def predict_next(self, layer_index: int, predicted_counts: Sequence[int] | np.ndarray) -> None:
         """Look-ahead hint (policies with ``lookahead``): the experts the next router is predicted to pick for
         ``layer_index``. Their non-resident weights are copied into the staging area in idle PCIe time before
         that layer runs (hottest first, within the staging cap); a copy that completes in time costs that
@@ -606,11 +608,11 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
             per_row.append((experts, tokens))
         return per_row
     if counts.shape[0] == 1:  # one invocation (simulate_layer): fewer array calls
-        experts = counts[0].nonzero()[0]
-        tokens = counts[0, experts].tolist()
+        nonzero = counts[0].nonzero()[0]
+        tokens = counts[0, nonzero].tolist()
         if tokens and min(tokens) < 0:
             raise WorkloadError("expert token counts must be non-negative")
-        return [(experts.tolist(), tokens)]
+        return [(nonzero.tolist(), tokens)]
     width = counts.shape[1]
     flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
     tokens = counts.ravel()[flat].tolist()

@@ -154,7 +154,7 @@ def build_layer_timeline(
     d2h_bytes = 0.0
     ndp_start = 0.0
     if active_units:
-        d2h_bytes = tokens * row_bytes
+        d2h_bytes = float(tokens * row_bytes)
         ndp_start = link.transfer_time_s(d2h_bytes)
         events.append(TimelineEvent("pcie_d2h", 0.0, ndp_start, "hidden states to NDP"))
 

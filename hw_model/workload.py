@@ -90,15 +90,15 @@ class ExpertShape:
     def num_matrices(self) -> int:
         return 3 if self.gated else 2
 
-    def weight_bytes(self, shards: int = 1) -> float:
+    def weight_bytes(self, shards: float = 1) -> float:
         """Bytes of one tensor-parallel shard's weights (the whole expert when ``shards == 1``)."""
         return self.num_matrices * self.hidden * self.ffn * self.weight_bytes_per_element / shards
 
-    def flops(self, tokens: int, shards: int = 1) -> float:
+    def flops(self, tokens: int, shards: float = 1) -> float:
         """FLOPs (2 per multiply-add) of one shard over ``tokens`` tokens."""
         return 2.0 * tokens * self.num_matrices * self.hidden * self.ffn / shards
 
-    def activation_bytes(self, tokens: int, shards: int = 1) -> float:
+    def activation_bytes(self, tokens: int, shards: float = 1) -> float:
         """Activation bytes a shard reads and writes: input, intermediate, partial output."""
         return tokens * self.dtype_bytes * (2 * self.hidden + self.num_matrices * self.ffn / shards)
 
