@@ -237,7 +237,7 @@ def moe_layer_eager_time_s(device: ComputeSpec, layer: MoELayerShape, tokens: in
     return router_s + select_s + active * per_expert_s + shared_s
 
 
-def _check_tokens_shards(tokens: int, shards: int) -> None:
+def _check_tokens_shards(tokens: int, shards: float) -> None:
     if tokens < 0:
         raise WorkloadError(f"tokens must be >= 0, got {tokens}")
     if shards < 1:
