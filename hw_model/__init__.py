@@ -3,6 +3,9 @@
 Pure Python/numpy: this package never imports onnx. It describes hardware (frozen dataclasses loaded from
 TOML presets), costs operations with a roofline plus fixed-overhead model, and simulates MoE layers on an
 event timeline under a scheduling policy.
+
+``pip install`` may compile some modules with mypyc into extension modules that are imported in place of their
+``.py`` files (:func:`compiled_modules` names them); the sources stay pure Python.
 """
 
 # public name -> module that defines it, imported on first access: ``import hw_model.hardware`` (what a
@@ -30,7 +33,7 @@ _LAZY = {
     "list_presets": "hw_model.hardware",
     "load_system": "hw_model.hardware",
 }
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "compiled_modules"])
 
 
 def __getattr__(name: str):
@@ -44,3 +47,18 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+def compiled_modules() -> tuple[str, ...]:
+    """The names of hw_model's modules that import from an extension module (compiled by mypyc on install), not a
+    ``.py`` file; ``()`` in the source tree. Found by listing the package directory: nothing is imported."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    from pathlib import Path
+
+    suffixes = sorted(EXTENSION_SUFFIXES, key=len, reverse=True)  # ".cpython-311-x86_64-linux-gnu.so" before ".so"
+    names = set()
+    for path in Path(__file__).parent.iterdir():
+        suffix = next((s for s in suffixes if path.name.endswith(s)), None)
+        if suffix is not None and path.is_file() and path.name[: -len(suffix)].isidentifier():
+            names.add(path.name[: -len(suffix)])
+    return tuple(sorted(names))
