@@ -25,7 +25,7 @@ with the same id-free decisions gives.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -43,7 +43,7 @@ _SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of slice
 # (kind, tokens, detail_a, detail_b): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
 # WHOLE (home unit, 0); SPLIT (k, 0). The expert it is about is kept beside it.
 Decision = tuple[int, int, int, int]
-Flags = Sequence[bool] | np.ndarray  # one flag per active expert: a list, or a boolean array
+Flags: TypeAlias = Sequence[bool] | np.ndarray  # one flag per active expert: a list, or a boolean array
 
 
 class LayoutSummary(NamedTuple):
@@ -195,8 +195,8 @@ class InvocationLayout:
         tokens, on the GPU or not, resident or not), which is cheaper than sorting decisions; on a hit the
         decisions are recorded only when the timeline or the placement is read. Where a copy reads the expert's
         home unit (whole layouts) the decisions name the unit, so they are recorded and finished as usual."""
-        ctx, state = self.ctx, self.state
-        on_the_gpu = [(e, res) for e, gpu, res in zip(self.active, on_gpu, resident, strict=True) if gpu]
+        ctx, state, active = self.ctx, self.state, self.active
+        on_the_gpu = [(active[i], resident[i]) for i in range(len(active)) if on_gpu[i]]  # index loops: see simulator
         weight_bytes = ctx.expert_bytes[self.layer_index]
         for _, res in on_the_gpu:
             if not res:

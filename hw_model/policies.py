@@ -728,8 +728,11 @@ def _keep_copies(state: PolicyState, layer_index: int, experts: list[tuple[int, 
             lru.use_all([(layer_index, e) for e, _ in experts], weight_bytes)
         return
     held = prefetcher.resident_sets[layer_index]  # grows as copies are adopted, so tested before adopting
-    adopt = prefetcher.adopt_staged
-    staged = [(layer_index, e) for e, resident in experts if e not in held and (resident or not adopt(layer_index, e))]
+    staged = [
+        (layer_index, e)
+        for e, resident in experts
+        if e not in held and (resident or not prefetcher.adopt_staged(layer_index, e))
+    ]
     if lru is not None and staged:
         lru.use_all(staged, weight_bytes)
 
@@ -983,7 +986,7 @@ def _scheduled_gpu_set(
         state.reuses += 1
         # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
-        return [res or e in planned_gpu for e, res in zip(active, resident, strict=True)], None
+        return [resident[i] or active[i] in planned_gpu for i in range(len(active))], None  # index loop: see simulator
     # Items differ only by token count and residency, so the packer's decision is a function of the items'
     # (tokens, resident) sequence: memoised per sequence (a pure speed-up, the decision is identical). A new
     # sequence is put in one canonical order (by tokens, then residency, then position), so the packer runs

@@ -357,7 +357,7 @@ class MoESimulator:
         policy.begin_step(context, state, indices, counts, phase)
         decode = phase == "decode"
         between = gap_before_layer_s > 0 or predictions is not None  # work before each invocation
-        count_hits = prefetcher.count_hits if prefetcher is not None and decode else None
+        hit_counter = prefetcher if decode else None  # decode invocations count hits against the residency
         last_latency = self._last_latency_s if decode and policy.lookahead else None  # what predict_next reads
         records: list[tuple] = []  # per invocation: (plan, recomputed, hits, misses, bytes copied, added events)
         latencies: list[float] = []
@@ -366,7 +366,11 @@ class MoESimulator:
         host_to_gpu_total = self._host_to_gpu_bytes
         busy_counts = self._busy_counts
         scored = 0  # rows whose counts are already in the prefetcher's scores
-        for i, (layer_index, (active, active_tokens)) in enumerate(zip(indices, active_rows, strict=True)):
+        # index loops rather than zip(..., strict=True) in the hot paths: mypyc compiles those to C loops (a zip with
+        # a keyword argument stays a Python call); the lengths are equal by construction (checked in _check_step)
+        for i in range(len(active_rows)):
+            layer_index = indices[i]
+            active, active_tokens = active_rows[i]
             if between:
                 if gap_before_layer_s > 0:
                     self.advance_time_s(gap_before_layer_s)
@@ -379,7 +383,7 @@ class MoESimulator:
                     scored = i
                 prefetcher.before_invocation(layer_index, phase)
             # hits against the residency the invocation is scheduled with
-            hits, misses = count_hits(layer_index, active) if count_hits is not None else (0, 0)
+            hits, misses = hit_counter.count_hits(layer_index, active) if hit_counter is not None else (0, 0)
             recomputed_before = state.recomputations
             out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
