@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from hw_model.cost import expert_shard_time_s
 from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
@@ -87,6 +88,9 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
     )
 
 
+# acyclic: compiled, an instance is not tracked by the cyclic garbage collector (nothing it holds refers back to it);
+# one is made per simulated invocation, and tracking them made the collector run every few decode steps
+@mypyc_attr(acyclic=True)
 class InvocationLayout:
     """One MoE layer invocation: its active experts, the decisions a policy records for them (see the module
     docstring), and the resulting plan: :attr:`summary` (set by :meth:`finish`), policy-specific numbers

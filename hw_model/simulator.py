@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
@@ -65,6 +66,7 @@ class CapacityCheck:
     gpu_pool_bytes: float
 
 
+@mypyc_attr(acyclic=True)  # see InvocationLayout: what it holds never refers back to it
 class LayerResult:
     """What one MoE layer invocation cost and where its experts ran.
 
@@ -145,6 +147,7 @@ class LayerResult:
         return busy
 
 
+@mypyc_attr(acyclic=True)
 class StepResult:
     """The invocations of one :meth:`MoESimulator.simulate_step`: their latencies, and each invocation as a
     :class:`LayerResult` (``step[i]``, built on request)."""
