@@ -1,6 +1,7 @@
 """Time the provider against stock ONNX Runtime on the same original model, at 1 and 64 tokens.
 
     python benchmarks/bench_session.py [--models M.onnx ...] [--repeats 200] [--threads 1 2] [--startup N]
+                                       [--installed]
     python benchmarks/bench_session.py --startup-imports N
 
 Per model, token count and intra-op thread count, three sessions run in this process, alternating call by
@@ -11,7 +12,9 @@ its report); and a plain ``onnxruntime.InferenceSession`` on the converted model
 building the run's report (``last_report`` after each run; target <= 10 % of a 1-token run), split into the
 time spent inside hw_model's MoESimulator and the rest (draining the routing, grouping, costing lookups).
 Default models: sample_models/moe_decoder.onnx and the exported Hugging Face decoders (sample_models/hf/*_model_*,
-not the eager-unrolled export, whose MoE block does not convert).
+not the eager-unrolled export, whose MoE block does not convert). The packages come from this checkout, unless
+``--installed``: then from the installed package (``pip install .`` from this checkout first), as users run them,
+with hw_model's compiled modules.
 
 ``--startup N`` instead times process start-up (target <= 1.5x): ``ndp-ep run`` on the converted and on the
 original ``moe_decoder`` against ``python -c 'import onnxruntime' + one run``, N alternating starts each, both
@@ -34,7 +37,8 @@ import onnx
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if "--installed" not in sys.argv:  # read before argparse: it decides where the packages below come from
+    sys.path.insert(0, str(ROOT))
 
 import ndp_ep  # noqa: E402
 from graph_passes.feeds import random_feeds  # noqa: E402
@@ -88,28 +92,45 @@ def measure(model: Path, converted: Path, tokens: int, repeats: int, threads: in
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+class _TimedSimulator:
+    """A session's MoESimulator whose ``simulate_step`` and ``summary`` (a report simulates its run's layers in one
+    step) add their wall time to ``total[0]``; everything else is the simulator's own. A wrapper, not patched
+    methods: a compiled simulator's methods cannot be replaced."""
+
+    def __init__(self, simulator, total: list[float]) -> None:
+        self._simulator = simulator
+        self._total = total
+
+    def __getattr__(self, name: str):
+        return getattr(self._simulator, name)
+
+    def _timed(self, method, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self._total[0] += time.perf_counter() - start
+
+    def simulate_step(self, *args, **kwargs):
+        return self._timed(self._simulator.simulate_step, *args, **kwargs)
+
+    def summary(self):
+        return self._timed(self._simulator.summary)
+
+
 def _time_simulator(session) -> list[float]:
-    """Wrap the session's MoESimulator methods to add their wall time to the returned one-element list."""
+    """Time the session's MoESimulator (see :class:`_TimedSimulator`); returns the one-element running total."""
     total = [0.0]
-    simulator = session.reporter.simulator
-    for name in ("simulate_step", "summary"):  # a report simulates its run's layers in one step
-        method = getattr(simulator, name)
-
-        def timed(*args, _method=method, **kwargs):
-            start = time.perf_counter()
-            try:
-                return _method(*args, **kwargs)
-            finally:
-                total[0] += time.perf_counter() - start
-
-        setattr(simulator, name, timed)
+    session.reporter.simulator = _TimedSimulator(session.reporter.simulator, total)
     return total
 
 
 def _startup_commands(original: Path, model: Path, pycache: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The two commands :func:`startup` times (stock, then ``ndp-ep run``) and their environment."""
     inputs = original.with_name(original.name.replace(".onnx", ".inputs.npz"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(pycache))
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(pycache))
+    if str(ROOT) in sys.path:  # this checkout's packages (not --installed)
+        env["PYTHONPATH"] = str(ROOT)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     script = pycache.parent / "ndp-ep"
     script.write_text(f"#!{sys.executable}\n{CONSOLE_SCRIPT}", encoding="utf-8")
@@ -194,6 +215,7 @@ def default_models() -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", type=Path, default=None)
+    parser.add_argument("--installed", action="store_true", help="the installed packages, not this checkout's")
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--tokens", nargs="*", type=int, default=[1, 64])
