@@ -4,7 +4,7 @@ Each command module defines ``HELP``, ``add_arguments(parser)`` and ``run(args) 
 heavy dependencies inside ``run`` so that ``ndp-ep --help`` stays fast. Options shared by several commands
 come from :mod:`ndp_ep.cli_args`. Conventions (docs/cli.md):
 
-- ``--help`` shows every option's default; ``--version`` prints the installed version.
+- ``--help`` shows every option's default; ``--version`` prints the installed version and the simulator core.
 - Input errors of any package become one line on stderr (``ndp-ep CMD: error: ...``) and exit code 2, with
   no traceback; graph-pass errors are translated by :func:`ndp_ep.errors.translate_graph_pass_error`.
 - ``--json`` prints JSON on stdout; files are written only where an option names them.
@@ -92,7 +92,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: prints ``ndp-ep VERSION`` on stdout and exits 0; the version is read only when asked
+    """``--version``: prints ``ndp-ep VERSION`` on stdout, then which simulator core runs (the modules
+    ``pip install .`` compiled with mypyc, or pure Python), and exits 0; the version is read only when asked
     (reading ``pyproject.toml`` imports ``tomllib``, a cost every other command would pay at start-up)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
@@ -100,7 +101,11 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace, values, option_string=None) -> None:
-        print(f"{parser.prog} {version()}")
+        import hw_model
+
+        compiled = hw_model.compiled_modules()
+        core = f"compiled with mypyc ({', '.join(compiled)})" if compiled else "pure Python"
+        print(f"{parser.prog} {version()}\nsimulator core: {core}")
         parser.exit()
 
 

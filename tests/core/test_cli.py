@@ -335,10 +335,11 @@ def test_graph_pass_errors_are_translated_in_one_place():
 # -- conventions: --version, --help, the working directory ------------------------------------------------------
 
 
-def test_version_is_the_projects_version(capsys):
+def test_version_is_the_projects_version_and_names_the_simulator_core(capsys):
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     code, out, _ = call("--version", capsys=capsys)
-    assert code == 0 and out.strip() == f"ndp-ep {declared}"
+    assert code == 0 and out.splitlines()[0] == f"ndp-ep {declared}"
+    assert out.splitlines()[1:] == ["simulator core: pure Python"]  # the suite imports the source tree
 
 
 def test_help_lists_defaults_presets_and_policy_choices(capsys):

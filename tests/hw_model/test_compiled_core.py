@@ -78,6 +78,12 @@ def test_the_hot_modules_are_the_compiled_ones(compiled_install):
     assert {"simulator", "layout", "policies", "prefetch"} <= set(compiled_install)
 
 
+def test_ndp_ep_version_names_the_compiled_core(compiled_install, tmp_path):
+    done = _installed("-m", "ndp_ep", "--version", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == f"simulator core: compiled with mypyc ({', '.join(compiled_install)})"
+
+
 def test_the_compiled_core_gives_the_source_trees_results_under_every_policy(compiled_install, tmp_path):
     compiled = _installed(str(WORKLOAD), cwd=tmp_path)
     source = _source(str(WORKLOAD), cwd=tmp_path)
