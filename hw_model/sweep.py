@@ -47,6 +47,7 @@ import copy
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -541,6 +542,26 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise SweepGridError(f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
+def shippable_hw_model(package_dir: Path, staging_dir: Path) -> Path:
+    """The ``hw_model`` directory Ray ships to a cluster's workers: ``package_dir`` itself, or, where ``pip install``
+    compiled some of its modules (extension modules for this machine's platform, which load a library outside the
+    package), a copy of its pure-Python sources and data under ``staging_dir``, which any worker can import."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    def compiled(name: str) -> bool:
+        return name.endswith(tuple(EXTENSION_SUFFIXES))
+
+    if not any(compiled(path.name) for path in package_dir.iterdir()):
+        return package_dir
+    copy_dir = staging_dir / package_dir.name
+    shutil.copytree(
+        package_dir,
+        copy_dir,
+        ignore=lambda _, names: [name for name in names if compiled(name) or name == "__pycache__"],
+    )
+    return copy_dir
+
+
 def _run_ray(
     chunks: list[list[SweepPoint]], jobs: int, address: str | None, progress: Callable[[int], None]
 ) -> list[list[dict]]:
@@ -555,14 +576,18 @@ def _run_ray(
     started_here = not ray.is_initialized()
     # ray.init installs its own SIGTERM/SIGINT handlers in this process; they are put back after shutdown
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if started_here and address:
+        _check_reachable(address)
+    staging = tempfile.TemporaryDirectory(prefix="ndp-ep-ray-")  # a pure-Python copy of hw_model, if one is shipped
     if started_here:  # ship this hw_model to the workers: a cluster need not have ndp-ep installed
+        # a local instance's workers share this machine's packages; a cluster's get the pure-Python sources
+        package_dir = Path(hw_model.__file__).parent
+        shipped = shippable_hw_model(package_dir, Path(staging.name)) if address else package_dir
         options: dict[str, Any] = {
-            "runtime_env": {"py_modules": [hw_model]},
+            "runtime_env": {"py_modules": [str(shipped)]},
             "logging_level": logging.ERROR,
             "log_to_driver": False,
         }
-        if address:
-            _check_reachable(address)
         try:
             if address:
                 ray.init(address=address, **options)
@@ -570,6 +595,7 @@ def _run_ray(
                 ray.init(num_cpus=jobs, include_dashboard=False, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:  # what ray.init raises for a bad address
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            staging.cleanup()
             raise SweepGridError(f"cannot start or join Ray ({address or 'local'}): {first}") from None
     try:
         remote = ray.remote(_run_chunk)
@@ -589,6 +615,7 @@ def _run_ray(
             for sig, handler in handlers.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+        staging.cleanup()
 
 
 def run_sweep(

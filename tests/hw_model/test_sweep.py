@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hw_model
 from hw_model.bench import BenchConfig, Job, run_job
 from hw_model.errors import HwModelError
 from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
@@ -25,6 +26,7 @@ from hw_model.sweep import (
     pareto_front,
     run_point,
     run_sweep,
+    shippable_hw_model,
 )
 from hw_model.traces import RoutingTrace, skew_for
 
@@ -139,6 +141,25 @@ def test_ray_and_local_pool_give_identical_tables():
     assert not ray.is_initialized()  # the sweep shut down the Ray instance it started
     assert comparable_records(local.records) == comparable_records(on_ray.records)
     assert len(on_ray.records) == 4 and all(r["latency_s"] > 0 for r in on_ray.records)
+
+
+def test_a_cluster_is_shipped_hw_models_pure_python_sources_not_this_machines_compiled_modules(tmp_path):
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    source = Path(hw_model.__file__).parent
+    assert shippable_hw_model(source, tmp_path / "unused") == source  # the source tree: shipped as it is
+    installed = tmp_path / "site" / "hw_model"  # an installed package with a compiled module
+    (installed / "presets").mkdir(parents=True)
+    (installed / "__pycache__").mkdir()
+    for name, text in [("__init__.py", ""), ("simulator.py", "x = 1\n"), ("presets/paper.toml", "[gpu]\n")]:
+        (installed / name).write_text(text)
+    (installed / f"simulator{EXTENSION_SUFFIXES[0]}").write_bytes(b"\x7fELF")
+    (installed / "__pycache__" / "simulator.cpython-311.pyc").write_bytes(b"")
+    shipped = shippable_hw_model(installed, tmp_path / "staging")
+    assert shipped == tmp_path / "staging" / "hw_model"
+    files = sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file())
+    assert files == ["__init__.py", "presets/paper.toml", "simulator.py"]
+    assert (installed / f"simulator{EXTENSION_SUFFIXES[0]}").exists()  # the installed package is left as it is
 
 
 def test_comparable_records_drop_only_wall_time_columns():
