@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hw_model
 from hw_model.bench import BenchConfig, Job, run_job
 from hw_model.errors import HwModelError
 from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
@@ -146,7 +145,7 @@ def test_ray_and_local_pool_give_identical_tables():
 def test_a_cluster_is_shipped_hw_models_pure_python_sources_not_this_machines_compiled_modules(tmp_path):
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    source = Path(hw_model.__file__).parent
+    source = Path(__file__).resolve().parents[2] / "hw_model"
     assert shippable_hw_model(source, tmp_path / "unused") == source  # the source tree: shipped as it is
     installed = tmp_path / "site" / "hw_model"  # an installed package with a compiled module
     (installed / "presets").mkdir(parents=True)
