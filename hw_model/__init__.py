@@ -8,6 +8,13 @@ event timeline under a scheduling policy.
 ``.py`` files (:func:`compiled_modules` names them); the sources stay pure Python.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
 # public name -> module that defines it, imported on first access: ``import hw_model.hardware`` (what a
 # command line needs to list the presets) does not load the simulator and its policies
 _LAZY = {
@@ -49,16 +56,23 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-def compiled_modules() -> tuple[str, ...]:
+def compiled_modules(package_dir: Path | str | None = None) -> tuple[str, ...]:
     """The names of hw_model's modules that import from an extension module (compiled by mypyc on install), not a
-    ``.py`` file; ``()`` in the source tree. Found by listing the package directory: nothing is imported."""
-    from importlib.machinery import EXTENSION_SUFFIXES
+    ``.py`` file; ``()`` in the source tree. Found by listing the package directory (``package_dir``, default this
+    package's): nothing is imported."""
     from pathlib import Path
 
-    suffixes = sorted(EXTENSION_SUFFIXES, key=len, reverse=True)  # ".cpython-311-x86_64-linux-gnu.so" before ".so"
-    names = set()
-    for path in Path(__file__).parent.iterdir():
-        suffix = next((s for s in suffixes if path.name.endswith(s)), None)
-        if suffix is not None and path.is_file() and path.name[: -len(suffix)].isidentifier():
-            names.add(path.name[: -len(suffix)])
-    return tuple(sorted(names))
+    directory = Path(__file__).parent if package_dir is None else Path(package_dir)
+    names = {extension_module_name(path.name) for path in directory.iterdir() if path.is_file()}
+    return tuple(sorted(name for name in names if name is not None))
+
+
+def extension_module_name(file_name: str) -> str | None:
+    """The module an extension-module file holds (``simulator`` for ``simulator.cpython-311-x86_64-linux-gnu.so``),
+    or None for any other file."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    for suffix in sorted(EXTENSION_SUFFIXES, key=len, reverse=True):  # ".cpython-311-...so" before ".so"
+        if file_name.endswith(suffix) and file_name[: -len(suffix)].isidentifier():
+            return file_name[: -len(suffix)]
+    return None

@@ -609,22 +609,14 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
         per_row = []
         for row in counts.tolist():
             experts = [e for e, c in enumerate(row) if c]
-            tokens = [row[e] for e in experts]
-            if tokens and min(tokens) < 0:
-                raise WorkloadError("expert token counts must be non-negative")
-            per_row.append((experts, tokens))
+            per_row.append((experts, _non_negative([row[e] for e in experts])))
         return per_row
     if counts.shape[0] == 1:  # one invocation (simulate_layer): fewer array calls
         nonzero = counts[0].nonzero()[0]
-        tokens = counts[0, nonzero].tolist()
-        if tokens and min(tokens) < 0:
-            raise WorkloadError("expert token counts must be non-negative")
-        return [(nonzero.tolist(), tokens)]
+        return [(nonzero.tolist(), _non_negative(counts[0, nonzero].tolist()))]
     width = counts.shape[1]
     flat = (counts != 0).ravel().nonzero()[0]  # row-major: by row, then by expert (a boolean array's is quicker)
-    tokens = counts.ravel()[flat].tolist()
-    if tokens and min(tokens) < 0:  # a negative count is non-zero: listed
-        raise WorkloadError("expert token counts must be non-negative")
+    tokens = _non_negative(counts.ravel()[flat].tolist())  # a negative count is non-zero: listed
     expert_list = (flat % width).tolist()
     per_row = []
     start = 0
@@ -632,3 +624,10 @@ def _active_experts(counts: np.ndarray) -> list[tuple[list[int], list[int]]]:
         per_row.append((expert_list[start:end], tokens[start:end]))
         start = end
     return per_row
+
+
+def _non_negative(tokens: list[int]) -> list[int]:
+    """``tokens`` (a step's non-zero expert token counts), or :class:`WorkloadError` if one is negative."""
+    if tokens and min(tokens) < 0:
+        raise WorkloadError("expert token counts must be non-negative")
+    return tokens

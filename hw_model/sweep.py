@@ -546,18 +546,15 @@ def shippable_hw_model(package_dir: Path, staging_dir: Path) -> Path:
     """The ``hw_model`` directory Ray ships to a cluster's workers: ``package_dir`` itself, or, where ``pip install``
     compiled some of its modules (extension modules for this machine's platform, which load a library outside the
     package), a copy of its pure-Python sources and data under ``staging_dir``, which any worker can import."""
-    from importlib.machinery import EXTENSION_SUFFIXES
+    from hw_model import compiled_modules, extension_module_name
 
-    def compiled(name: str) -> bool:
-        return name.endswith(tuple(EXTENSION_SUFFIXES))
-
-    if not any(compiled(path.name) for path in package_dir.iterdir()):
+    if not compiled_modules(package_dir):
         return package_dir
     copy_dir = staging_dir / package_dir.name
     shutil.copytree(
         package_dir,
         copy_dir,
-        ignore=lambda _, names: [name for name in names if compiled(name) or name == "__pycache__"],
+        ignore=lambda _, names: [n for n in names if n == "__pycache__" or extension_module_name(n) is not None],
     )
     return copy_dir
 
