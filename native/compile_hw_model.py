@@ -32,8 +32,8 @@ MODULES = ("cost", "timeline", "layout", "prefetch", "policies", "simulator")
 GROUP = "hw_model"
 # gcc's -O level for the generated C (mypyc's default is "3"). Measured on 2 cores, one C file (mypyc's default;
 # multi_file or separate=True compiled slower here): cost.py runs about 5x faster than pure Python at -O1, -O2 and
-# -O3 alike (-O1 within 5%); the simulator's decode loop (all six modules) took 8.43-8.52 us per invocation at -O1
-# and 8.54-8.62 us at -O3 (four alternated runs), and gcc took 20 s at -O1 against 28 s at -O3.
+# -O3 alike (-O1 within 5%); the simulator's decode loop (all six modules, built at each level with the
+# MYPYC_OPT_LEVEL environment variable, timed alternately) was no slower at -O1, and gcc takes a third less time.
 OPT_LEVEL = "1"
 NO_HEADERS = (
     "ndp-ep: warning: Python's C headers are not in {headers} (Debian: apt install python3-dev); hw_model is "
