@@ -16,6 +16,10 @@ not the eager-unrolled export, whose MoE block does not convert). The packages c
 ``--installed``: then from the installed package (``pip install .`` from this checkout first), as users run them,
 with hw_model's compiled modules.
 
+``--scaled H [H ...]`` replaces the models with ``moe_decoder``'s structure (three layers of attention and an 8-expert
+top-2 MoE block, built by ``sample_models.build_samples``) at hidden width H (expert FFN width 2H), generated into a
+temporary folder: how the report's cost compares with runs of larger models (it does not grow with the weights).
+
 ``--startup N`` instead times process start-up (target <= 1.5x): ``ndp-ep run`` on the converted and on the
 original ``moe_decoder`` against ``python -c 'import onnxruntime' + one run``, N alternating starts each, both
 with compiled bytecode (see :func:`startup`), with the machine's load average (1 minute) before and after.
@@ -207,6 +211,21 @@ def startup_imports(original: Path, model: Path, repeats: int, pycache: Path) ->
     return dict(sorted(((g, ms) for g, ms in best.items() if ms >= 0.05), key=lambda item: -item[1]))
 
 
+def scaled_decoders(hiddens: list[int], directory: Path) -> list[Path]:
+    """``moe_decoder``-shaped models (see the module docstring) of each hidden width, written into ``directory``."""
+    if str(ROOT) not in sys.path:  # --installed: the packages stay the installed ones, the builder is this checkout's
+        sys.path.append(str(ROOT))
+    from sample_models.build_samples import MoEBlockSpec, build_moe_decoder
+
+    paths = []
+    for hidden in hiddens:
+        spec = MoEBlockSpec(num_experts=8, top_k=2, hidden=hidden, ffn=2 * hidden)
+        path = directory / f"moe_decoder_h{hidden}.onnx"
+        onnx.save(build_moe_decoder((spec, spec, spec)), path)
+        paths.append(path)
+    return paths
+
+
 def default_models() -> list[Path]:
     exported = [p for p in sorted((ROOT / "sample_models" / "hf").glob("*_model_*.onnx")) if "eager" not in p.name]
     return [ROOT / "sample_models" / "moe_decoder.onnx", *exported]
@@ -219,6 +238,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--tokens", nargs="*", type=int, default=[1, 64])
+    parser.add_argument(
+        "--scaled",
+        nargs="*",
+        type=int,
+        default=None,
+        metavar="H",
+        help="instead of the models: moe_decoder's structure at these hidden widths (generated)",
+    )
     parser.add_argument(
         "--startup",
         type=int,
@@ -261,13 +288,13 @@ def main() -> None:
                     f"load average after: {os.getloadavg()[0]:.2f}"
                 )
         return
-    models = args.models or default_models()
     print(f"{args.repeats} alternating runs per cell; medians; ratios to stock ONNX Runtime on the original model")
     print(
         f"{'model':<28} {'thr':>3} {'tok':>4} {'stock':>10} {'session':>10} {'plain EP':>10} "
         f"{'session/stock':>13} {'plain/stock':>11} {'report':>9} {'report/run':>10} {'simulator':>9} {'rest/run':>8}"
     )
     with tempfile.TemporaryDirectory() as tmp:
+        models = scaled_decoders(args.scaled, Path(tmp)) if args.scaled else args.models or default_models()
         for model in models:
             converted = Path(tmp) / f"{model.stem}.ndp.onnx"
             ndp_ep.convert_model(model, converted, shards=4)
