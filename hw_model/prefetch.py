@@ -12,6 +12,10 @@ Dataset-free prefetch keeps online counts of expert selections per (layer, exper
 Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drain`), so a prefetch is never
 free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
 
+A small model's scores (at most :data:`_SCORES_IN_PYTHON` layers x experts, as a session's report simulates) are
+kept as Python lists, which a step's loops update faster than numpy's calls, and copied into the score array at
+each re-plan; the same values to the last bit either way.
+
 Residency is kept per layer as Python sets (:attr:`ExpertPrefetcher.resident_sets`): an invocation asks about a
 handful of experts, where a set look-up is far cheaper than indexing an array; the re-plan, which ranks every
 (layer, expert) pair at once, works on arrays built from them.
@@ -28,6 +32,7 @@ import numpy as np
 from hw_model.errors import WorkloadError
 
 _NO_EXPERTS: frozenset[int] = frozenset()
+_SCORES_IN_PYTHON = 256  # a prefetcher of at most this many layers x experts keeps its scores as Python lists
 
 
 @dataclass(frozen=True)
@@ -51,16 +56,26 @@ class PrefetchConfig:
 
 
 class ExpertPrefetcher:
-    """Online-count prefetcher over ``num_layers`` x ``num_experts`` experts of ``expert_bytes[layer]`` each."""
+    """Online-count prefetcher over ``num_layers`` x ``num_experts`` experts of ``expert_bytes[layer]`` each
+    (``as_lists``: keep the scores as Python lists, or not, whatever the size; see the module docstring)."""
 
-    def __init__(self, num_experts: list[int], expert_bytes: list[float], config: PrefetchConfig) -> None:
+    def __init__(
+        self,
+        num_experts: list[int],
+        expert_bytes: list[float],
+        config: PrefetchConfig,
+        *,
+        as_lists: bool | None = None,
+    ) -> None:
         if len(num_experts) != len(expert_bytes):
             raise WorkloadError("one expert count and one expert size per layer are needed")
         self.config = config
         self.expert_bytes = np.asarray(expert_bytes, dtype=np.float64)
         self._expert_bytes = self.expert_bytes.tolist()  # the same sizes as Python floats, per layer
         width = max(num_experts) if num_experts else 0
-        self.scores = np.zeros((len(num_experts), width))
+        self.scores = np.zeros((len(num_experts), width))  # with lists: a copy of them, made at each re-plan
+        self._lists = len(num_experts) * width <= _SCORES_IN_PYTHON if as_lists is None else as_lists
+        self._score_rows: list[list[float]] = [[0.0] * width for _ in num_experts] if self._lists else []
         self.valid = np.zeros((len(num_experts), width), dtype=bool)
         for layer, count in enumerate(num_experts):
             self.valid[layer, :count] = True
@@ -97,7 +112,13 @@ class ExpertPrefetcher:
         if not self._planned:
             self._plan()
         elif self._decode_steps % self.config.update_interval_tokens == 0:
-            self.scores *= self.config.decay
+            decay = self.config.decay
+            if self._lists:
+                for scores in self._score_rows:
+                    for j in range(len(scores)):
+                        scores[j] *= decay
+            else:
+                self.scores *= decay
             self._plan()
         self._decode_steps += 1
 
@@ -118,10 +139,22 @@ class ExpertPrefetcher:
 
     def add_scores(self, layers: int | slice | Sequence[int] | np.ndarray, counts: np.ndarray) -> None:
         """Add selection counts to the scores: one layer's ``counts``, or rows of ``counts`` for ``layers``."""
+        if self._lists:
+            layer_list = [layers] if isinstance(layers, int) else _layer_list(layers, len(self._score_rows))
+            rows = counts.tolist()
+            self._add_score_rows(layer_list, [rows] * len(layer_list) if counts.ndim == 1 else rows)
+            return
         if counts.ndim == 1:
             self.scores[layers, : counts.size] += counts
         else:
             self.scores[layers, : counts.shape[1]] += counts
+
+    def _add_score_rows(self, layers: list[int], rows: list[list[int]]) -> None:
+        for i in range(len(rows)):
+            scores = self._score_rows[layers[i]]
+            row = rows[i]
+            for j in range(len(row)):
+                scores[j] += row[j]
 
     def drain(self, seconds: float, bandwidth_bytes_per_s: float) -> float:
         """Copy queued experts for ``seconds`` of idle PCIe time; returns the bytes copied."""
@@ -168,6 +201,8 @@ class ExpertPrefetcher:
         self._planned = True
         self.replans += 1
         cap = self.config.residency_cap_bytes
+        if self._lists:
+            self.scores = np.array(self._score_rows, dtype=np.float64).reshape(self.valid.shape)
         per_byte = np.where(self.valid, self.scores / self.expert_bytes[:, None], -np.inf)
         # hysteresis: already-wanted experts get their score multiplied by the swap margin
         ranked = np.where(self.wanted, per_byte * self.config.swap_margin, per_byte)
@@ -207,6 +242,15 @@ class ExpertPrefetcher:
             "prefetch_adopted_from_misses": self.adopted,
             "resident_experts": sum(len(experts) for experts in self.resident_sets),
         }
+
+
+def _layer_list(layers: slice | Sequence[int] | np.ndarray, num_layers: int) -> list[int]:
+    """The layer indices an :meth:`ExpertPrefetcher.add_scores` selector names, as a list."""
+    if isinstance(layers, slice):
+        return list(range(*layers.indices(num_layers)))
+    if isinstance(layers, np.ndarray):
+        return layers.tolist()
+    return list(layers)
 
 
 def _per_layer_sets(mask: np.ndarray) -> list[set[int]]:

@@ -80,3 +80,29 @@ def test_an_on_demand_copy_of_a_planned_expert_is_adopted_not_copied_again():
     p.drain(10.0, bandwidth_bytes_per_s=100.0)
     assert p.resident[0, :2].all() and p.resident.sum() == 2
     assert p.bytes_moved == 100  # only expert 0 needed a prefetch copy
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed):
+    # decay 0.9 makes the scores inexact floats: any difference in the order of operations would show
+    rng = np.random.default_rng(seed)
+    config = PrefetchConfig(residency_cap_bytes=900.0, update_interval_tokens=3, decay=0.9)
+    widths, sizes = [8, 8, 5], [100.0, 100.0, 60.0]
+    prefetchers = [ExpertPrefetcher(widths, sizes, config, as_lists=kept) for kept in (False, True)]
+    prefill = rng.integers(0, 9, size=(3, 8)) * (np.arange(8) < np.array(widths)[:, None])
+    for p in prefetchers:
+        p.add_scores(slice(0, 3), prefill)
+    for _ in range(40):
+        counts = np.zeros((3, 8), dtype=np.int64)
+        for layer, width in enumerate(widths):
+            counts[layer, rng.choice(width, size=2, replace=False)] = rng.integers(1, 4, size=2)
+        for p in prefetchers:
+            p.before_invocation(0, "decode")
+            p.count_hits(1, np.flatnonzero(counts[1]).tolist())
+            p.add_scores([0, 2], counts[[0, 2]])  # a selector list, then one layer's row
+            p.observe(1, counts[1], "prefill")
+            p.drain(2e-6, 1e8)
+        arrays, lists = prefetchers
+        assert lists.resident_sets == arrays.resident_sets
+        assert lists.stats() == arrays.stats()
+    assert np.array(lists._score_rows).tolist() == arrays.scores.tolist()
