@@ -54,7 +54,7 @@ from hw_model.cost import ExpertShard, expert_shard_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
-from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
+from hw_model.prefetch import LIST_KEPT_CELLS, ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
 from hw_model.scheduler import ItemMode, PlacementProblem, makespan_s, pack
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
@@ -210,23 +210,20 @@ def row_selector(layers: Sequence[int]) -> slice | Sequence[int]:
     return layers
 
 
-_DRIFT_IN_PYTHON = 256  # a tracker of at most this many layers x experts keeps its histograms as Python lists
-
-
 class DriftTracker:
     """Per layer: the exponentially smoothed activation histogram, the one the current plan was made on, and
     the plan (the GPU set). :meth:`update` smooths several layers' histograms and records their L1 drift from the
     plans' (infinite where no plan was made yet).
 
     The histograms are arrays, updated for all the step's layers in one operation each; a small model's (at most
-    :data:`_DRIFT_IN_PYTHON` layers x experts, as a session's report simulates) are Python lists, updated by
-    loops that compiled run faster than numpy's calls (``as_lists`` overrides the choice). Both compute the same
-    values to the last bit: the same element operations, the drift summed in numpy's order (:func:`numpy_row_sum`).
-    """
+    :data:`~hw_model.prefetch.LIST_KEPT_CELLS` layers x experts, as a session's report simulates) are Python lists,
+    updated by loops that compiled run faster than numpy's calls (``as_lists`` overrides the choice). Both compute
+    the same values to the last bit: the same element operations, the drift summed in numpy's order
+    (:func:`numpy_row_sum`)."""
 
     def __init__(self, num_layers: int, width: int, smoothing: float, *, as_lists: bool | None = None) -> None:
         self.smoothing = smoothing
-        self._lists = num_layers * width <= _DRIFT_IN_PYTHON if as_lists is None else as_lists
+        self._lists = num_layers * width <= LIST_KEPT_CELLS if as_lists is None else as_lists
         array_shape = (0, width) if self._lists else (num_layers, width)
         self.smoothed = np.zeros(array_shape)
         self.planned_on = np.zeros(array_shape)

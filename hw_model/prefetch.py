@@ -12,7 +12,7 @@ Dataset-free prefetch keeps online counts of expert selections per (layer, exper
 Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drain`), so a prefetch is never
 free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
 
-A small model's scores (at most :data:`_SCORES_IN_PYTHON` layers x experts, as a session's report simulates) are
+A small model's scores (at most :data:`LIST_KEPT_CELLS` layers x experts, as a session's report simulates) are
 kept as Python lists, which a step's loops update faster than numpy's calls, and copied into the score array at
 each re-plan; the same values to the last bit either way.
 
@@ -32,7 +32,9 @@ import numpy as np
 from hw_model.errors import WorkloadError
 
 _NO_EXPERTS: frozenset[int] = frozenset()
-_SCORES_IN_PYTHON = 256  # a prefetcher of at most this many layers x experts keeps its scores as Python lists
+# a model of at most this many layers x experts keeps its per-expert step bookkeeping (prefetch scores, the policies'
+# drift histograms) as Python lists: compiled loops over them beat numpy's per-call cost up to about this size
+LIST_KEPT_CELLS = 256
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class ExpertPrefetcher:
         self._expert_bytes = self.expert_bytes.tolist()  # the same sizes as Python floats, per layer
         width = max(num_experts) if num_experts else 0
         self.scores = np.zeros((len(num_experts), width))  # with lists: a copy of them, made at each re-plan
-        self._lists = len(num_experts) * width <= _SCORES_IN_PYTHON if as_lists is None else as_lists
+        self._lists = len(num_experts) * width <= LIST_KEPT_CELLS if as_lists is None else as_lists
         self._score_rows: list[list[float]] = [[0.0] * width for _ in num_experts] if self._lists else []
         self.valid = np.zeros((len(num_experts), width), dtype=bool)
         for layer, count in enumerate(num_experts):
