@@ -97,9 +97,9 @@ def measure(model: Path, converted: Path, tokens: int, repeats: int, threads: in
 
 
 class _TimedSimulator:
-    """A session's MoESimulator whose ``simulate_step`` and ``summary`` (a report simulates its run's layers in one
-    step) add their wall time to ``total[0]``; everything else is the simulator's own. A wrapper, not patched
-    methods: a compiled simulator's methods cannot be replaced."""
+    """A session's MoESimulator whose ``simulate_step``, ``summary`` and ``summary_snapshot`` (a report simulates its
+    run's layers in one step and takes a snapshot of the summary) add their wall time to ``total[0]``; everything
+    else is the simulator's own. A wrapper, not patched methods: a compiled simulator's methods cannot be replaced."""
 
     def __init__(self, simulator, total: list[float]) -> None:
         self._simulator = simulator
@@ -120,6 +120,9 @@ class _TimedSimulator:
 
     def summary(self):
         return self._timed(self._simulator.summary)
+
+    def summary_snapshot(self):
+        return self._timed(self._simulator.summary_snapshot)
 
 
 def _time_simulator(session) -> list[float]:

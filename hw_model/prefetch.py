@@ -236,13 +236,34 @@ class ExpertPrefetcher:
         self.queued_bytes = sum(missing_bytes, queued_bytes)
 
     def stats(self) -> dict[str, float]:
+        return self.stats_of(self.stats_values())
+
+    def stats_values(self) -> tuple[int, int, float, int, int, int, int, int]:
+        """What :meth:`stats` reports, as plain values of this moment (:meth:`stats_of` names them)."""
+        resident = 0
+        for experts in self.resident_sets:
+            resident += len(experts)
+        return (
+            self.hits,
+            self.misses,
+            self.bytes_moved,
+            self.loads_completed,
+            self.evictions,
+            self.replans,
+            self.adopted,
+            resident,
+        )
+
+    @staticmethod
+    def stats_of(values: tuple[int, int, float, int, int, int, int, int]) -> dict[str, float]:
+        hits, misses, bytes_moved, loads_completed, evictions, replans, adopted, resident = values
         return {
-            **hit_stats("prefetch", self.hits, self.misses, self.bytes_moved),
-            "prefetch_loads_completed": self.loads_completed,
-            "prefetch_evictions": self.evictions,
-            "prefetch_replans": self.replans,
-            "prefetch_adopted_from_misses": self.adopted,
-            "resident_experts": sum(len(experts) for experts in self.resident_sets),
+            **hit_stats("prefetch", hits, misses, bytes_moved),
+            "prefetch_loads_completed": loads_completed,
+            "prefetch_evictions": evictions,
+            "prefetch_replans": replans,
+            "prefetch_adopted_from_misses": adopted,
+            "resident_experts": resident,
         }
 
 
@@ -320,7 +341,15 @@ class ExpertLRUCache:
         return self._by_layer.get(layer, _NO_EXPERTS)
 
     def stats(self) -> dict[str, float]:
-        return hit_stats("cache", self.hits, self.misses, self.bytes_moved)
+        return self.stats_of(self.stats_values())
+
+    def stats_values(self) -> tuple[int, int, float]:
+        """What :meth:`stats` reports, as plain values of this moment (:meth:`stats_of` names them)."""
+        return (self.hits, self.misses, self.bytes_moved)
+
+    @staticmethod
+    def stats_of(values: tuple[int, int, float]) -> dict[str, float]:
+        return hit_stats("cache", values[0], values[1], values[2])
 
 
 def hit_stats(prefix: str, hits: int, misses: int, bytes_moved: float) -> dict[str, float]:

@@ -34,6 +34,7 @@ from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy, row_selector
+from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import MoELayerShape, WeightFormat
 
@@ -545,43 +546,89 @@ class MoESimulator:
             copied += self._drain_ahead(seconds - copied / self._copy_bandwidth)
         return copied
 
-    def _busy_totals(self) -> dict[str, float]:
-        self._fold_busy()
-        return dict(sorted(self._busy_s.items()))
-
     def summary(self) -> dict[str, Any]:
         """Run counters: invocations, expert latency per phase, placement recomputations and reuses,
         packer decision time (measured wall time, so not deterministic), bytes moved, prefetch or cache stats,
         busy seconds per resource, memory budgets and the capacity check."""
+        return self.summary_snapshot().as_dict()
+
+    def summary_snapshot(self) -> SummarySnapshot:
+        """The values :meth:`summary` reports as of now, without building its dictionary (a session's reports take
+        one per run and build the summary only if it is read)."""
         state = self._state
         times = state.decision_times_s
         if self._median_of != len(times):  # the median only changes when a decision was added
             self._median_of = len(times)
             self._median_s = median(times) if times else 0.0
-        out: dict[str, Any] = {
-            "policy": self.policy,
-            "ndp_units": self.system.num_ndp_units,
-            "invocations_prefill": self._invocations["prefill"],
-            "invocations_decode": self._invocations["decode"],
-            "expert_latency_prefill_s": self._latency_s["prefill"],
-            "expert_latency_decode_s": self._latency_s["decode"],
-            "placement_recomputations": state.recomputations,
-            "placement_reuses": state.reuses,
-            "decode_placement_recomputations": state.decode_recomputations,
-            "decision_time_median_s": self._median_s,
-            "on_demand_weight_bytes": state.on_demand_bytes,
-            "host_to_gpu_bytes": self._host_to_gpu_bytes,
-            "gpu_pool_bytes": self.gpu_pool_bytes,
-            "residency_cap_bytes": self.residency_cap_bytes,
-            "staging_cap_bytes": self.staging_cap_bytes,
-            "feasible": self.capacity.feasible,
-            "infeasible_reason": self.capacity.reason,
-            "busy_s": self._busy_totals(),
-        }
-        if state.prefetcher is not None:
-            out.update(state.prefetcher.stats())
-        if state.lru is not None:
-            out.update(state.lru.stats())
+        self._fold_busy()
+        values = (
+            self.policy,
+            self.system.num_ndp_units,
+            self._invocations["prefill"],
+            self._invocations["decode"],
+            self._latency_s["prefill"],
+            self._latency_s["decode"],
+            state.recomputations,
+            state.reuses,
+            state.decode_recomputations,
+            self._median_s,
+            state.on_demand_bytes,
+            self._host_to_gpu_bytes,
+            self.gpu_pool_bytes,
+            self.residency_cap_bytes,
+            self.staging_cap_bytes,
+            self.capacity.feasible,
+            self.capacity.reason,
+        )
+        prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
+        cache = state.lru.stats_values() if state.lru is not None else None
+        return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)
+
+
+_SUMMARY_KEYS = (
+    "policy",
+    "ndp_units",
+    "invocations_prefill",
+    "invocations_decode",
+    "expert_latency_prefill_s",
+    "expert_latency_decode_s",
+    "placement_recomputations",
+    "placement_reuses",
+    "decode_placement_recomputations",
+    "decision_time_median_s",
+    "on_demand_weight_bytes",
+    "host_to_gpu_bytes",
+    "gpu_pool_bytes",
+    "residency_cap_bytes",
+    "staging_cap_bytes",
+    "feasible",
+    "infeasible_reason",
+)
+
+
+class SummarySnapshot:
+    """What :meth:`MoESimulator.summary` reports, as the plain values of one moment; :meth:`as_dict` is the
+    summary (the keys of :data:`_SUMMARY_KEYS`, then ``busy_s``, then the prefetcher's or cache's stats)."""
+
+    def __init__(
+        self,
+        values: tuple,
+        busy_s: dict[str, float],
+        prefetch: tuple[int, int, float, int, int, int, int, int] | None,
+        cache: tuple[int, int, float] | None,
+    ) -> None:
+        self.values = values
+        self.busy_s = busy_s
+        self.prefetch = prefetch
+        self.cache = cache
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(zip(_SUMMARY_KEYS, self.values, strict=True))
+        out["busy_s"] = dict(sorted(self.busy_s.items()))
+        if self.prefetch is not None:
+            out.update(ExpertPrefetcher.stats_of(self.prefetch))
+        if self.cache is not None:
+            out.update(ExpertLRUCache.stats_of(self.cache))
         return out
 
 

@@ -141,10 +141,11 @@ class RunReport:
         tokens: int,
         non_expert_gpu_s: float,
         step_layers: StepLayers,
-        simulator: dict[str, Any],
+        summary: Any,
         notes: tuple[str, ...],
     ) -> RunReport:
-        """The report whose ``layers`` are ``step_layers.build()``, built when first read (the constructor's
+        """The report whose ``layers`` are ``step_layers.build()`` and whose ``simulator`` is ``summary.as_dict()``
+        (a :class:`hw_model.simulator.SummarySnapshot` of the run), each built when first read (the constructor's
         checks, now)."""
         _check_report(run_index, tokens, ndp_units, non_expert_gpu_s, step_layers.step.latencies_s)
         report = cls.__new__(cls)
@@ -157,21 +158,28 @@ class RunReport:
             phase=phase,
             tokens=tokens,
             non_expert_gpu_s=non_expert_gpu_s,
-            simulator=simulator,
             notes=notes,
             weights=weights,
             _step_layers=step_layers,
+            _summary=summary,
         )
         return report
 
     def __getattr__(self, name: str) -> Any:
-        """``layers`` of a report from :meth:`of_step`, built on first read (only called for a missing attribute)."""
+        """``layers`` and ``simulator`` of a report from :meth:`of_step`, built on first read (only called for a
+        missing attribute; two threads reading at once build equal values, either one is kept)."""
         if name == "layers":
             source = self.__dict__.get("_step_layers")
             if source is not None:
-                layers = source.build()  # two threads reading at once build equal tuples; either one is kept
+                layers = source.build()
                 self.__dict__["layers"] = layers
                 return layers
+        elif name == "simulator":
+            summary = self.__dict__.get("_summary")
+            if summary is not None:
+                built = summary.as_dict()
+                self.__dict__["simulator"] = built
+                return built
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property

@@ -340,7 +340,7 @@ class SessionReporter:
                 tokens,
                 gpu_s,
                 StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, counts, step),
-                self.simulator.summary(),
+                self.simulator.summary_snapshot(),
                 notes,
             )
             moe_s = sum(step.latencies_s)  # report.moe_s: the layers' latencies summed once

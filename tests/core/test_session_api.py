@@ -71,6 +71,23 @@ def test_reports_follow_the_routing_of_each_run_in_order(block):
     assert reports[-1].simulator["invocations_decode"] == 2
 
 
+def test_a_reports_simulator_summary_is_as_of_its_run_when_read_later(block):
+    session = ndp_ep.InferenceSession(block, hw="paper", ndp_units=2)
+    rng = np.random.default_rng(4)
+    latencies = []
+    for tokens in (6, 1, 1, 1):
+        session.run(None, {"hidden_states": rng.standard_normal((1, tokens, 64)).astype(np.float32)})
+        latencies.append(session.simulator.summary()["expert_latency_decode_s"])
+    summaries = [report.simulator for report in session.reports]  # read after every run was simulated
+    assert [s["invocations_prefill"] for s in summaries] == [1, 1, 1, 1]
+    assert [s["invocations_decode"] for s in summaries] == [0, 1, 2, 3]
+    assert [s["expert_latency_decode_s"] for s in summaries] == latencies
+    assert summaries[-1] == session.simulator.summary() | {
+        "decision_time_median_s": summaries[-1]["decision_time_median_s"]
+    }
+    assert session.reports[1].simulator is summaries[1]  # built once
+
+
 def test_converted_and_unconverted_models_give_the_same_outputs(block, tmp_path):
     converted = tmp_path / "block.ndp.onnx"
     ndp_ep.convert_model(block, converted, shards=2)
