@@ -181,6 +181,11 @@ class StepResult:
     def __len__(self) -> int:
         return len(self._records)
 
+    @property
+    def counts(self) -> np.ndarray:
+        """The step's expert token counts, one row per invocation (the simulator's own copy; not to be modified)."""
+        return self._counts
+
     def __getitem__(self, i: int) -> LayerResult:
         if i < 0:
             i += len(self._records)

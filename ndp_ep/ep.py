@@ -251,7 +251,8 @@ class RoutingReader:
     def take(self, width: int) -> tuple[list[int], list[int], list[int], list[int], np.ndarray]:
         """Every pending record, oldest first: their run ids, layers, tokens and expert token totals (the sum of
         each one's counts; one list each), and their expert counts as the rows of one ``[records, width]`` array
-        (zero beyond a layer's experts)."""
+        (zero beyond a layer's experts). That array may be a view of this reader's buffer, valid until the next
+        call: copy what is kept."""
         request = self._request
         if width != request.width:
             self._counts = np.empty((self.BATCH, width), np.int32)
@@ -260,7 +261,7 @@ class RoutingReader:
         got = self._take(self._request_ref)
         if 0 <= got < self.BATCH:  # the usual read: one call drains the log
             meta = self._meta_view[: ROUTING_META * got].tolist()
-            return _columns(meta, self._counts[:got].copy())
+            return _columns(meta, self._counts[:got])
         meta: list[int] = []
         batches: list[np.ndarray] = []
         while got > 0:  # a full batch (more may follow), then the rest

@@ -339,7 +339,7 @@ class SessionReporter:
                 phase,
                 tokens,
                 gpu_s,
-                StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, counts, step),
+                StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, step.counts, step),
                 self.simulator.summary_snapshot(),
                 notes,
             )
