@@ -106,6 +106,10 @@ class StepLayers(NamedTuple):
         )
 
 
+# the fields a report from RunReport.of_step builds when first read: field -> (what it is built from, its method)
+_LAZY_FIELDS = {"layers": ("_step_layers", "build"), "simulator": ("_summary", "as_dict")}
+
+
 @dataclass(frozen=True)
 class RunReport:
     """The simulated latency of one ``run`` on the configured GPU + NDP system."""
@@ -168,18 +172,13 @@ class RunReport:
     def __getattr__(self, name: str) -> Any:
         """``layers`` and ``simulator`` of a report from :meth:`of_step`, built on first read (only called for a
         missing attribute; two threads reading at once build equal values, either one is kept)."""
-        if name == "layers":
-            source = self.__dict__.get("_step_layers")
+        lazy = _LAZY_FIELDS.get(name)
+        if lazy is not None:
+            source = self.__dict__.get(lazy[0])
             if source is not None:
-                layers = source.build()
-                self.__dict__["layers"] = layers
-                return layers
-        elif name == "simulator":
-            summary = self.__dict__.get("_summary")
-            if summary is not None:
-                built = summary.as_dict()
-                self.__dict__["simulator"] = built
-                return built
+                value = getattr(source, lazy[1])()
+                self.__dict__[name] = value
+                return value
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
