@@ -142,16 +142,16 @@ class ExpertPrefetcher:
     def add_scores(self, layers: int | slice | Sequence[int] | np.ndarray, counts: np.ndarray) -> None:
         """Add selection counts to the scores: one layer's ``counts``, or rows of ``counts`` for ``layers``."""
         if self._lists:
-            layer_list = [layers] if isinstance(layers, int) else _layer_list(layers, len(self._score_rows))
+            indices = [layers] if isinstance(layers, int) else _layer_indices(layers, len(self._score_rows))
             rows = counts.tolist()
-            self._add_score_rows(layer_list, [rows] * len(layer_list) if counts.ndim == 1 else rows)
+            self._add_score_rows(indices, [rows] * len(indices) if counts.ndim == 1 else rows)
             return
         if counts.ndim == 1:
             self.scores[layers, : counts.size] += counts
         else:
             self.scores[layers, : counts.shape[1]] += counts
 
-    def _add_score_rows(self, layers: list[int], rows: list[list[int]]) -> None:
+    def _add_score_rows(self, layers: Sequence[int], rows: list[list[int]]) -> None:
         for i in range(len(rows)):
             scores = self._score_rows[layers[i]]
             row = rows[i]
@@ -267,13 +267,13 @@ class ExpertPrefetcher:
         }
 
 
-def _layer_list(layers: slice | Sequence[int] | np.ndarray, num_layers: int) -> list[int]:
-    """The layer indices an :meth:`ExpertPrefetcher.add_scores` selector names, as a list."""
+def _layer_indices(layers: slice | Sequence[int] | np.ndarray, num_layers: int) -> Sequence[int]:
+    """The layer indices an :meth:`ExpertPrefetcher.add_scores` selector names (a slice as a range; no copy)."""
     if isinstance(layers, slice):
-        return list(range(*layers.indices(num_layers)))
+        return range(*layers.indices(num_layers))
     if isinstance(layers, np.ndarray):
         return layers.tolist()
-    return list(layers)
+    return layers
 
 
 def _per_layer_sets(mask: np.ndarray) -> list[set[int]]:

@@ -566,58 +566,37 @@ class MoESimulator:
             self._median_of = len(times)
             self._median_s = median(times) if times else 0.0
         self._fold_busy()
-        values = (
-            self.policy,
-            self.system.num_ndp_units,
-            self._invocations["prefill"],
-            self._invocations["decode"],
-            self._latency_s["prefill"],
-            self._latency_s["decode"],
-            state.recomputations,
-            state.reuses,
-            state.decode_recomputations,
-            self._median_s,
-            state.on_demand_bytes,
-            self._host_to_gpu_bytes,
-            self.gpu_pool_bytes,
-            self.residency_cap_bytes,
-            self.staging_cap_bytes,
-            self.capacity.feasible,
-            self.capacity.reason,
-        )
+        values: dict[str, Any] = {
+            "policy": self.policy,
+            "ndp_units": self.system.num_ndp_units,
+            "invocations_prefill": self._invocations["prefill"],
+            "invocations_decode": self._invocations["decode"],
+            "expert_latency_prefill_s": self._latency_s["prefill"],
+            "expert_latency_decode_s": self._latency_s["decode"],
+            "placement_recomputations": state.recomputations,
+            "placement_reuses": state.reuses,
+            "decode_placement_recomputations": state.decode_recomputations,
+            "decision_time_median_s": self._median_s,
+            "on_demand_weight_bytes": state.on_demand_bytes,
+            "host_to_gpu_bytes": self._host_to_gpu_bytes,
+            "gpu_pool_bytes": self.gpu_pool_bytes,
+            "residency_cap_bytes": self.residency_cap_bytes,
+            "staging_cap_bytes": self.staging_cap_bytes,
+            "feasible": self.capacity.feasible,
+            "infeasible_reason": self.capacity.reason,
+        }
         prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
         cache = state.lru.stats_values() if state.lru is not None else None
         return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)
 
 
-_SUMMARY_KEYS = (
-    "policy",
-    "ndp_units",
-    "invocations_prefill",
-    "invocations_decode",
-    "expert_latency_prefill_s",
-    "expert_latency_decode_s",
-    "placement_recomputations",
-    "placement_reuses",
-    "decode_placement_recomputations",
-    "decision_time_median_s",
-    "on_demand_weight_bytes",
-    "host_to_gpu_bytes",
-    "gpu_pool_bytes",
-    "residency_cap_bytes",
-    "staging_cap_bytes",
-    "feasible",
-    "infeasible_reason",
-)
-
-
 class SummarySnapshot:
     """What :meth:`MoESimulator.summary` reports, as the plain values of one moment; :meth:`as_dict` is the
-    summary (the keys of :data:`_SUMMARY_KEYS`, then ``busy_s``, then the prefetcher's or cache's stats)."""
+    summary (the counters of ``values``, then ``busy_s`` sorted, then the prefetcher's or cache's stats)."""
 
     def __init__(
         self,
-        values: tuple,
+        values: dict[str, Any],
         busy_s: dict[str, float],
         prefetch: tuple[int, int, float, int, int, int, int, int] | None,
         cache: tuple[int, int, float] | None,
@@ -628,7 +607,7 @@ class SummarySnapshot:
         self.cache = cache
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(zip(_SUMMARY_KEYS, self.values, strict=True))
+        out = dict(self.values)
         out["busy_s"] = dict(sorted(self.busy_s.items()))
         if self.prefetch is not None:
             out.update(ExpertPrefetcher.stats_of(self.prefetch))
