@@ -23,6 +23,7 @@ handful of experts, where a set look-up is far cheaper than indexing an array; t
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class ExpertPrefetcher:
     ) -> None:
         if len(num_experts) != len(expert_bytes):
             raise WorkloadError("one expert count and one expert size per layer are needed")
+        if not all(size > 0 and math.isfinite(size) for size in expert_bytes):
+            raise WorkloadError(f"expert sizes must be positive and finite, got {list(expert_bytes)}")
         self.config = config
         self.expert_bytes = np.asarray(expert_bytes, dtype=np.float64)
         self._expert_bytes = self.expert_bytes.tolist()  # the same sizes as Python floats, per layer
@@ -84,8 +87,9 @@ class ExpertPrefetcher:
         # per layer, the experts whose copy is on the GPU (sets: the simulator asks about a handful of experts
         # per invocation, where a set look-up is much cheaper than indexing an array)
         self.resident_sets: list[set[int]] = [set() for _ in num_experts]
-        self.wanted = np.zeros_like(self.valid)  # the plan (written by _plan only), mirrored per layer below
-        self._wanted_sets: list[set[int]] = [set() for _ in num_experts]
+        self._widths = list(num_experts)
+        self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
+        self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
         self.queued_bytes = 0.0  # bytes left to copy in the queue (0 when it is empty)
         self._decode_steps = 0
@@ -202,36 +206,79 @@ class ExpertPrefetcher:
         """Choose the resident set: best scores per byte within the cap; keep residents unless clearly beaten."""
         self._planned = True
         self.replans += 1
-        cap = self.config.residency_cap_bytes
         if self._lists:
             self.scores = np.array(self._score_rows, dtype=np.float64).reshape(self.valid.shape)
+            wanted = self._choose_from_lists()
+        else:
+            wanted = self._choose_from_arrays()
+        self._adopt(wanted)
+
+    def _choose_from_arrays(self) -> list[set[int]]:
+        """The new plan, per layer: every (layer, expert) ranked by score per byte (wanted ones times the swap margin,
+        the hysteresis), in a stable order; taken in rank order while their sizes add up within the cap, those
+        with a positive score."""
         per_byte = np.where(self.valid, self.scores / self.expert_bytes[:, None], -np.inf)
-        # hysteresis: already-wanted experts get their score multiplied by the swap margin
-        ranked = np.where(self.wanted, per_byte * self.config.swap_margin, per_byte)
+        ranked = np.where(self._wanted_mask, per_byte * self.config.swap_margin, per_byte)
         order = np.argsort(-ranked, axis=None, kind="stable")
         sizes = np.broadcast_to(self.expert_bytes[:, None], self.valid.shape).ravel()[order]
-        fits = (np.cumsum(sizes) <= cap) & (self.scores.ravel()[order] > 0) & np.isfinite(ranked.ravel()[order])
+        fits = (
+            (np.cumsum(sizes) <= self.config.residency_cap_bytes)
+            & (self.scores.ravel()[order] > 0)
+            & np.isfinite(ranked.ravel()[order])
+        )
         chosen = np.zeros(self.valid.size, dtype=bool)
         chosen[order[fits]] = True
-        new_wanted = chosen.reshape(self.valid.shape)
-        dropped = self.wanted & ~new_wanted
-        resident = self.resident
-        self.evictions += int((dropped & resident).sum())
-        resident &= new_wanted
-        self.wanted = new_wanted
-        self.resident_sets = _per_layer_sets(resident)
-        wanted = self._wanted_sets = _per_layer_sets(new_wanted)
-        # the queued copies the new plan still wants, in their order; then its other missing experts in layer order
-        # (decode needs layer 0 first)
+        self._wanted_mask = chosen.reshape(self.valid.shape)
+        return _per_layer_sets(self._wanted_mask)
+
+    def _choose_from_lists(self) -> list[set[int]]:
+        """What :meth:`_choose_from_arrays` chooses, from the list-kept scores: the same divisions and products,
+        the same stable order (cells past a layer's experts rank last there and are never taken, so they are left
+        out here), and the sizes added up in rank order as ``cumsum`` adds them."""
+        margin = self.config.swap_margin
+        cells: list[tuple[int, int]] = []  # (layer, expert) of each valid cell, by layer then expert
+        ranked: list[float] = []
+        for layer in range(len(self._score_rows)):
+            scores = self._score_rows[layer]
+            size = self._expert_bytes[layer]
+            planned = self._wanted_sets[layer]
+            for expert in range(self._widths[layer]):
+                per_byte = scores[expert] / size
+                cells.append((layer, expert))
+                ranked.append(per_byte * margin if expert in planned else per_byte)
+        keys = [-value for value in ranked]  # numpy sorts the negated values: -0.0 and 0.0 tie there as here
+        cap = self.config.residency_cap_bytes
+        wanted: list[set[int]] = [set() for _ in self._score_rows]
+        total = 0.0
+        for i in sorted(range(len(keys)), key=keys.__getitem__):
+            layer, expert = cells[i]
+            total += self._expert_bytes[layer]
+            if total > cap:  # sizes are not negative: no later cell fits either
+                break
+            if self._score_rows[layer][expert] > 0 and math.isfinite(ranked[i]):
+                wanted[layer].add(expert)
+        return wanted
+
+    def _adopt(self, wanted: list[set[int]]) -> None:
+        """Make ``wanted`` (per layer) the plan: residents it drops are evicted; the queued copies it still wants
+        keep their order, then its other missing experts follow in layer order (decode needs layer 0 first)."""
+        resident_sets: list[set[int]] = []
+        for layer in range(len(wanted)):
+            resident = self.resident_sets[layer]
+            self.evictions += len((self._wanted_sets[layer] - wanted[layer]) & resident)
+            resident_sets.append(resident & wanted[layer])
+        self.resident_sets = resident_sets
+        self._wanted_sets = wanted
         kept = deque([entry for entry in self._queue if entry[1] in wanted[entry[0]]])
         queued_bytes = float(sum([left for _, _, left in kept]))
-        missing = new_wanted & ~resident
-        if kept:
-            missing.ravel()[[layer * missing.shape[1] + expert for layer, expert, _ in kept]] = False
-        layers, experts = np.nonzero(missing)
-        layer_list = layers.tolist()
-        missing_bytes = [self._expert_bytes[layer] for layer in layer_list]
-        kept.extend(zip(layer_list, experts.tolist(), missing_bytes, strict=True))
+        queued: list[set[int]] = [set() for _ in wanted]
+        for layer, expert, _ in kept:
+            queued[layer].add(expert)
+        missing_bytes: list[float] = []
+        for layer in range(len(wanted)):
+            for expert in sorted(wanted[layer] - resident_sets[layer] - queued[layer]):
+                kept.append((layer, expert, self._expert_bytes[layer]))
+                missing_bytes.append(self._expert_bytes[layer])
         self._queue = kept
         self.queued_bytes = sum(missing_bytes, queued_bytes)
 

@@ -83,10 +83,17 @@ def test_an_on_demand_copy_of_a_planned_expert_is_adopted_not_copied_again():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed):
-    # decay 0.9 makes the scores inexact floats: any difference in the order of operations would show
+@pytest.mark.parametrize(
+    ("decay", "cap_bytes"),
+    [
+        (0.9, 900.0),  # inexact scores: any difference in the order of operations would show
+        (0.5, 900.0),  # exact halvings: many equal scores, so the order among ties decides
+        (1.0, 260.0),  # plain counts under a cap of two or three experts: the hysteresis decides most re-plans
+    ],
+)
+def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed, decay, cap_bytes):
     rng = np.random.default_rng(seed)
-    config = PrefetchConfig(residency_cap_bytes=900.0, update_interval_tokens=3, decay=0.9)
+    config = PrefetchConfig(residency_cap_bytes=cap_bytes, update_interval_tokens=3, decay=decay)
     widths, sizes = [8, 8, 5], [100.0, 100.0, 60.0]
     prefetchers = [ExpertPrefetcher(widths, sizes, config, as_lists=kept) for kept in (False, True)]
     prefill = rng.integers(0, 9, size=(3, 8)) * (np.arange(8) < np.array(widths)[:, None])
@@ -104,5 +111,26 @@ def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed):
             p.drain(2e-6, 1e8)
         arrays, lists = prefetchers
         assert lists.resident_sets == arrays.resident_sets
+        assert list(lists._queue) == list(arrays._queue)  # the copies still to make, in their order
+        assert lists.queued_bytes == arrays.queued_bytes
         assert lists.stats() == arrays.stats()
+    assert arrays.replans == 14 and arrays.evictions > 0
     assert np.array(lists._score_rows).tolist() == arrays.scores.tolist()
+
+
+def test_the_plan_takes_the_best_score_per_byte_in_order_until_the_cap_is_reached():
+    # per byte: layer 0 expert 1 (0.08), layer 1 expert 0 (0.067), then layer 0 expert 0 and layer 1 expert 2 (0.05
+    # each); a 250-byte cap holds the first two (160 bytes): adding the third would make 260
+    for kept in (False, True):
+        p = ExpertPrefetcher([3, 3], [100.0, 60.0], PrefetchConfig(residency_cap_bytes=250.0), as_lists=kept)
+        p.add_scores(0, np.array([5, 8, 0]))
+        p.add_scores(1, np.array([4, 0, 3]))
+        p.before_invocation(0, "decode")
+        assert [(layer, expert) for layer, expert, _ in p._queue] == [(0, 1), (1, 0)]
+        assert p.queued_bytes == 160.0
+
+
+@pytest.mark.parametrize("size", [0.0, -1.0, float("nan"), float("inf")])
+def test_expert_sizes_must_be_positive_and_finite(size):
+    with pytest.raises(WorkloadError, match="expert sizes"):
+        ExpertPrefetcher([4, 4], [100.0, size], PrefetchConfig(residency_cap_bytes=1.0))
