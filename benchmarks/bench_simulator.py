@@ -15,7 +15,11 @@ shared machine inflate it less than wall time would):
 2. seconds for one 512 + 512-token Qwen3-30B-A3B request end to end (``hw_model.bench.run_job``, which also
    costs the non-expert work), under the default policy, and the part of it synthesising its routing trace;
 3. microseconds to simulate one decode step (3 layer invocations) of a tiny 3-layer, 8-expert top-2 model,
-   which is what an ``InferenceSession`` run's report pays on top of ONNX Runtime.
+   which is what an ``InferenceSession`` run's report pays on top of ONNX Runtime;
+4. microseconds per decode step of the per-expert bookkeeping (the drift histograms' update, the prefetcher's
+   scores and its re-plan every 32 steps) kept as Python lists and as numpy arrays, alternating, at
+   :data:`BOOKKEEPING_SHAPES` layers x experts: where :data:`hw_model.prefetch.LIST_KEPT_CELLS` (the size up to
+   which a model keeps lists) should sit, for the installed (compiled) copy.
 
 The best of ``--rounds`` per figure and copy is printed. Goals (issue 13): <= 10 us per layer invocation,
 <= 0.5 s per request, tens of us per tiny decode step. With ``--default-bench`` it also times the default
@@ -41,6 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 GOAL_INVOCATION_S = 10e-6
 GOAL_REQUEST_S = 0.5
 COPIES = ("installed", "source")
+BOOKKEEPING_SHAPES = (
+    (3, 8),
+    (4, 16),
+    (6, 16),
+    (8, 16),
+    (10, 16),
+    (8, 32),
+    (16, 64),
+)  # layers x experts: 24 to 1,024 cells
 
 
 class _TimedPlacement:
@@ -144,6 +157,38 @@ def tiny_decode_step_s(steps: int = 2000) -> float:
     return (time.process_time() - started) / steps
 
 
+def bookkeeping_step_s(layers: int, experts: int, steps: int = 640) -> dict[str, float]:
+    """CPU seconds per decode step of the per-expert bookkeeping of a ``layers`` x ``experts`` top-2 model, its
+    state kept as lists and as arrays (the best of 5 alternating rounds each): the drift tracker's update, the
+    prefetcher's re-plan check (a re-plan every 32 steps) and score update."""
+    import numpy as np
+
+    from hw_model.policies import DriftTracker
+    from hw_model.prefetch import ExpertPrefetcher, PrefetchConfig
+
+    rng = np.random.default_rng(0)
+    counts = np.zeros((steps, layers, experts), dtype=np.int64)
+    for step in range(steps):
+        for layer in range(layers):
+            counts[step, layer, rng.choice(experts, size=2, replace=False)] = 1
+    every_layer = range(layers)
+    best = {"lists": float("inf"), "arrays": float("inf")}
+    for _ in range(5):
+        for kind in best:
+            as_lists = kind == "lists"
+            tracker = DriftTracker(layers, experts, 0.1, as_lists=as_lists)
+            config = PrefetchConfig(residency_cap_bytes=layers * experts * 0.3)
+            prefetcher = ExpertPrefetcher([experts] * layers, [1.0] * layers, config, as_lists=as_lists)
+            prefetcher.add_scores(slice(0, layers), counts[0])
+            started = time.process_time()
+            for step in counts:
+                tracker.update(every_layer, step)
+                prefetcher.before_invocation(0, "decode")
+                prefetcher.add_scores(slice(0, layers), step)
+            best[kind] = min(best[kind], (time.process_time() - started) / steps)
+    return best
+
+
 def measure(policies: list[str], generated: int) -> dict:
     """Every figure of one copy of hw_model (the one this process imports)."""
     import hw_model
@@ -155,6 +200,9 @@ def measure(policies: list[str], generated: int) -> dict:
     figures["request_s"] = request_s()
     figures["trace_s"] = trace_s()
     figures["tiny_step_s"] = tiny_decode_step_s()
+    figures["bookkeeping_s"] = {
+        f"{layers}x{experts}": bookkeeping_step_s(layers, experts) for layers, experts in BOOKKEEPING_SHAPES
+    }
     return figures
 
 
@@ -212,6 +260,16 @@ def report(rounds: dict[str, list[dict]], policies: list[str]) -> None:
     print(f"  of it, synthesising its routing trace (48 layers x 128 experts, 1024 tokens): {trace:.3f} s")
     tiny = {copy: min(r["tiny_step_s"] for r in rounds[copy]) for copy in COPIES}
     print(f"one decode step of a tiny 3-layer model: {_us(tiny['installed'])} installed, {_us(tiny['source'])} source")
+    from hw_model.prefetch import LIST_KEPT_CELLS
+
+    cells = []
+    for shape in installed[0]["bookkeeping_s"]:
+        lists, arrays = (min(r["bookkeeping_s"][shape][kind] for r in installed) for kind in ("lists", "arrays"))
+        cells.append(f"{shape} {lists * 1e6:.1f}/{arrays * 1e6:.1f}")
+    print(
+        f"per-expert bookkeeping per decode step, installed, lists/arrays in us (lists up to {LIST_KEPT_CELLS} "
+        f"layers x experts): {', '.join(cells)}"
+    )
     spread = [r[policies[0]]["stepped"] for r in installed]
     if len(spread) > 1:
         print(

@@ -13,8 +13,8 @@ Loads only use PCIe time the layers leave idle (see :meth:`ExpertPrefetcher.drai
 free and a big residency cap can keep the link busy. Hits, misses and bytes moved are counted.
 
 A small model's scores (at most :data:`LIST_KEPT_CELLS` layers x experts, as a session's report simulates) are
-kept as Python lists, which a step's loops update faster than numpy's calls, and copied into the score array at
-each re-plan; the same values to the last bit either way.
+kept as Python lists, which a step's loops update and its re-plans rank faster than numpy's calls (they are copied
+into the score array at each re-plan, for readers); the same values and plans to the last bit either way.
 
 Residency is kept per layer as Python sets (:attr:`ExpertPrefetcher.resident_sets`): an invocation asks about a
 handful of experts, where a set look-up is far cheaper than indexing an array; the re-plan, which ranks every
@@ -33,9 +33,10 @@ import numpy as np
 from hw_model.errors import WorkloadError
 
 _NO_EXPERTS: frozenset[int] = frozenset()
-# a model of at most this many layers x experts keeps its per-expert step bookkeeping (prefetch scores, the policies'
-# drift histograms) as Python lists: compiled loops over them beat numpy's per-call cost up to about this size
-LIST_KEPT_CELLS = 256
+# a model of at most this many layers x experts keeps its per-expert step bookkeeping (prefetch scores and re-plans, the
+# policies' drift histograms) as Python lists: compiled loops over them beat numpy's per-call cost up to about this
+# size (the two cost the same per step at 128 cells: benchmarks/bench_simulator.py, "per-expert bookkeeping")
+LIST_KEPT_CELLS = 128
 
 
 @dataclass(frozen=True)
