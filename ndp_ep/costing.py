@@ -37,12 +37,17 @@ _WEIGHT_BYTE_FIELDS = ("raw_data", "external_data")
 
 class GpuCost(NamedTuple):
     """Non-expert work of one run on the GPU (a named tuple: a frozen dataclass costs ~0.4 ms to define at import,
-    in every ``ndp-ep run``)."""
+    in every ``ndp-ep run``), and the node whose inputs and outputs together are the largest, at their element
+    types, among those shape inference sizes: ``working_set_bytes`` (a lower bound on the memory the run needs
+    where it is computed: a node's inputs and outputs are all held while it runs) and ``working_set_node`` naming
+    it (empty when no node is sized)."""
 
     flops: float
     bytes_moved: float
     kernels: int
     time_s: float
+    working_set_bytes: float = 0.0
+    working_set_node: str = ""
 
 
 class NonExpertCoster:
@@ -99,12 +104,20 @@ class NonExpertCoster:
         except Exception:
             inferred = model
         shapes: dict[str, tuple[int, ...]] = {}
+        sizes: dict[str, float] = {}  # bytes of each tensor shape inference sized
         for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
             dims = value.type.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims):
-                shapes[value.name] = tuple(d.dim_value for d in dims)
+                shape = shapes[value.name] = tuple(d.dim_value for d in dims)
+                sizes[value.name] = float(math.prod(shape)) * _element_bytes(value.type.tensor_type.elem_type)
         for tensor in inferred.graph.initializer:
             shapes[tensor.name] = tuple(tensor.dims)
+            sizes[tensor.name] = float(math.prod(tensor.dims)) * _element_bytes(tensor.data_type)
+        working_set_bytes, working_set_node = 0.0, ""
+        for node in inferred.graph.node:
+            working = sum(sizes.get(name, 0.0) for name in (*node.input, *node.output) if name)
+            if working > working_set_bytes:
+                working_set_bytes, working_set_node = working, f"{node.name or node.output[0]} ({node.op_type})"
         flops = bytes_moved = 0.0
         kernels = 0
         time_s = 0.0
@@ -128,7 +141,15 @@ class NonExpertCoster:
             bytes_moved += node_bytes
             kernels += 1
             time_s += kernel_time_s(gpu, node_flops, node_bytes, self.dtype, kernels=1)
-        return GpuCost(flops, bytes_moved, kernels, time_s)
+        return GpuCost(flops, bytes_moved, kernels, time_s, working_set_bytes, working_set_node)
+
+
+def _element_bytes(elem_type: int) -> int:
+    """Bytes of one element of an ONNX tensor type (1 for the sub-byte and unknown types: a lower bound)."""
+    try:
+        return max(1, onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return 1
 
 
 def _copy_header(tensor: onnx.TensorProto, target: onnx.TensorProto) -> None:

@@ -53,9 +53,11 @@ def load_feeds(path: str | Path, max_bytes: int | None = None) -> dict[str, np.n
             headers = [_member_header(archive, member, path) for member in members]
             total = sum(nbytes for _, _, _, nbytes in headers)
             if total > budget:
+                from ndp_ep.text import human_bytes
+
                 raise FeedError(
-                    f"feeds file {path} declares {total / 2**20:.1f} MiB of arrays, more than the "
-                    f"{budget / 2**20:.1f} MiB allowed (half the available memory)"
+                    f"feeds file {path} declares {human_bytes(total)} of arrays, more than the "
+                    f"{human_bytes(budget)} allowed (half the available memory)"
                 )
             feeds: dict[str, np.ndarray] = {}
             for member, (shape, fortran, dtype, nbytes) in zip(members, headers, strict=True):

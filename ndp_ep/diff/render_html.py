@@ -16,10 +16,11 @@ import html
 import json
 
 from ndp_ep.diff.render_json import to_json_document
-from ndp_ep.diff.render_text import PROVENANCE, block_headline, human_bytes, placement_text
+from ndp_ep.diff.render_text import PROVENANCE, block_headline, placement_text
 from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import InitializerDiff, ModelDiff, MoEBlockDiff, Region
 from ndp_ep.diff.svg import draw_region_side
+from ndp_ep.text import human_bytes
 
 FORMAT = "html"
 DESCRIPTION = "one self-contained HTML page (inline CSS, JS and SVG) with collapsible blocks and before/after graphs"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
+from ndp_ep.text import human_bytes
 
 FORMAT = "text"
 DESCRIPTION = "readable text, wrapped at 80 columns, coloured on a terminal (the default)"
@@ -26,7 +27,7 @@ INDENT = "  "
 WIDTH = 80
 CONTINUATION = "    "
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SIZE_UNITS = frozenset({"B", "KiB", "MiB", "GiB", "KiB)", "MiB)", "GiB)", "B)", "B;", "KiB;", "MiB;", "GiB;"})
+SIZE_UNITS = frozenset(unit + end for unit in ("B", "KiB", "MiB", "GiB", "TiB") for end in ("", ")", ";"))
 PROVENANCE = {
     "metadata": "recorded by ndp-ep at conversion",
     "inferred": "inferred from node names (the converted node does not list them)",
@@ -42,16 +43,6 @@ INIT_COLOURS = {
     "reshaped": "yellow",
     "retyped": "yellow",
 }
-
-
-def human_bytes(count: int) -> str:
-    value = float(abs(count))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-            return ("-" if count < 0 else "") + text
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def placement_text(placement: Mapping[str, Any] | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ndp_ep.text import plural, table, wrap
+from ndp_ep.text import human_bytes, plural, table, wrap
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,18 @@ def test_wrap_keeps_words_whole_and_lines_short():
     lines = wrap(text, width=30, indent="  ")
     assert "  " + "unbreakable_" * 10 in lines and all(len(line) <= 30 or " " not in line.strip() for line in lines)
     assert " ".join(" ".join(lines).split()) == " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (3 * 2**30, "3.0 GiB"),
+        (4 * 2**40, "4.0 TiB"),
+        (-1536, "-1.5 KiB"),
+    ],
+)
+def test_human_bytes_picks_the_largest_unit_that_keeps_the_value_at_least_one(count, expected):
+    assert human_bytes(count) == expected

@@ -57,3 +57,15 @@ def test_costs_are_cached_per_input_shape():
     coster = NonExpertCoster(_model(), load_system("h200"), "bf16")
     assert coster.cost({"x": (4, 64)}) is coster.cost({"x": (4, 64)})
     assert coster.cost({"x": (4, 64)}) != coster.cost({"x": (5, 64)})
+
+
+@pytest.mark.parametrize("batch", [1, 1000])
+def test_the_working_set_is_the_largest_nodes_inputs_and_outputs_at_their_element_types(batch):
+    cost = NonExpertCoster(_model(), load_system("h200"), "bf16").cost({"x": (batch, 64)})
+    # float32 (4 bytes), whatever dtype the GPU work is costed in: MatMul holds x, w and h; Relu holds h and r;
+    # Reshape holds r, its int64 shape (2 values) and y
+    matmul = (batch * 64 + 64 * 32 + batch * 32) * 4
+    relu = 2 * batch * 32 * 4
+    reshape = 2 * batch * 32 * 4 + 2 * 8
+    expected, node = max((matmul, "mm (MatMul)"), (relu, "relu (Relu)"), (reshape, "free (Reshape)"))
+    assert (cost.working_set_bytes, cost.working_set_node) == (expected, node)
