@@ -216,13 +216,14 @@ def _explain(sample: Path, system, dtype: str, result, prompt, steps: int, worst
         f"{hardware}.",
         f"What ran: the model's numerics, on this machine's CPU through ONNX Runtime, with its "
         f"{plural(len(blocks), 'MoE block')} converted into sharded expert ops "
-        f"({' or '.join(str(s) for s in shards)} shards per expert); {verdict} stock ONNX Runtime "
+        f"({' or '.join(str(s) for s in shards)} {'shard' if shards == [1] else 'shards'} per expert); {verdict} stock "
+        "ONNX Runtime "
         f"(max relative error {worst:.1e}, tolerance {PARITY_TOLERANCE:g}).",
         f"What is simulated: the latency the same request would have on {system.name}, from the experts each "
         f"run actually routed to. Times are simulated milliseconds; weights are costed as {dtype} (the deployment "
         f"dtype), not as the float32 that ran.",
-        f"The request: a prompt of {plural(int(prompt.size), 'token')}, then {plural(steps, 'token')} generated "
-        "one at a time.",
+        f"The request: a prompt of {plural(int(prompt.size), 'token')}"
+        + (f", then {plural(steps, 'token')} generated one at a time." if steps else ", and no generated token."),
     ]
     return "\n\n".join("\n".join(wrap(p)) for p in paragraphs) + "\n"
 

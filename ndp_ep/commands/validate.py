@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         raise CalibrationDataError("nothing to validate: give --data CSV and/or --transfers CSV")
     for path in paths:
         if not Path(path).is_file():
-            raise CalibrationDataError(f"{path}: no such file")
+            raise CalibrationDataError(
+                f"{path}: {'a directory, not a CSV file' if Path(path).is_dir() else 'no such file'}"
+            )
     layouts = {path: csv_layout(path) for path in paths}
     timing = [p for p in paths if layouts[p] in ("kernel", "transfer")]
     dram = [p for p in paths if layouts[p] not in ("kernel", "transfer")]

@@ -65,6 +65,12 @@ def test_demo_text_explains_what_ran_what_is_simulated_and_the_units_once(demo_t
     assert max(len(line) for line in demo_text.splitlines()) <= 80
 
 
+def test_a_demo_without_decode_steps_says_so_in_words(capsys):
+    assert main(["demo", "--decode-steps", "0"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a prompt of 16 tokens, and no generated token." in text and "0 tokens" not in text
+
+
 def test_demo_table_columns_are_aligned(demo_text):
     lines = demo_text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("policy"))

@@ -184,6 +184,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("ndp-ep validate: error:") and err.count("\n") == 1
+    assert main(["validate", "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"ndp-ep validate: error: {tmp_path}: a directory, not a CSV file\n"
 
 
 def test_cli_plot_into_missing_directory_is_exit_2(tmp_path, h200, capsys):
