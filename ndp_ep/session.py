@@ -9,7 +9,7 @@ a path, serialized bytes or an ``onnx.ModelProto``) plus keyword-only ``hw``, ``
 ``shards``, ``strict``, ``dtype``, ``report_ring`` and ``input_shapes``. Given an unconverted model it converts
 the MoE blocks in memory (as an execution provider claims the nodes it can run); given a converted one it hands
 it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` whose options add
-``NdpExecutionProvider`` (:func:`ndp_ep.ep.session_options`): the provider runs the sharded expert nodes
+``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert nodes
 natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
 cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
-from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_session_key, session_options
+from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, add_provider, check_ndp_units, new_session_key
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
@@ -55,8 +55,9 @@ _ORT_TYPES = {
 class InferenceSession:
     """An ONNX Runtime session whose MoE experts run on the NDP provider (see the module docstring).
 
-    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count;
-    ``policy``: a scheduling policy of :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
+    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count (1 to
+    64, else :class:`hw_model.HardwareConfigError`); ``policy``: a scheduling policy of :data:`hw_model.POLICIES`
+    (default ``tp+lb+prefetch``; an unknown name raises :class:`NdpEpError` listing the known ones); ``shards``:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
     raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
@@ -85,7 +86,8 @@ class InferenceSession:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
-        _check_positive("ndp_units", ndp_units)
+        if ndp_units is not None:
+            ndp_units = check_ndp_units(ndp_units)
         _check_positive("shards", shards)
         if isinstance(hw, SystemSpec):
             self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
@@ -108,13 +110,17 @@ class InferenceSession:
             ort_model = converted.SerializeToString()
         self.converted_model = converted
         self.session_key = new_session_key()
-        options = session_options(
+        # checked here (hw, ndp_units) and by the reporter (policy, dtype) rather than by session_options, which
+        # would load the hardware again and could not load a SystemSpec or a hardware file's name
+        options = add_provider(
             _copy_session_options(sess_options),
-            session_key=self.session_key,
-            hw=self.system.name,
-            ndp_units=self.system.num_ndp_units,
-            policy=policy,  # absent: the simulator's default
-            dtype=dtype,
+            {
+                "session_key": self.session_key,
+                "hw": self.system.name,
+                "ndp_units": self.system.num_ndp_units,
+                "policy": policy,  # absent: the simulator's default
+                "dtype": dtype,
+            },
         )
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
