@@ -270,6 +270,21 @@ def test_feeds_that_do_not_match_the_inputs_are_one_line_errors(tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [np.full((1, 3), 10**6, np.int64), np.zeros((1, 0), np.int64)],
+    ids=["token-ids-beyond-the-vocabulary", "empty-sequence"],
+)
+def test_a_run_failing_inside_onnx_runtime_is_one_line_on_stderr(tmp_path, capfd, ids):
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, input_ids=ids)
+    capfd.readouterr()
+    code = main(["run", str(SAMPLES / "moe_decoder.onnx"), "--inputs", str(feeds)])
+    err = capfd.readouterr().err  # ONNX Runtime's own log would be written to the process's stderr
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("ndp-ep run: error: the model failed while running"), err
+
+
 @pytest.mark.parametrize("model", ["moe_decoder.onnx", "hf/gpt_oss_block_dynamo.onnx"])
 def test_inspect_counts_the_nodes_replaced_that_convert_prints_and_removes(tmp_path, capsys, model):
     source = SAMPLES / model
