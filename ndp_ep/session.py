@@ -12,10 +12,13 @@ it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` 
 ``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert nodes
 natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
-cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
-model is checked (and converted), ONNX Runtime builds its session on a thread of its own while this one sets up
-the reports (ONNX Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted)
-gets the last of its checks (onnx's schemas, operators ONNX Runtime knows) in that time too, after the reports'
+cost the non-expert GPU work. ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
+fit the inputs and :class:`RunError` for a run that fails, where ONNX Runtime raises its own errors;
+``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked).
+Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the model is checked (and
+converted), ONNX Runtime builds its session on a thread of its own while this one sets up the reports (ONNX
+Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted) gets the last of its
+checks (onnx's schemas, operators ONNX Runtime knows) in that time too, after the reports'
 set-up (Python, which ONNX Runtime's thread cuts into between loading and compiling the model, where the
 check's ~10 ms call into onnx would keep it waiting), and a failure drops the session (:func:`_load` says which
 checks come first; an error setting up the reports is raised only when those checks pass).
@@ -176,11 +179,11 @@ class InferenceSession:
         return self._session.get_providers()
 
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list:
-        """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`."""
+        """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`, a failing run
+        :class:`RunError`."""
         import onnxruntime as ort
 
-        if type(input_feed) is not dict and not isinstance(input_feed, Mapping):
-            raise FeedError(f"feeds must be a mapping of input name to array, got {type(input_feed).__name__}")
+        _check_mapping(input_feed)
         with self._tag_lock:
             tag = next(self._tags)
         options = run_options if run_options is not None else ort.RunOptions()
@@ -191,32 +194,44 @@ class InferenceSession:
         try:
             results = self._session.run(output_names, input_feed, options)
         except Exception as exc:  # ONNX Runtime refused or failed: one line saying why
-            self._check_feeds(input_feed)  # feeds that do not fit the signature: FeedError
-            raise RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}") from None
+            self._check_feeds({name: _array_signature(value) for name, value in input_feed.items()})
+            raise _run_error(exc) from None
         if not self._has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
         return results
 
-    def _check_feeds(self, input_feed: Mapping[str, Any]) -> None:
-        unknown = sorted(set(input_feed) - set(self._inputs))
+    def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
+        """ONNX Runtime's ``run_with_ort_values`` (its ``OrtValue`` results); feeds that do not match the inputs
+        raise :class:`FeedError`, a failing run :class:`RunError`. The run is not tagged: its report costs the
+        expert side only."""
+        _check_mapping(input_dict_ort_values)
+        try:
+            return self._session.run_with_ort_values(output_names, input_dict_ort_values, run_options)
+        except Exception as exc:
+            self._check_feeds(
+                {name: _ort_value_signature(name, value) for name, value in input_dict_ort_values.items()}
+            )
+            raise _run_error(exc) from None
+
+    def _check_feeds(self, feeds: Mapping[str, tuple[np.dtype | str, tuple[int, ...]]]) -> None:
+        """:class:`FeedError` for the first feed (``name -> (dtype, shape)``) that does not fit the inputs."""
+        unknown = sorted(set(feeds) - set(self._inputs))
         if unknown:
             raise FeedError(f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._inputs)}")
-        missing = sorted(set(self._inputs) - set(input_feed))
+        missing = sorted(set(self._inputs) - set(feeds))
         if missing:
             raise FeedError(f"missing input {missing[0]!r}; the model's inputs are {sorted(self._inputs)}")
-        for name, value in input_feed.items():
+        for name, (dtype, shape) in feeds.items():
             spec = self._inputs[name]
-            array = np.asarray(value)
             expected = _ORT_TYPES.get(spec.type)
-            if expected is not None and array.dtype != expected:
-                raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {array.dtype.name}")
-            if len(spec.shape) != array.ndim:
-                raise FeedError(
-                    f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {array.shape}"
-                )
-            for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
-                if isinstance(want, int) and want != got:
-                    raise FeedError(f"input {name!r} dimension {axis} must be {want}, got shape {array.shape}")
+            if expected is not None and dtype != expected:
+                got = dtype.name if isinstance(dtype, np.dtype) else dtype
+                raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {got}")
+            if len(spec.shape) != len(shape):
+                raise FeedError(f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {shape}")
+            for axis, (want, got_dim) in enumerate(zip(spec.shape, shape, strict=True)):
+                if isinstance(want, int) and want != got_dim:
+                    raise FeedError(f"input {name!r} dimension {axis} must be {want}, got shape {shape}")
 
     # -- reports -----------------------------------------------------------------------------------------
     @property
@@ -274,6 +289,32 @@ class _SessionCreation:
         if isinstance(outcome, BaseException):  # ORT's own exception types: one line naming the model problem
             raise ModelLoadError(f"onnxruntime could not create the session: {_first_line(outcome)}") from None
         return outcome
+
+
+def _check_mapping(feeds: object) -> None:
+    if type(feeds) is not dict and not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
+
+
+def _array_signature(value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    array = np.asarray(value)
+    return array.dtype, array.shape
+
+
+def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[int, ...]]:
+    """The dtype (ONNX Runtime's type name when numpy has none) and shape of an ``OrtValue`` feed."""
+    import onnxruntime as ort
+
+    if not isinstance(value, ort.OrtValue):
+        raise FeedError(f"input {name!r} must be an onnxruntime.OrtValue, got {type(value).__name__}")
+    ort_type = value.data_type()
+    dtype = _ORT_TYPES.get(ort_type)
+    shape = tuple(value.shape()) if value.is_tensor() else ()  # a sequence or map: its type is refused first
+    return (np.dtype(dtype) if dtype is not None else ort_type), shape
+
+
+def _run_error(exc: BaseException) -> RunError:
+    return RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}")
 
 
 def _check_positive(name: str, value) -> None:

@@ -305,6 +305,28 @@ def test_an_unknown_policy_or_unit_count_out_of_range_is_a_documented_typed_erro
             ndp_ep.InferenceSession(block, ndp_units=units)
 
 
+def test_run_with_ort_values_raises_feed_error_for_feeds_that_do_not_fit(block):
+    session = ndp_ep.InferenceSession(block)
+    value = ort.OrtValue.ortvalue_from_numpy
+    cases = [
+        ({"hidden_states": value(np.ones((1, 2, 64), np.float64))}, "must be float32, got float64"),
+        ({"hidden_states": value(np.ones((1, 2, 63), np.float32))}, "dimension 2 must be 64"),
+        ({"x": value(np.ones((1, 2, 64), np.float32))}, "unknown input 'x'"),
+        ({"hidden_states": np.ones((1, 2, 64), np.float32)}, "must be an onnxruntime.OrtValue, got ndarray"),
+        ([np.ones((1, 2, 64), np.float32)], "mapping"),
+    ]
+    for feeds, words in cases:
+        with pytest.raises(FeedError, match=words):
+            session.run_with_ort_values(["output"], feeds)
+
+
+def test_run_with_ort_values_raises_run_error_when_the_model_fails_on_fitting_feeds(samples_dir):
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx")
+    ids = ort.OrtValue.ortvalue_from_numpy(np.full((1, 3), 10**6, np.int64))  # beyond any vocabulary
+    with pytest.raises(ndp_ep.RunError, match="^the model failed while running: [^\\n]*Gather"):
+        session.run_with_ort_values(None, {"input_ids": ids})
+
+
 def test_a_session_without_a_key_cannot_be_reported_on(block, tmp_path):
     converted = tmp_path / "block.ndp.onnx"
     ndp_ep.convert_model(block, converted, shards=2)
