@@ -30,7 +30,7 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
+
+if TYPE_CHECKING:
+    import onnx
 
 PROVIDER_NAME = EP_NAME
 _ORT_TYPES = {
@@ -374,11 +377,26 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
     converted. Their errors still come first where they came first: when the op contract check fails here,
     they run before its error is raised.
     """
-    import onnx
-
     from graph_passes.errors import InvalidModelError
     from graph_passes.model_check import check_converted_nodes, check_model
     from graph_passes.model_io import load_model
+
+    source = model_source(source)
+    with graph_pass_errors():
+        model, base_dir = load_model(source, check=False)
+        check_model(model, base_dir, schemas=False)
+        try:
+            check_converted_nodes(model)
+        except InvalidModelError:
+            _finish_checks(model)  # an error they find comes first, as when they ran before
+            raise
+    return model, base_dir, (Path(source) if isinstance(source, (str, Path)) else None)
+
+
+def model_source(source: Any) -> str | Path | onnx.ModelProto:
+    """A model argument of the API as the graph passes' loader takes it: a path as given, serialized bytes parsed
+    into an ``onnx.ModelProto``; bytes that are not ONNX and any other type raise :class:`ModelLoadError`."""
+    import onnx
 
     if isinstance(source, (bytes, bytearray, memoryview)):
         try:
@@ -389,15 +407,7 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
             raise ModelLoadError("the given bytes are not an ONNX model (no graph)")
     if not isinstance(source, (str, Path, onnx.ModelProto)):
         raise ModelLoadError(f"expected a model path, bytes or onnx.ModelProto, got {type(source).__name__}")
-    with graph_pass_errors():
-        model, base_dir = load_model(source, check=False)
-        check_model(model, base_dir, schemas=False)
-        try:
-            check_converted_nodes(model)
-        except InvalidModelError:
-            _finish_checks(model)  # an error they find comes first, as when they ran before
-            raise
-    return model, base_dir, (Path(source) if isinstance(source, (str, Path)) else None)
+    return source
 
 
 def _finish_checks(model) -> None:
