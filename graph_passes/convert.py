@@ -1,8 +1,9 @@
 """The conversion pass: detect → plan → verify → emit, with every plan built before any mutation.
 
-:func:`plan_conversion` decides (what ``ndp-ep inspect`` lists); ``convert(model_or_path, shards=...)``
-returns the rewritten model (lazy weights) and a
-:class:`ConversionReport` listing each rewritten block and each skipped candidate with its reason.
+:func:`plan_conversion` decides; ``convert(model_or_path, shards=...)`` returns the rewritten model (lazy weights)
+and a :class:`ConversionReport` listing each rewritten block and each skipped candidate with its reason (what
+``ndp-ep convert`` prints and ``ndp-ep inspect`` lists: a block's ``replaced_nodes`` counts the nodes the rewrite
+removed, which only :func:`convert` knows; a plan's report counts the nodes its rule matched).
 
 With ``defer_checks`` the numeric checks of blocks too large to check whole (see :mod:`graph_passes.verify`)
 are left pending: those blocks are planned on their structural reading, :class:`BackgroundChecks` runs the
@@ -101,7 +102,7 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> None:
 
 @dataclass
 class ConversionPlan:
-    """Everything :func:`convert` decided before touching the graph (what ``ndp-ep inspect`` shows)."""
+    """Everything :func:`convert` decided before touching the graph."""
 
     model: onnx.ModelProto
     store: WeightStore

@@ -12,7 +12,8 @@ The library (``libndp_ep.so``, built from ``native/`` by ``pip install .``) expo
 entry points plus a few C functions this module reads the routing capture through (``ctypes`` on the library
 ONNX Runtime already loaded, so both share its globals). EP options arrive in the library as session config
 entries ``ep.ndpexecutionprovider.<key>``; ``session_key`` names the session's routing log, ``routing_capacity``
-bounds it (records kept when nobody reads them), ``record_routing=0`` turns capture off.
+bounds it (records kept when nobody reads them), ``record_routing=0`` turns capture off. :func:`session_options`
+checks them first, by the rules the reports read them with (:func:`parse_ep_options`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,26 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ndp_ep.blas import single_threaded_blas_load
 from ndp_ep.errors import NdpEpError
 
+if TYPE_CHECKING:
+    from hw_model.hardware import SystemSpec
+
 EP_NAME = "NdpExecutionProvider"
 OPTION_PREFIX = "ep.ndpexecutionprovider."
 RUN_TAG_KEY = OPTION_PREFIX + "run_tag"
 SESSION_KEY_OPTION = "session_key"
+# the options a report is simulated with (read back from a plain session's config entries), then the library's own
+REPORT_OPTION_KEYS = ("hw", "ndp_units", "policy", "dtype")
+EP_OPTION_KEYS = (*REPORT_OPTION_KEYS, SESSION_KEY_OPTION, "routing_capacity", "record_routing")
 LIBRARY_ENV = "NDP_EP_LIBRARY"
 LIBRARY_NAME = "libndp_ep.so"
 MIN_ORT_VERSION = (1, 23, 1)
@@ -176,18 +185,118 @@ def session_options(options=None, **ep_options):
     """``options`` (or a new ``onnxruntime.SessionOptions``) with the provider added and ``ep_options`` as its
     options (``hw``, ``ndp_units``, ``policy``, ``routing_capacity``...; values are passed as strings).
 
-    A ``session_key`` is added when absent, so :func:`last_report` can find the session's routing. On ONNX
+    The options are checked first (:func:`parse_ep_options`), so a bad one fails here rather than at the first
+    report. A ``session_key`` is added when absent, so :func:`last_report` can find the session's routing. On ONNX
     Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
     """
+    values = _option_texts(ep_options)
+    parse_ep_options(values)
+    return add_provider(options, values)
+
+
+def add_provider(options, ep_options: Mapping[str, object]):
+    """:func:`session_options` without the check, for a caller that has checked its options itself
+    (:class:`ndp_ep.InferenceSession`, whose ``hw`` may be a :class:`SystemSpec` loaded already)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions() if options is None else options
-    values = {str(k): str(v) for k, v in ep_options.items() if v is not None}
+    values = _option_texts(ep_options)
     values.setdefault(SESSION_KEY_OPTION, new_session_key())
     if native().ndp_ep_factory_api_version() < SCHEMA_API_VERSION:
         so.register_custom_ops_library(get_library_path())
     so.add_provider_for_devices(devices(), values)
     return so
+
+
+def _option_texts(ep_options: Mapping[str, object]) -> dict[str, str]:
+    """Provider options as ONNX Runtime stores them: text, those set to None left out."""
+    return {str(k): str(v) for k, v in ep_options.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class EpOptions:
+    """Provider options checked and parsed by :func:`parse_ep_options` (None: not given)."""
+
+    system: SystemSpec | None  # ``hw`` loaded, with ``ndp_units`` applied
+    policy: str | None
+    dtype: str | None
+
+
+def parse_ep_options(values: Mapping[str, str]) -> EpOptions:
+    """The provider options ``values`` (text, as ONNX Runtime stores them), checked by the rules the reports read
+    them with: one home for :func:`session_options` (before the session exists) and for a plain session's reporter
+    (:func:`ndp_ep.reporter.reporter_for`, from the session's config entries).
+
+    Raises :class:`hw_model.HardwareConfigError` for ``hw`` and ``ndp_units`` (:func:`check_ndp_units`), and
+    :class:`NdpEpError` for an unknown key (naming the known ones), policy or dtype, a ``routing_capacity`` that
+    is not a positive integer, a ``record_routing`` other than 0 or 1, or an empty ``session_key``. Only what is
+    given is read: the hardware is loaded (once) when ``hw`` is given, the policies imported when ``policy`` is.
+    """
+    unknown = sorted(set(values) - set(EP_OPTION_KEYS))
+    if unknown:
+        raise NdpEpError(f"unknown EP option {unknown[0]!r} (known: {', '.join(EP_OPTION_KEYS)})")
+    units = values.get("ndp_units")
+    ndp_units = check_ndp_units(units, "EP option ndp_units") if units is not None else None
+    system = None
+    if "hw" in values:
+        from hw_model.errors import HardwareConfigError
+        from hw_model.hardware import load_system
+
+        try:
+            system = load_system(values["hw"], ndp_units)
+        except HardwareConfigError as exc:
+            raise HardwareConfigError(f"EP option hw: {exc}") from None
+    policy, dtype = values.get("policy"), values.get("dtype")
+    if policy is not None:
+        check_policy(policy)
+    if dtype is not None:
+        check_dtype(dtype)
+    capacity = values.get("routing_capacity")
+    if capacity is not None and not _is_positive_integer(capacity):
+        raise NdpEpError(f"EP option routing_capacity must be a positive integer, got {capacity!r}")
+    if values.get("record_routing", "1") not in ("0", "1"):
+        raise NdpEpError(f"EP option record_routing must be 0 or 1, got {values['record_routing']!r}")
+    if values.get(SESSION_KEY_OPTION) == "":
+        raise NdpEpError(f"EP option {SESSION_KEY_OPTION} must not be empty")
+    return EpOptions(system, policy, dtype)
+
+
+def _is_positive_integer(text: str) -> bool:
+    return text.isascii() and text.isdigit() and int(text) > 0
+
+
+def check_ndp_units(value: object, option: str = "ndp_units") -> int:
+    """``value`` (an integer or its decimal text) as a count of NDP units, 1 to
+    :data:`ndp_ep.cli_args.MAX_NDP_UNITS` (the bound ``--ndp-units`` has); else
+    :class:`hw_model.HardwareConfigError` naming ``option``."""
+    import argparse
+
+    from hw_model.errors import HardwareConfigError
+    from ndp_ep.cli_args import MAX_NDP_UNITS, bounded_int
+
+    try:  # str(True) is "True", refused like any text that is not a plain integer
+        return bounded_int(1, MAX_NDP_UNITS)(str(value))
+    except argparse.ArgumentTypeError as exc:
+        raise HardwareConfigError(f"{option}: {exc}") from None
+
+
+def check_policy(name: str) -> str:
+    """``name`` when it is a registered scheduling policy, else :class:`NdpEpError` listing the known ones."""
+    from hw_model.policies import policy_names
+
+    known = policy_names()
+    if name not in known:
+        raise NdpEpError(f"unknown policy {name!r} (known: {', '.join(known)})")
+    return name
+
+
+def check_dtype(dtype: str) -> str:
+    """``dtype`` when the reports can cost weights in it, else :class:`NdpEpError` listing the known ones."""
+    from hw_model.hardware import DTYPE_BYTES
+
+    if dtype not in DTYPE_BYTES:
+        raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    return dtype
 
 
 def session_option(options, key: str) -> str | None:

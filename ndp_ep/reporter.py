@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES
-from hw_model.hardware import DTYPE_BYTES, SystemSpec, load_system
+from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
-from ndp_ep.ep import RoutingReader
+from ndp_ep.ep import RoutingReader, check_dtype, check_policy
 from ndp_ep.errors import NdpEpError
 from ndp_ep.partition import ClaimedNode, claim
 from ndp_ep.report import RunReport, StepLayers
@@ -86,14 +86,14 @@ class SessionReporter:
     ) -> None:
         if not isinstance(report_ring, int) or report_ring < 1:
             raise NdpEpError(f"report_ring must be a positive integer, got {report_ring!r}")
-        if dtype is not None and dtype not in DTYPE_BYTES:
-            raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+        if dtype is not None:
+            check_dtype(dtype)
         # imported here, not with the module: a session imports the simulator while ONNX Runtime builds its own
         from hw_model.policies import DEFAULT_POLICY
         from hw_model.simulator import MoESimulator
 
         self.system = system
-        self.policy = policy or DEFAULT_POLICY
+        self.policy = check_policy(policy) if policy else DEFAULT_POLICY  # also without MoE layers to simulate
         self.dtype = dtype or DEPLOYMENT_DTYPE
         self.claimed = claim(model) if claimed is None else claimed
         # an explicit dtype costs every expert's weights in it; otherwise quantized experts move the bytes they
@@ -461,11 +461,13 @@ _plain_lock = threading.Lock()
 
 def reporter_for(session) -> SessionReporter:
     """The reporter of an ``ndp_ep.InferenceSession`` or of a plain ``onnxruntime.InferenceSession`` created
-    with :func:`ndp_ep.session_options` (its hardware from the EP options ``hw``, ``ndp_units``, ``policy``)."""
+    with :func:`ndp_ep.session_options` (its hardware from the EP options ``hw``, ``ndp_units``, ``policy``,
+    ``dtype``, checked by :func:`ndp_ep.ep.parse_ep_options`)."""
     own = getattr(session, "reporter", None)
     if isinstance(own, SessionReporter):
         return own
-    from ndp_ep.ep import SESSION_KEY_OPTION, session_option
+    from ndp_ep.cli_args import DEFAULT_HW
+    from ndp_ep.ep import REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
 
     with _plain_lock:
         found = _plain_reporters.get(session)
@@ -478,19 +480,11 @@ def reporter_for(session) -> SessionReporter:
                 "this session has no ndp-ep session key: create its options with ndp_ep.session_options() "
                 "(or pass session_key in the provider options)"
             )
+        given = {name: value for name in REPORT_OPTION_KEYS if (value := session_option(options, name)) is not None}
+        parsed = parse_ep_options({"hw": DEFAULT_HW, **given})
+        assert parsed.system is not None  # hw is given
         model = _session_model(session)
-        units = session_option(options, "ndp_units")
-        try:
-            system = load_system(session_option(options, "hw") or "paper", int(units) if units else None)
-        except ValueError as exc:
-            raise NdpEpError(f"EP option ndp_units must be an integer: {exc}") from None
-        reporter = SessionReporter(
-            model,
-            system,
-            key,
-            policy=session_option(options, "policy"),
-            dtype=session_option(options, "dtype"),
-        )
+        reporter = SessionReporter(model, parsed.system, key, policy=parsed.policy, dtype=parsed.dtype)
         _plain_reporters[session] = reporter
         return reporter
 

@@ -9,13 +9,16 @@ a path, serialized bytes or an ``onnx.ModelProto``) plus keyword-only ``hw``, ``
 ``shards``, ``strict``, ``dtype``, ``report_ring`` and ``input_shapes``. Given an unconverted model it converts
 the MoE blocks in memory (as an execution provider claims the nodes it can run); given a converted one it hands
 it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` whose options add
-``NdpExecutionProvider`` (:func:`ndp_ep.ep.session_options`): the provider runs the sharded expert nodes
+``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert nodes
 natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
-cost the non-expert GPU work. Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the
-model is checked (and converted), ONNX Runtime builds its session on a thread of its own while this one sets up
-the reports (ONNX Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted)
-gets the last of its checks (onnx's schemas, operators ONNX Runtime knows) in that time too, after the reports'
+cost the non-expert GPU work. ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
+fit the inputs and :class:`RunError` for a run that fails, where ONNX Runtime raises its own errors;
+``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked).
+Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the model is checked (and
+converted), ONNX Runtime builds its session on a thread of its own while this one sets up the reports (ONNX
+Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted) gets the last of its
+checks (onnx's schemas, operators ONNX Runtime knows) in that time too, after the reports'
 set-up (Python, which ONNX Runtime's thread cuts into between loading and compiling the model, where the
 check's ~10 ms call into onnx would keep it waiting), and a failure drops the session (:func:`_load` says which
 checks come first; an error setting up the reports is raised only when those checks pass).
@@ -27,16 +30,19 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
-from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, new_session_key, session_options
+from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, add_provider, check_ndp_units, new_session_key
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
+
+if TYPE_CHECKING:
+    import onnx
 
 PROVIDER_NAME = EP_NAME
 _ORT_TYPES = {
@@ -55,8 +61,9 @@ _ORT_TYPES = {
 class InferenceSession:
     """An ONNX Runtime session whose MoE experts run on the NDP provider (see the module docstring).
 
-    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count;
-    ``policy``: a scheduling policy of :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
+    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count (1 to
+    64, else :class:`hw_model.HardwareConfigError`); ``policy``: a scheduling policy of :data:`hw_model.POLICIES`
+    (default ``tp+lb+prefetch``; an unknown name raises :class:`NdpEpError` listing the known ones); ``shards``:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
     raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
@@ -85,7 +92,8 @@ class InferenceSession:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
-        _check_positive("ndp_units", ndp_units)
+        if ndp_units is not None:
+            ndp_units = check_ndp_units(ndp_units)
         _check_positive("shards", shards)
         if isinstance(hw, SystemSpec):
             self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
@@ -108,13 +116,17 @@ class InferenceSession:
             ort_model = converted.SerializeToString()
         self.converted_model = converted
         self.session_key = new_session_key()
-        options = session_options(
+        # checked here (hw, ndp_units) and by the reporter (policy, dtype) rather than by session_options, which
+        # would load the hardware again and could not load a SystemSpec or a hardware file's name
+        options = add_provider(
             _copy_session_options(sess_options),
-            session_key=self.session_key,
-            hw=self.system.name,
-            ndp_units=self.system.num_ndp_units,
-            policy=policy,  # absent: the simulator's default
-            dtype=dtype,
+            {
+                "session_key": self.session_key,
+                "hw": self.system.name,
+                "ndp_units": self.system.num_ndp_units,
+                "policy": policy,  # absent: the simulator's default
+                "dtype": dtype,
+            },
         )
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
@@ -170,11 +182,11 @@ class InferenceSession:
         return self._session.get_providers()
 
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list:
-        """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`."""
+        """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`, a failing run
+        :class:`RunError`."""
         import onnxruntime as ort
 
-        if type(input_feed) is not dict and not isinstance(input_feed, Mapping):
-            raise FeedError(f"feeds must be a mapping of input name to array, got {type(input_feed).__name__}")
+        _check_mapping(input_feed)
         with self._tag_lock:
             tag = next(self._tags)
         options = run_options if run_options is not None else ort.RunOptions()
@@ -185,32 +197,44 @@ class InferenceSession:
         try:
             results = self._session.run(output_names, input_feed, options)
         except Exception as exc:  # ONNX Runtime refused or failed: one line saying why
-            self._check_feeds(input_feed)  # feeds that do not fit the signature: FeedError
-            raise RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}") from None
+            self._check_feeds({name: _array_signature(value) for name, value in input_feed.items()})
+            raise _run_error(exc) from None
         if not self._has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
         return results
 
-    def _check_feeds(self, input_feed: Mapping[str, Any]) -> None:
-        unknown = sorted(set(input_feed) - set(self._inputs))
+    def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
+        """ONNX Runtime's ``run_with_ort_values`` (its ``OrtValue`` results); feeds that do not match the inputs
+        raise :class:`FeedError`, a failing run :class:`RunError`. The run is not tagged: its report costs the
+        expert side only."""
+        _check_mapping(input_dict_ort_values)
+        try:
+            return self._session.run_with_ort_values(output_names, input_dict_ort_values, run_options)
+        except Exception as exc:
+            self._check_feeds(
+                {name: _ort_value_signature(name, value) for name, value in input_dict_ort_values.items()}
+            )
+            raise _run_error(exc) from None
+
+    def _check_feeds(self, feeds: Mapping[str, tuple[np.dtype | str, tuple[int, ...]]]) -> None:
+        """:class:`FeedError` for the first feed (``name -> (dtype, shape)``) that does not fit the inputs."""
+        unknown = sorted(set(feeds) - set(self._inputs))
         if unknown:
             raise FeedError(f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._inputs)}")
-        missing = sorted(set(self._inputs) - set(input_feed))
+        missing = sorted(set(self._inputs) - set(feeds))
         if missing:
             raise FeedError(f"missing input {missing[0]!r}; the model's inputs are {sorted(self._inputs)}")
-        for name, value in input_feed.items():
+        for name, (dtype, shape) in feeds.items():
             spec = self._inputs[name]
-            array = np.asarray(value)
             expected = _ORT_TYPES.get(spec.type)
-            if expected is not None and array.dtype != expected:
-                raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {array.dtype.name}")
-            if len(spec.shape) != array.ndim:
-                raise FeedError(
-                    f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {array.shape}"
-                )
-            for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
-                if isinstance(want, int) and want != got:
-                    raise FeedError(f"input {name!r} dimension {axis} must be {want}, got shape {array.shape}")
+            if expected is not None and dtype != expected:
+                got = dtype.name if isinstance(dtype, np.dtype) else dtype
+                raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {got}")
+            if len(spec.shape) != len(shape):
+                raise FeedError(f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {shape}")
+            for axis, (want, got_dim) in enumerate(zip(spec.shape, shape, strict=True)):
+                if isinstance(want, int) and want != got_dim:
+                    raise FeedError(f"input {name!r} dimension {axis} must be {want}, got shape {shape}")
 
     # -- reports -----------------------------------------------------------------------------------------
     @property
@@ -270,6 +294,32 @@ class _SessionCreation:
         return outcome
 
 
+def _check_mapping(feeds: object) -> None:
+    if type(feeds) is not dict and not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
+
+
+def _array_signature(value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    array = np.asarray(value)
+    return array.dtype, array.shape
+
+
+def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[int, ...]]:
+    """The dtype (ONNX Runtime's type name when numpy has none) and shape of an ``OrtValue`` feed."""
+    import onnxruntime as ort
+
+    if not isinstance(value, ort.OrtValue):
+        raise FeedError(f"input {name!r} must be an onnxruntime.OrtValue, got {type(value).__name__}")
+    ort_type = value.data_type()
+    dtype = _ORT_TYPES.get(ort_type)
+    shape = tuple(value.shape()) if value.is_tensor() else ()  # a sequence or map: its type is refused first
+    return (np.dtype(dtype) if dtype is not None else ort_type), shape
+
+
+def _run_error(exc: BaseException) -> RunError:
+    return RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}")
+
+
 def _check_positive(name: str, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise NdpEpError(f"{name} must be a positive integer, got {value!r}")
@@ -327,11 +377,26 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
     converted. Their errors still come first where they came first: when the op contract check fails here,
     they run before its error is raised.
     """
-    import onnx
-
     from graph_passes.errors import InvalidModelError
     from graph_passes.model_check import check_converted_nodes, check_model
     from graph_passes.model_io import load_model
+
+    source = model_source(source)
+    with graph_pass_errors():
+        model, base_dir = load_model(source, check=False)
+        check_model(model, base_dir, schemas=False)
+        try:
+            check_converted_nodes(model)
+        except InvalidModelError:
+            _finish_checks(model)  # an error they find comes first, as when they ran before
+            raise
+    return model, base_dir, (Path(source) if isinstance(source, (str, Path)) else None)
+
+
+def model_source(source: Any) -> str | Path | onnx.ModelProto:
+    """A model argument of the API as the graph passes' loader takes it: a path as given, serialized bytes parsed
+    into an ``onnx.ModelProto``; bytes that are not ONNX and any other type raise :class:`ModelLoadError`."""
+    import onnx
 
     if isinstance(source, (bytes, bytearray, memoryview)):
         try:
@@ -342,15 +407,7 @@ def _load(source) -> tuple[Any, Path | None, Path | None]:
             raise ModelLoadError("the given bytes are not an ONNX model (no graph)")
     if not isinstance(source, (str, Path, onnx.ModelProto)):
         raise ModelLoadError(f"expected a model path, bytes or onnx.ModelProto, got {type(source).__name__}")
-    with graph_pass_errors():
-        model, base_dir = load_model(source, check=False)
-        check_model(model, base_dir, schemas=False)
-        try:
-            check_converted_nodes(model)
-        except InvalidModelError:
-            _finish_checks(model)  # an error they find comes first, as when they ran before
-            raise
-    return model, base_dir, (Path(source) if isinstance(source, (str, Path)) else None)
+    return source
 
 
 def _finish_checks(model) -> None:

@@ -1,7 +1,9 @@
 """``ndp-ep inspect MODEL``: a dry run of ``convert`` listing the MoE blocks it would rewrite or skip.
 
-Runs detection, planning and the numeric check exactly as ``convert`` does (:func:`graph_passes.convert.
-plan_conversion`) and writes nothing.
+Runs detection, planning, the numeric check and the rewrite exactly as ``convert`` does
+(:func:`graph_passes.convert.convert`, in memory: the new weights are never produced) and writes nothing, so each
+block's count of nodes replaced is the one ``convert`` prints (the nodes the rule matched and the side nodes that
+only fed them, which the rewrite drops with the block).
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graph_passes.convert import DEFAULT_SHARDS, plan_conversion
+    from graph_passes.convert import DEFAULT_SHARDS, convert
     from ndp_ep.commands.convert import print_report_lines
     from ndp_ep.errors import graph_pass_errors
     from ndp_ep.text import plural
 
     shards = args.shards if args.shards is not None else DEFAULT_SHARDS
     with graph_pass_errors():
-        report = plan_conversion(args.model, shards=shards).report
+        _rewritten, report = convert(args.model, shards=shards)
     if args.json:
         print(json.dumps({"model": args.model, "shards": shards, **report.to_json()}))
         return 0

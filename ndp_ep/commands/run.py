@@ -83,6 +83,16 @@ def _one_run_options():
     return options
 
 
+def _quiet_run_options():
+    """Run options that keep ONNX Runtime's own log of a failing run (coloured, several lines) off stderr: the
+    failure reaches the user once, as the command's one-line error (:class:`ndp_ep.RunError`)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # fatal messages only
+    return options
+
+
 @contextlib.contextmanager
 def cyclic_gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused inside the block, then as it was.
@@ -158,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         source = " and genai_config.json" if config is not None else ""
         print(f"ndp-ep run: no --inputs: random {kind} from the model's inputs{source}", file=sys.stderr)
     names = [o.name for o in session.get_outputs()]
-    outputs = dict(zip(names, session.run(names, feeds), strict=True))
+    outputs = dict(zip(names, session.run(names, feeds, _quiet_run_options()), strict=True))
     if args.outputs:
         save_arrays(args.outputs, outputs)
     report = session.last_report

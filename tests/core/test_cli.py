@@ -270,6 +270,37 @@ def test_feeds_that_do_not_match_the_inputs_are_one_line_errors(tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [np.full((1, 3), 10**6, np.int64), np.zeros((1, 0), np.int64)],
+    ids=["token-ids-beyond-the-vocabulary", "empty-sequence"],
+)
+def test_a_run_failing_inside_onnx_runtime_is_one_line_on_stderr(tmp_path, capfd, ids):
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, input_ids=ids)
+    capfd.readouterr()
+    code = main(["run", str(SAMPLES / "moe_decoder.onnx"), "--inputs", str(feeds)])
+    err = capfd.readouterr().err  # ONNX Runtime's own log would be written to the process's stderr
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("ndp-ep run: error: the model failed while running"), err
+
+
+@pytest.mark.parametrize("model", ["moe_decoder.onnx", "hf/gpt_oss_block_dynamo.onnx"])
+def test_inspect_counts_the_nodes_replaced_that_convert_prints_and_removes(tmp_path, capsys, model):
+    source = SAMPLES / model
+    out = tmp_path / "converted.onnx"
+    code, converted, _ = call("convert", source, "-o", out, "--json", capsys=capsys)
+    assert code == 0
+    code, inspected, _ = call("inspect", source, "--json", capsys=capsys)
+    assert code == 0
+    counts = {b["name"]: b["replaced_nodes"] for b in json.loads(inspected)["moe_blocks"]}
+    assert counts == {b["name"]: b["replaced_nodes"] for b in json.loads(converted)["moe_blocks"]}
+    names = [{n.name for n in onnx.load(path, load_external_data=False).graph.node} for path in (source, out)]
+    assert sum(counts.values()) == len(names[0] - names[1])  # every node the conversion removed, counted once
+    code, text, _ = call("inspect", source, capsys=capsys)
+    assert [int(n) for n in re.findall(r"(\d+) nodes replaced", text)] == list(counts.values())
+
+
 def test_unknown_hardware_and_invalid_hardware_file_name_the_problem(tmp_path, capsys):
     model = SAMPLES / "moe_block.onnx"
     assert_one_line_error(call("run", model, "--hw", "rtx9090", capsys=capsys), "unknown hardware 'rtx9090'")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -221,6 +224,107 @@ def test_a_plain_onnx_runtime_session_gets_its_report_from_the_providers_routing
         ids_seen.append((report.tokens, report.phase, report.ndp_units, sum(report.layers[0].expert_tokens)))
     assert ids_seen == [(3, "prefill", 2, 6), (1, "decode", 2, 2)]
     assert any("input shapes are unknown" in note for note in report.notes)
+
+
+KNOWN_EP_OPTIONS = "hw, ndp_units, policy, dtype, session_key, routing_capacity, record_routing"  # docs/provider.md
+
+
+def _bad_hardware_file(tmp_path) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        (Path(ndp_ep.__file__).parents[1] / "hw_model" / "presets" / "paper.toml")
+        .read_text()
+        .replace("memory_bandwidth_bytes_per_s = 960e9", "memory_bandwidth_bytes_per_s = -1.0")
+    )
+    return str(path)
+
+
+def _option_cases(tmp_path) -> list[tuple[dict, type, str]]:
+    """(EP options, error type, words of its message) for every kind of bad option."""
+    from hw_model import HardwareConfigError
+    from hw_model.policies import policy_names
+    from ndp_ep.cli_args import MAX_NDP_UNITS
+
+    known_policies = re.escape(", ".join(policy_names()))
+    units = "EP option ndp_units: expected an integer from 1 to"
+    return [
+        ({"hw": "nope"}, HardwareConfigError, "^EP option hw: unknown hardware 'nope'"),
+        ({"hw": _bad_hardware_file(tmp_path)}, HardwareConfigError, "^EP option hw: .*gpu.memory_bandwidth_bytes"),
+        ({"ndp_units": 0}, HardwareConfigError, f"^{units}"),
+        ({"ndp_units": MAX_NDP_UNITS + 1}, HardwareConfigError, f"^{units}"),
+        ({"ndp_units": 10**9}, HardwareConfigError, f"^{units}"),
+        ({"ndp_units": "x"}, HardwareConfigError, f"^{units}"),
+        ({"policy": "nope"}, ndp_ep.NdpEpError, f"^unknown policy 'nope' \\(known: {known_policies}\\)$"),
+        ({"dtype": "fp3"}, ndp_ep.NdpEpError, "^unknown dtype 'fp3'"),
+        ({"bogus": 1}, ndp_ep.NdpEpError, f"^unknown EP option 'bogus' \\(known: {KNOWN_EP_OPTIONS}\\)$"),
+        ({"routing_capacity": 0}, ndp_ep.NdpEpError, "routing_capacity must be a positive integer"),
+        ({"record_routing": False}, ndp_ep.NdpEpError, "record_routing must be 0 or 1, got 'False'"),
+    ]
+
+
+def test_session_options_refuses_each_bad_option_with_a_typed_error_and_adds_nothing(tmp_path):
+    for ep_options, error, words in _option_cases(tmp_path):
+        options = ort.SessionOptions()
+        with pytest.raises(error, match=words):
+            ndp_ep.session_options(options, **ep_options)
+        with pytest.raises(Exception, match="session_key"):  # the provider was not added: no key was set
+            options.get_session_config_entry("ep.ndpexecutionprovider.session_key")
+    good = ndp_ep.session_options(hw="paper", ndp_units=64, policy="monde", dtype="fp16", record_routing=0)
+    assert good.get_session_config_entry("ep.ndpexecutionprovider.ndp_units") == "64"
+
+
+def test_raw_provider_entries_get_the_same_typed_errors_naming_the_option_at_the_report(block, tmp_path):
+    from hw_model import HardwareConfigError
+
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(block, converted, shards=2)
+    cases = [
+        ("hw", "nope", HardwareConfigError, "^EP option hw: unknown hardware 'nope'"),
+        ("hw", _bad_hardware_file(tmp_path), HardwareConfigError, "^EP option hw: .*gpu.memory_bandwidth_bytes"),
+        ("ndp_units", "0", HardwareConfigError, "^EP option ndp_units: expected an integer from 1 to"),
+        ("ndp_units", "x", HardwareConfigError, "^EP option ndp_units: expected an integer from 1 to"),
+        ("policy", "nope", ndp_ep.NdpEpError, "^unknown policy 'nope'"),
+    ]
+    for key, value, error, words in cases:
+        options = ort.SessionOptions()
+        options.add_provider_for_devices(ndp_ep.devices(), {"session_key": f"raw-{key}", key: value})
+        session = ort.InferenceSession(str(converted), options)
+        with pytest.raises(error, match=words):
+            ndp_ep.last_report(session)
+
+
+def test_an_unknown_policy_or_unit_count_out_of_range_is_a_documented_typed_error(block):
+    from hw_model import HardwareConfigError
+    from hw_model.policies import policy_names
+
+    with pytest.raises(ndp_ep.NdpEpError, match="^unknown policy 'nope'") as refused:
+        ndp_ep.InferenceSession(block, policy="nope")
+    assert all(name in str(refused.value) for name in policy_names())
+    for units in (0, 65, 10**9, True, 2.0):
+        with pytest.raises(HardwareConfigError, match="^ndp_units: expected an integer from 1 to 64"):
+            ndp_ep.InferenceSession(block, ndp_units=units)
+
+
+def test_run_with_ort_values_raises_feed_error_for_feeds_that_do_not_fit(block):
+    session = ndp_ep.InferenceSession(block)
+    value = ort.OrtValue.ortvalue_from_numpy
+    cases = [
+        ({"hidden_states": value(np.ones((1, 2, 64), np.float64))}, "must be float32, got float64"),
+        ({"hidden_states": value(np.ones((1, 2, 63), np.float32))}, "dimension 2 must be 64"),
+        ({"x": value(np.ones((1, 2, 64), np.float32))}, "unknown input 'x'"),
+        ({"hidden_states": np.ones((1, 2, 64), np.float32)}, "must be an onnxruntime.OrtValue, got ndarray"),
+        ([np.ones((1, 2, 64), np.float32)], "mapping"),
+    ]
+    for feeds, words in cases:
+        with pytest.raises(FeedError, match=words):
+            session.run_with_ort_values(["output"], feeds)
+
+
+def test_run_with_ort_values_raises_run_error_when_the_model_fails_on_fitting_feeds(samples_dir):
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx")
+    ids = ort.OrtValue.ortvalue_from_numpy(np.full((1, 3), 10**6, np.int64))  # beyond any vocabulary
+    with pytest.raises(ndp_ep.RunError, match="^the model failed while running: [^\\n]*Gather"):
+        session.run_with_ort_values(None, {"input_ids": ids})
 
 
 def test_a_session_without_a_key_cannot_be_reported_on(block, tmp_path):

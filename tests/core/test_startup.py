@@ -17,7 +17,8 @@ cyclic garbage); ``ndp-ep run`` starts ONNX Runtime's one-time work (library reg
 one-node model serialized ahead) on a thread before onnx is imported, a failure there left to the command; the
 reports are set up before a converted model's schema check (its error still first); reading a model leaves the
 writers' ``mmap`` and ``queue`` unimported. Each cut keeps its refusal: the failing cases still fail with
-the same message.
+the same message. ``session_options`` checks its options loading the named hardware once, without importing onnx or
+the policies (none named), and a session loads its hardware once.
 """
 
 from __future__ import annotations
@@ -321,10 +322,10 @@ def test_onnx_runtime_refusing_the_model_is_one_line_model_load_error(tmp_path):
 def test_an_error_setting_up_the_reports_is_raised_once_the_session_build_ended(samples_dir):
     import threading
 
-    from hw_model.errors import HwModelError
+    from ndp_ep import NdpEpError
 
     before = threading.active_count()
-    with pytest.raises(HwModelError, match="unknown policy 'no-such-policy'"):
+    with pytest.raises(NdpEpError, match="unknown policy 'no-such-policy'"):
         InferenceSession(samples_dir / "moe_block.onnx", policy="no-such-policy")
     assert threading.active_count() == before  # the build was waited for, not left running
 
@@ -441,6 +442,32 @@ def test_the_policy_option_keeps_its_choices_default_and_refusal(capsys):
     assert main(["run", "m.onnx", "--policy", "no-such-policy"]) == 2
     refusal = capsys.readouterr().err
     assert "invalid choice: 'no-such-policy'" in refusal and all(repr(name) in refusal for name in policy_names())
+
+
+def test_session_options_loads_the_named_hardware_once_and_leaves_onnx_and_the_policies_unimported(repo_root):
+    probe = (
+        "import hw_model.hardware as hardware\n"
+        "import ndp_ep\n"
+        "loads = []\n"
+        "real = hardware.system_from_dict\n"
+        "hardware.system_from_dict = lambda *args, **kwargs: loads.append(args) or real(*args, **kwargs)\n"
+        "ndp_ep.session_options(hw='paper', ndp_units=4)\n"
+        "assert len(loads) == 1, loads\n"
+    )
+    loaded = _modules_after(probe, repo_root, ("onnx", "hw_model.policies"))
+    assert [m for m in loaded if not m.startswith("onnxruntime")] == []
+
+
+def test_a_session_loads_its_hardware_once(samples_dir, monkeypatch):
+    import hw_model.hardware as hardware
+
+    loads = []
+    real = hardware.system_from_dict
+    monkeypatch.setattr(
+        hardware, "system_from_dict", lambda *args, **kwargs: loads.append(args) or real(*args, **kwargs)
+    )
+    InferenceSession(samples_dir / "moe_block.onnx", hw="paper", ndp_units=2, policy="monde")
+    assert len(loads) == 1
 
 
 def test_finding_the_built_library_does_not_scan_the_installed_distributions(repo_root):
