@@ -257,6 +257,13 @@ class SessionReporter:
             if input_shapes is not None:
                 self._gpu_seconds(tuple((name, tuple(int(d) for d in shape)) for name, shape in input_shapes.items()))
 
+    def non_expert_cost(self, input_shapes: Mapping[str, Sequence[int]]):
+        """The non-expert work of a run with these input shapes (:class:`ndp_ep.costing.GpuCost`, remembered per
+        shapes, so the run's report reuses it): its GPU cost and its largest working set."""
+        with self._lock:
+            coster = self._non_expert_coster()
+            return coster.cost({name: tuple(int(d) for d in shape) for name, shape in input_shapes.items()})
+
     def _non_expert_coster(self):
         if self._coster is None:
             from ndp_ep.costing import NonExpertCoster

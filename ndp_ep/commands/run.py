@@ -93,6 +93,24 @@ def _quiet_run_options():
     return options
 
 
+def check_fits_in_memory(session, feeds) -> None:
+    """:class:`ndp_ep.RunError` when the run on ``feeds`` needs more memory than the machine has available, by a
+    lower bound: the largest node's inputs and outputs together, from shape inference at the feeds' shapes
+    (:class:`ndp_ep.costing.GpuCost`; the report reuses it). Refused before ONNX Runtime allocates it: a
+    65,536-token prompt of ``moe_decoder`` needs 32 GiB in one attention node, which the OOM killer would end."""
+    from ndp_ep.errors import RunError
+    from ndp_ep.text import human_bytes
+    from ndp_io import available_memory_bytes
+
+    cost = session.reporter.non_expert_cost({name: value.shape for name, value in feeds.items()})
+    available = available_memory_bytes()
+    if cost.working_set_bytes > available:
+        raise RunError(
+            f"the run needs at least {human_bytes(cost.working_set_bytes)} (the inputs and outputs of "
+            f"{cost.working_set_node} at these input shapes) and {human_bytes(available)} of memory is available"
+        )
+
+
 @contextlib.contextmanager
 def cyclic_gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused inside the block, then as it was.
@@ -167,6 +185,7 @@ def _run(args: argparse.Namespace) -> int:
         kind = "first-step decoder feeds (empty KV cache)" if is_kv_cache_decoder(model) else "feeds"
         source = " and genai_config.json" if config is not None else ""
         print(f"ndp-ep run: no --inputs: random {kind} from the model's inputs{source}", file=sys.stderr)
+    check_fits_in_memory(session, feeds)
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(names, feeds, _quiet_run_options()), strict=True))
     if args.outputs:

@@ -285,6 +285,24 @@ def test_a_run_failing_inside_onnx_runtime_is_one_line_on_stderr(tmp_path, capfd
     assert err.count("\n") == 1 and err.startswith("ndp-ep run: error: the model failed while running"), err
 
 
+def test_a_run_needing_more_memory_than_is_available_is_refused_before_it_starts(tmp_path, capfd, monkeypatch):
+    import ndp_io
+
+    # 4,096 tokens: each layer's attention scores are [1, 4096, 4096] float32 (64 MiB), which the scaling Mul
+    # reads and writes (128 MiB at once); the experts run in the provider, grouped by expert, and do not count
+    monkeypatch.setattr(ndp_io, "available_memory_bytes", lambda: 100 << 20)
+    np.savez(tmp_path / "feeds.npz", input_ids=np.zeros((1, 4096), np.int64))
+    out = tmp_path / "out.npz"
+    capfd.readouterr()
+    code = main(
+        ["run", str(SAMPLES / "moe_decoder.onnx"), "--inputs", str(tmp_path / "feeds.npz"), "--outputs", str(out)]
+    )
+    err = capfd.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert err.startswith("ndp-ep run: error: the run needs at least 128.0 MiB (the inputs and outputs of ")
+    assert err.endswith("and 100.0 MiB of memory is available\n")
+
+
 @pytest.mark.parametrize("model", ["moe_decoder.onnx", "hf/gpt_oss_block_dynamo.onnx"])
 def test_inspect_counts_the_nodes_replaced_that_convert_prints_and_removes(tmp_path, capsys, model):
     source = SAMPLES / model
