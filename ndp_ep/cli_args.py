@@ -12,8 +12,9 @@ exit code 2, before anything is allocated)::
 
 Bounds (why each one):
 
-- ``--ndp-units`` 1..64: a host has at most a few dozen DIMM slots; the simulator's state grows with the unit
-  count (a run with 10,000 units took 113 s and 10^8 exhausted memory).
+- ``--ndp-units`` 1..64 (:data:`hw_model.hardware.MAX_NDP_UNITS`, which every hardware system obeys): a host has
+  at most a few dozen DIMM slots; the simulator's state grows with the unit count (a run with 10,000 units took
+  113 s and 10^8 exhausted memory).
 - ``--shards`` 1..256: a shard is a column slice of one expert; more shards than that are never useful and the
   number of weight tensors grows as experts x shards.
 - ``--seq-len`` 1..65,536: random feeds are allocated from it (2e9 reached 24 GB before the OOM killer).
@@ -26,7 +27,8 @@ import argparse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-MAX_NDP_UNITS = 64
+from hw_model.hardware import MAX_NDP_UNITS
+
 MAX_SHARDS = 256
 MAX_SEQ_LEN = 65_536
 DEFAULT_HW = "paper"

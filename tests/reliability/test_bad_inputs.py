@@ -314,3 +314,35 @@ def test_a_graph_the_rules_cannot_read_converts_nothing_and_fails_no_rule(tmp_pa
     else:  # whatever could not be read is reported as skipped, with the reason
         report = json.loads(out)
         assert report["moe_blocks"] or report["skipped"]
+
+
+def _paper_with_units(path: Path, units: int) -> Path:
+    text = (REPO / "hw_model" / "presets" / "paper.toml").read_text(encoding="utf-8")
+    assert "\nnum_ndp_units = 4\n" in text
+    path.write_text(text.replace("\nnum_ndp_units = 4\n", f"\nnum_ndp_units = {units}\n", 1), encoding="utf-8")
+    return path
+
+
+def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_path, capsys):
+    from hw_model.errors import HardwareConfigError
+    from hw_model.hardware import load_system
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    huge = _paper_with_units(tmp_path / "huge.toml", 10**9)
+    expected = "num_ndp_units must be an integer from 0 to 64, got 1000000000"
+    for call in (
+        lambda: InferenceSession(model, ndp_units=10**9),
+        lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9),
+        lambda: InferenceSession(model, hw=huge),
+        lambda: convert_model(model, tmp_path / "o.onnx", hw=huge),
+    ):
+        with pytest.raises(HardwareConfigError, match=expected):
+            call()
+    for argv in (
+        ["run", str(model), "--hw", str(huge)],
+        ["convert", str(model), "-o", str(tmp_path / "o.onnx"), "--hw", str(huge)],
+    ):
+        assert expected in _cli_one_line(capsys, argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.toml", "m.onnx"]
+
