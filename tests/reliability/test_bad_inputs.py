@@ -346,3 +346,23 @@ def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_pat
         assert expected in _cli_one_line(capsys, argv)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.toml", "m.onnx"]
 
+
+def test_converting_for_a_system_without_ndp_units_is_refused_and_writes_nothing(tmp_path, capsys):
+    from hw_model.hardware import load_system
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    gpu_only = _paper_with_units(tmp_path / "gpu_only.toml", 0)
+    out = tmp_path / "o.onnx"
+    cases = [
+        ({"ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
+        ({"hw": load_system("paper"), "ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
+        ({"hw": gpu_only}, "conversion places the experts on the NDP units"),
+        ({"hw": gpu_only, "shards": 2}, "conversion places the experts on the NDP units"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(NdpEpError, match=message):
+            convert_model(model, out, **kwargs)
+    line = _cli_one_line(capsys, ["convert", str(model), "-o", str(out), "--hw", str(gpu_only)])
+    assert "num_ndp_units" in line and "got 0" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_only.toml", "m.onnx"]
