@@ -6,8 +6,10 @@ everywhere (``ndp-ep run --ndp-units 1e8`` and ``ndp-ep convert --ndp-units 0`` 
 exit code 2, before anything is allocated)::
 
     add_hardware_args(parser)          # --hw (presets listed from hw_model/presets), --ndp-units
+    add_shards_arg(parser)             # --shards
     add_policy_arg(parser)             # --policy, choices from hw_model's policy list (None: its default)
     add_feed_args(parser)              # --seq-len, --seed
+    add_seed_arg(parser, of=...)       # --seed alone (a command without random feeds)
     add_json_args(parser)              # --json (stdout) [and --json-out FILE]
 
 Bounds (why each one):
@@ -126,14 +128,20 @@ def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFA
         )
 
 
-def add_shards_arg(parser: argparse.ArgumentParser) -> None:
+def add_shards_arg(
+    parser: argparse.ArgumentParser,
+    *,
+    purpose: str = "tensor-parallel shards per expert",
+    default: str = "the number of NDP units",
+) -> None:
+    """``--shards N`` (None when not given: the command resolves ``default``, which the help names)."""
     _count_option(
         parser,
         "--shards",
         MAX_SHARDS,
         None,
-        f"tensor-parallel shards per expert (1-{MAX_SHARDS}; default: the number of NDP units); a count that "
-        "does not divide the FFN width falls back to its largest divisor below it",
+        f"{purpose} (1-{MAX_SHARDS}; default: {default}); a count that does not divide the FFN width falls back "
+        "to its largest divisor below it",
     )
 
 
@@ -180,9 +188,12 @@ def add_feed_args(parser: argparse.ArgumentParser) -> None:
         DEFAULT_SEQ_LEN,
         f"size of the symbolic (sequence) dimensions of random feeds, 1-{MAX_SEQ_LEN:,}",
     )
-    parser.add_argument(
-        "--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help="seed of the random feeds"
-    )
+    add_seed_arg(parser, of="the random feeds")
+
+
+def add_seed_arg(parser: argparse.ArgumentParser, *, of: str) -> None:
+    """``--seed N`` (0 or more), the seed of ``of``."""
+    parser.add_argument("--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help=f"seed of {of}")
 
 
 def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bool = False) -> None:
