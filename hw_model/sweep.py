@@ -22,6 +22,8 @@ end by the bench's job runner (:func:`hw_model.bench.run_job`: prefill + decode 
     [hardware.gpu]
     memory_capacity_bytes = [8e9, 16e9]
 
+Bounds, checked when the grid is loaded: ``ndp_units`` 0-64 (:data:`hw_model.hardware.MAX_NDP_UNITS`; 0 is a
+GPU-only system), ``prompt_tokens`` and ``generated_tokens`` 1-65,536 (:data:`MAX_TOKENS`), ``seeds`` >= 0.
 Skew and seeds apply to synthetic traces only (a trace file is one point per other combination). Hardware
 axes are applied to each ``hw`` preset's TOML data and checked by :func:`hw_model.hardware.system_from_dict`
 when the grid is loaded, so a bad field or value fails before anything runs; each point carries its hardware
@@ -64,7 +66,7 @@ from typing import Any
 from hw_model.bench import BenchConfig, Job, run_job, write_json_atomic
 from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
 from hw_model.figures import save_png
-from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
+from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
 from ndp_io import atomic_write
@@ -82,6 +84,9 @@ LATENCY_KEY = "latency_s"
 WALL_KEY = "sim_wall_s"  # measured wall time of a point's simulation (differs between runs)
 # columns that hold measured wall time (or anything else that differs between runs of the same point)
 NONDETERMINISTIC_KEY = re.compile(r"wall|decision_time")
+# a request's prompt or generated tokens: its synthetic trace holds a Gumbel draw per token and expert of every
+# layer (10^9 tokens exhausted memory); 65,536 is a long context, and each decode step is simulated
+MAX_TOKENS = 65_536
 
 
 class SweepGridError(WorkloadError):
@@ -205,8 +210,12 @@ class SweepGrid:
         object.__setattr__(self, "skew", _as_tuple("skew", list(self.skew), (str, int, float)))
         fractions = _as_tuple("residency_fractions", list(self.residency_fractions), (int, float))
         object.__setattr__(self, "residency_fractions", tuple(float(f) for f in fractions))
-        if any(n < 0 for n in self.ndp_units):
-            raise SweepGridError(f"ndp_units must be non-negative, got {list(self.ndp_units)}")
+        for units in self.ndp_units:  # 0: a GPU-only system (hw_model.hardware.SystemSpec's range)
+            if not 0 <= units <= MAX_NDP_UNITS:
+                raise SweepGridError(f"ndp_units: expected integers from 0 to {MAX_NDP_UNITS}, got {units!r}")
+        for seed in self.seeds:
+            if seed < 0:
+                raise SweepGridError(f"seeds: expected non-negative integers, got {seed}")
         if any(not 0.0 <= f <= 1.0 for f in self.residency_fractions):
             raise SweepGridError(f"residency_fractions must be in [0, 1], got {list(self.residency_fractions)}")
         for level in self.skew:
@@ -218,8 +227,8 @@ class SweepGrid:
                 raise SweepGridError(f"skew: Zipf exponents must be finite and non-negative, got {level!r}")
         for name in ("prompt_tokens", "generated_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SweepGridError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS:
+                raise SweepGridError(f"{name} must be a positive integer of at most {MAX_TOKENS:,}, got {value!r}")
         if self.baseline is not None and self.baseline not in self.policies:
             raise SweepGridError(f"baseline {self.baseline!r} is not one of the grid's policies")
         for trace in self.traces:

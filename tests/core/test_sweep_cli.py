@@ -57,6 +57,23 @@ def test_bad_grid_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("ndp_units = [1000000000]", "ndp_units: expected integers from 0 to 64, got 1000000000"),
+        ("prompt_tokens = 1000000000", "prompt_tokens must be a positive integer of at most 65,536"),
+        ("seeds = [-1]", "seeds: expected non-negative integers, got -1"),
+    ],
+)
+def test_grid_values_that_would_exhaust_memory_or_crash_numpy_are_one_line_and_exit_2(tmp_path, capsys, line, named):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["olmoe-1b-7b"]\n{line}\n')
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ndp-ep sweep: error: ") and named in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml"]
+
+
 def test_ray_requested_but_not_installed_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     real_import = builtins.__import__
 

@@ -230,6 +230,12 @@ def test_a_point_the_simulator_rejects_is_recorded_with_its_error():
         ({"hardware": {"gpu": {"memory_capacity_bytes": [-1.0]}}}, "must be a positive number"),
         ({"hardware": {"tpu": {"memory_capacity_bytes": [1.0]}}}, "no [tpu] table"),
         ({"prompt_tokens": 0}, "positive integer"),
+        ({"ndp_units": [2, 1000000000]}, "ndp_units: expected integers from 0 to 64, got 1000000000"),
+        ({"ndp_units": [65]}, "ndp_units: expected integers from 0 to 64, got 65"),
+        ({"ndp_units": [-1]}, "ndp_units: expected integers from 0 to 64, got -1"),
+        ({"prompt_tokens": 1000000000}, "prompt_tokens must be a positive integer of at most 65,536, got 1000000000"),
+        ({"generated_tokens": 65537}, "generated_tokens must be a positive integer of at most 65,536, got 65537"),
+        ({"seeds": [0, -1]}, "seeds: expected non-negative integers, got -1"),
     ],
 )
 def test_bad_grids_raise_a_typed_error_naming_the_problem(change, message):
@@ -237,6 +243,11 @@ def test_bad_grids_raise_a_typed_error_naming_the_problem(change, message):
         _tiny_grid(**change)
     assert message in str(caught.value)
     assert isinstance(caught.value, HwModelError)
+
+
+def test_the_largest_legal_grid_values_are_accepted():
+    grid = _tiny_grid(ndp_units=[0, 64], prompt_tokens=65536, generated_tokens=65536, seeds=[0])
+    assert grid.ndp_units == (0, 64) and grid.prompt_tokens == grid.generated_tokens == 65536
 
 
 def test_the_documented_example_grid_loads():
