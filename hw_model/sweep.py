@@ -38,9 +38,9 @@ backend, so local and Ray tables are identical except for the measured wall-time
 NDP units with ``ndp_units = 0``) gets a record with an ``error`` message instead of results.
 
 Outputs (:func:`write_sweep`): ``sweep.json`` (one flat record per point), ``sweep.parquet`` when pyarrow is
-installed, ``pareto.json`` (per workload -- model, trace, skew -- and varied resource axis, the configurations
-on the latency/resource Pareto front, latency averaged over seeds) and ``pareto.png`` when matplotlib is
-installed.
+installed, ``pareto.json`` (per workload -- model, trace, skew -- and varied resource axis, the feasible
+configurations on the latency/resource Pareto front, latency averaged over seeds) and ``pareto.png`` when
+matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ DEFAULT_BASELINE = "monde"  # the grid's baseline when it lists this policy and 
 FILE_TRACE_SKEW_LEVEL = "trace"
 HARDWARE_COLUMN_PREFIX = "hw."
 LATENCY_KEY = "latency_s"
+FEASIBLE_KEY = "feasible"  # false: the experts do not fit the system's memory (the bench's n/f), latency moot
 WALL_KEY = "sim_wall_s"  # measured wall time of a point's simulation (differs between runs)
 # columns that hold measured wall time (or anything else that differs between runs of the same point)
 NONDETERMINISTIC_KEY = re.compile(r"wall|decision_time")
@@ -718,14 +719,20 @@ def _design_keys(record: Mapping[str, Any]) -> list[str]:
 
 def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (workload, design) configuration: its coordinates, the mean latency over its seeds,
-    how many seeds and which points; rows in the order of their first point. Failed points are left out."""
+    how many seeds and which points; rows in the order of their first point. Failed points are left out, and
+    so is a configuration any of whose points is infeasible (as ``ndp-ep bench`` leaves them out: n/f)."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    infeasible: set[tuple] = set()
     for r in records:
         if r.get(LATENCY_KEY) is not None:
             key = tuple((k, r[k]) for k in (*WORKLOAD_KEYS, *_design_keys(r)))
             groups.setdefault(key, []).append(r)
+            if r.get(FEASIBLE_KEY) is False:
+                infeasible.add(key)
     rows = []
     for key, members in groups.items():
+        if key in infeasible:
+            continue
         row: dict[str, Any] = dict(key)
         row[LATENCY_KEY] = sum(m[LATENCY_KEY] for m in members) / len(members)
         row["seeds"] = len(members)
@@ -736,9 +743,10 @@ def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
 
 def pareto_fronts(records: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[dict[str, Any]]:
     """For each workload (model, trace, skew level) and each resource axis, the configurations on the
-    latency/resource Pareto front (latency averaged over seeds): ``{model, trace, skew_level, axis, front}``."""
+    latency/resource Pareto front (latency averaged over seeds): ``{model, trace, skew_level, axis, front}``;
+    a workload none of whose configurations is feasible has an empty front."""
     rows = configurations(records)
-    workloads = list(dict.fromkeys(tuple(r[k] for k in WORKLOAD_KEYS) for r in rows))
+    workloads = list(dict.fromkeys(tuple(r[k] for k in WORKLOAD_KEYS) for r in records))
     out = []
     for workload in workloads:
         mine = [r for r in rows if tuple(r[k] for k in WORKLOAD_KEYS) == workload]

@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     for front in result.fronts:
         axis = front["axis"]
         print(f"\nPareto front of {front['model']} ({front['skew_level']}), latency vs {axis}:")
+        if not front["front"]:
+            print("  no feasible configuration (every point failed or its experts do not fit)")
         for row in front["front"]:
             hardware = ", ".join(
                 f"{k.removeprefix(HARDWARE_COLUMN_PREFIX)}={_value(v)}"

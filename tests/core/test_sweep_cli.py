@@ -36,6 +36,24 @@ def test_sweep_json_output_matches_the_files_written(tmp_path, capsys):
     assert all(r["speedup_vs_baseline"] == 1.0 for r in on_disk if r["policy"] == "monde")
 
 
+def test_a_point_whose_experts_do_not_fit_is_not_on_the_pareto_front(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"  # mixtral's experts need more than two 32 GB DIMMs hold, not more than four
+    grid.write_text(
+        'models = ["mixtral-8x7b"]\nndp_units = [2, 4]\npolicies = ["tp+lb+prefetch"]\n'
+        "prompt_tokens = 8\ngenerated_tokens = 4\n"
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [(r["ndp_units"], r["feasible"]) for r in payload["records"]] == [(2, False), (4, True)]
+    (front,) = payload["pareto"]
+    assert [r["ndp_units"] for r in front["front"]] == [4]
+    assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
+    assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "  ndp_units=4: " in text and "  ndp_units=2: " not in text
+
+
 def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     grid = tmp_path / "grid.toml"

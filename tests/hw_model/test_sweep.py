@@ -23,6 +23,7 @@ from hw_model.sweep import (
     grid_from_dict,
     load_grid,
     pareto_front,
+    pareto_fronts,
     run_point,
     run_sweep,
     shippable_hw_model,
@@ -193,6 +194,24 @@ def test_configurations_average_latency_over_seeds():
         (2, 2.0, 2, [0, 1]),
         (4, 5.0, 1, [2]),
     ]
+
+
+def test_infeasible_configurations_are_left_out_of_the_rows_and_the_pareto_front():
+    base = {"model": "m", "trace": "synthetic", "skew_level": "typical", "hw": "paper", "residency_fraction": 1.0}
+    records = [  # 2 units: the fastest, but the experts do not fit (one seed says so: the whole row goes)
+        {**base, "point": 0, "ndp_units": 2, "policy": "tp", "seed": 0, "latency_s": 0.5, "feasible": False},
+        {**base, "point": 1, "ndp_units": 2, "policy": "tp", "seed": 1, "latency_s": 0.5, "feasible": True},
+        {**base, "point": 2, "ndp_units": 4, "policy": "tp", "seed": 0, "latency_s": 2.0, "feasible": True},
+        {**base, "point": 3, "ndp_units": 4, "policy": "tp", "seed": 1, "latency_s": 2.0, "feasible": True},
+        {**base, "point": 4, "ndp_units": 6, "policy": "tp", "seed": 0, "latency_s": 1.0, "feasible": True},
+        {**base, "point": 5, "ndp_units": 6, "policy": "tp", "seed": 1, "latency_s": 1.0, "feasible": True},
+    ]
+    assert [r["ndp_units"] for r in configurations(records)] == [4, 6]
+    (front,) = pareto_fronts(records, ["ndp_units"])
+    assert [(r["ndp_units"], r["latency_s"]) for r in front["front"]] == [(4, 2.0), (6, 1.0)]
+    nothing_fits = [{**r, "feasible": False} for r in records]
+    assert configurations(nothing_fits) == []
+    assert [f["front"] for f in pareto_fronts(nothing_fits, ["ndp_units"])] == [[]]
 
 
 def test_speedup_is_the_baseline_latency_at_the_same_coordinates_over_this_one():
