@@ -263,6 +263,11 @@ class SweepGrid:
                     except HardwareConfigError as exc:
                         raise SweepGridError(f"hardware.{path} = {value!r} on {hw}: {exc}") from None
 
+    def input_files(self) -> tuple[str, ...]:
+        """The files the sweep reads: hardware TOML files (not presets) and routing-trace files."""
+        presets = set(list_presets())
+        return tuple(hw for hw in self.hw if hw not in presets) + tuple(t for t in self.traces if t != SYNTHETIC)
+
     @property
     def varied_axes(self) -> tuple[str, ...]:
         """Numeric hardware axes with more than one value: ``ndp_units`` and ``hw.<section.field>`` columns."""
@@ -765,28 +770,35 @@ def comparable_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, A
 # -- output ---------------------------------------------------------------------------------------------
 
 
+SWEEP_FILES = ("sweep.json", "pareto.json", "sweep.parquet", "pareto.png")
+
+
+def output_files(out_dir: str | Path) -> list[Path]:
+    """Every file :func:`write_sweep` may write in ``out_dir`` (to check against the inputs before a sweep)."""
+    return [Path(out_dir) / name for name in SWEEP_FILES]
+
+
 def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
     """Write ``sweep.json``, ``pareto.json`` and, when their packages are installed, ``sweep.parquet`` and
     ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    table_path, pareto_path, parquet_path, png_path = output_files(out_dir)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     records = [dict(r) for r in result.records]
-    written = [out / "sweep.json", out / "pareto.json"]
-    write_json_atomic(written[0], records)
-    write_json_atomic(written[1], list(result.fronts))
+    written = [table_path, pareto_path]
+    write_json_atomic(table_path, records)
+    write_json_atomic(pareto_path, list(result.fronts))
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
     else:
-        path = out / "sweep.parquet"
-        with atomic_write(path) as handle:
+        with atomic_write(parquet_path) as handle:
             pq.write_table(pa.Table.from_pylist(records), handle)
-        written.append(path)
+        written.append(parquet_path)
     if result.fronts:
         try:
-            written.append(plot_pareto(records, result.fronts, out / "pareto.png"))
+            written.append(plot_pareto(records, result.fronts, png_path))
         except ImportError:
             print(
                 "ndp-ep sweep: matplotlib is not installed, pareto.png skipped (pip install 'ndp-ep[plot]')",
@@ -868,6 +880,7 @@ __all__ = [
     "expand",
     "grid_from_dict",
     "load_grid",
+    "output_files",
     "configurations",
     "pareto_front",
     "pareto_fronts",

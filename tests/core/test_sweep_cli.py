@@ -54,6 +54,39 @@ def test_a_point_whose_experts_do_not_fit_is_not_on_the_pareto_front(tmp_path, c
     assert "  ndp_units=4: " in text and "  ndp_units=2: " not in text
 
 
+def test_without_out_nothing_is_written_and_the_json_goes_to_stdout(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.toml").write_text('models = ["olmoe-1b-7b"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    assert main(["sweep", "grid.toml", "--jobs", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["points"] == 1 and payload["files"] == []
+    assert main(["sweep", "grid.toml", "--jobs", "1"]) == 0
+    assert "1 points (0 failed)" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.toml"]
+
+
+def test_an_output_that_would_overwrite_an_input_is_refused_before_running(tmp_path, capsys):
+    from hw_model.hardware import PRESET_DIR
+
+    out = tmp_path / "od"
+    out.mkdir()
+    grid = out / "sweep.json"  # the grid itself, named as the table the sweep writes
+    grid.write_text('models = ["olmoe-1b-7b"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    hardware = out / "pareto.json"  # a hardware file of the grid, named as the fronts the sweep writes
+    hardware.write_text((PRESET_DIR / "paper.toml").read_text())
+    other = tmp_path / "grid.toml"
+    other.write_text('models = ["olmoe-1b-7b"]\nhw = ["od/pareto.json"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    before = {p: p.read_bytes() for p in (grid, hardware, other)}
+    for grid_file, overwritten in ((grid, grid), (other, hardware)):
+        assert main(["sweep", str(grid_file), "--out", str(out), "--jobs", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"ndp-ep sweep: error: output {overwritten} would overwrite the input {overwritten}; write it elsewhere"
+        ]
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["pareto.json", "sweep.json"]
+
+
 def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     grid = tmp_path / "grid.toml"
