@@ -30,6 +30,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 PRESET_DIR = Path(__file__).parent / "presets"
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1})
+# A host has at most a few dozen DIMM slots; the simulator's state grows with the unit count (10,000 units took
+# 113 s, 10^8 exhausted memory). 0 units is a GPU-only system.
+MAX_NDP_UNITS = 64
 
 
 def _require_positive(where: str, value: float, allow_zero: bool = False) -> None:
@@ -38,6 +41,12 @@ def _require_positive(where: str, value: float, allow_zero: bool = False) -> Non
     if not ok:
         bound = "a non-negative" if allow_zero else "a positive"
         raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
+
+
+def _require_unit_count(where: str, value: Any, low: int) -> None:
+    """``value`` is an integer from ``low`` to :data:`MAX_NDP_UNITS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_NDP_UNITS:
+        raise HardwareConfigError(f"{where} must be an integer from {low} to {MAX_NDP_UNITS}, got {value!r}")
 
 
 def _validate_flops(where: str, table: Mapping[str, float]) -> None:
@@ -219,10 +228,11 @@ class SystemSpec:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_ndp_units, int) or isinstance(self.num_ndp_units, bool) or self.num_ndp_units < 0:
-            raise HardwareConfigError(f"num_ndp_units must be a non-negative integer, got {self.num_ndp_units!r}")
+        _require_unit_count("num_ndp_units", self.num_ndp_units, 0)
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
         object.__setattr__(self, "supported_ndp_units", tuple(self.supported_ndp_units))
+        for count in self.supported_ndp_units:  # the counts ``ndp-ep bench`` runs by default: each needs a unit
+            _require_unit_count("supported_ndp_units: every count", count, 1)
 
     def with_ndp_units(self, count: int) -> SystemSpec:
         """The same system with ``count`` NDP units."""
@@ -346,8 +356,8 @@ def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemS
     sections = {key: _build_section(key, data[key], sources) for key in _SECTIONS}
     num_units = data.get("num_ndp_units", 0)
     supported = data.get("supported_ndp_units", [])
-    if not isinstance(supported, list) or not all(isinstance(n, int) and n >= 0 for n in supported):
-        raise HardwareConfigError("supported_ndp_units must be a list of non-negative integers")
+    if not isinstance(supported, list):
+        raise HardwareConfigError(f"supported_ndp_units must be a list of integers, got {supported!r}")
     return SystemSpec(
         name=str(data.get("name", Path(origin).stem)),
         description=str(data.get("description", "")),

@@ -22,6 +22,8 @@ end by the bench's job runner (:func:`hw_model.bench.run_job`: prefill + decode 
     [hardware.gpu]
     memory_capacity_bytes = [8e9, 16e9]
 
+Bounds, checked when the grid is loaded: ``ndp_units`` 0-64 (:data:`hw_model.hardware.MAX_NDP_UNITS`; 0 is a
+GPU-only system), ``prompt_tokens`` and ``generated_tokens`` 1-65,536 (:data:`MAX_TOKENS`), ``seeds`` >= 0.
 Skew and seeds apply to synthetic traces only (a trace file is one point per other combination). Hardware
 axes are applied to each ``hw`` preset's TOML data and checked by :func:`hw_model.hardware.system_from_dict`
 when the grid is loaded, so a bad field or value fails before anything runs; each point carries its hardware
@@ -36,9 +38,9 @@ backend, so local and Ray tables are identical except for the measured wall-time
 NDP units with ``ndp_units = 0``) gets a record with an ``error`` message instead of results.
 
 Outputs (:func:`write_sweep`): ``sweep.json`` (one flat record per point), ``sweep.parquet`` when pyarrow is
-installed, ``pareto.json`` (per workload -- model, trace, skew -- and varied resource axis, the configurations
-on the latency/resource Pareto front, latency averaged over seeds) and ``pareto.png`` when matplotlib is
-installed.
+installed, ``pareto.json`` (per workload -- model, trace, skew -- and varied resource axis, the feasible
+configurations on the latency/resource Pareto front, latency averaged over seeds) and ``pareto.png`` when
+matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from typing import Any
 from hw_model.bench import BenchConfig, Job, run_job, write_json_atomic
 from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
 from hw_model.figures import save_png
-from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
+from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
 from ndp_io import atomic_write
@@ -79,9 +81,13 @@ DEFAULT_BASELINE = "monde"  # the grid's baseline when it lists this policy and 
 FILE_TRACE_SKEW_LEVEL = "trace"
 HARDWARE_COLUMN_PREFIX = "hw."
 LATENCY_KEY = "latency_s"
+FEASIBLE_KEY = "feasible"  # false: the experts do not fit the system's memory (the bench's n/f), latency moot
 WALL_KEY = "sim_wall_s"  # measured wall time of a point's simulation (differs between runs)
 # columns that hold measured wall time (or anything else that differs between runs of the same point)
 NONDETERMINISTIC_KEY = re.compile(r"wall|decision_time")
+# a request's prompt or generated tokens: its synthetic trace holds a Gumbel draw per token and expert of every
+# layer (10^9 tokens exhausted memory); 65,536 is a long context, and each decode step is simulated
+MAX_TOKENS = 65_536
 
 
 class SweepGridError(WorkloadError):
@@ -205,8 +211,12 @@ class SweepGrid:
         object.__setattr__(self, "skew", _as_tuple("skew", list(self.skew), (str, int, float)))
         fractions = _as_tuple("residency_fractions", list(self.residency_fractions), (int, float))
         object.__setattr__(self, "residency_fractions", tuple(float(f) for f in fractions))
-        if any(n < 0 for n in self.ndp_units):
-            raise SweepGridError(f"ndp_units must be non-negative, got {list(self.ndp_units)}")
+        for units in self.ndp_units:  # 0: a GPU-only system (hw_model.hardware.SystemSpec's range)
+            if not 0 <= units <= MAX_NDP_UNITS:
+                raise SweepGridError(f"ndp_units: expected integers from 0 to {MAX_NDP_UNITS}, got {units!r}")
+        for seed in self.seeds:
+            if seed < 0:
+                raise SweepGridError(f"seeds: expected non-negative integers, got {seed}")
         if any(not 0.0 <= f <= 1.0 for f in self.residency_fractions):
             raise SweepGridError(f"residency_fractions must be in [0, 1], got {list(self.residency_fractions)}")
         for level in self.skew:
@@ -218,8 +228,8 @@ class SweepGrid:
                 raise SweepGridError(f"skew: Zipf exponents must be finite and non-negative, got {level!r}")
         for name in ("prompt_tokens", "generated_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SweepGridError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS:
+                raise SweepGridError(f"{name} must be a positive integer of at most {MAX_TOKENS:,}, got {value!r}")
         if self.baseline is not None and self.baseline not in self.policies:
             raise SweepGridError(f"baseline {self.baseline!r} is not one of the grid's policies")
         for trace in self.traces:
@@ -252,6 +262,11 @@ class SweepGrid:
                         system_from_dict(_with_overrides(data, [(path, value)]), origin=hw)
                     except HardwareConfigError as exc:
                         raise SweepGridError(f"hardware.{path} = {value!r} on {hw}: {exc}") from None
+
+    def input_files(self) -> tuple[str, ...]:
+        """The files the sweep reads: hardware TOML files (not presets) and routing-trace files."""
+        presets = set(list_presets())
+        return tuple(hw for hw in self.hw if hw not in presets) + tuple(t for t in self.traces if t != SYNTHETIC)
 
     @property
     def varied_axes(self) -> tuple[str, ...]:
@@ -709,14 +724,20 @@ def _design_keys(record: Mapping[str, Any]) -> list[str]:
 
 def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (workload, design) configuration: its coordinates, the mean latency over its seeds,
-    how many seeds and which points; rows in the order of their first point. Failed points are left out."""
+    how many seeds and which points; rows in the order of their first point. Failed points are left out, and
+    so is a configuration any of whose points is infeasible (as ``ndp-ep bench`` leaves them out: n/f)."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    infeasible: set[tuple] = set()
     for r in records:
         if r.get(LATENCY_KEY) is not None:
             key = tuple((k, r[k]) for k in (*WORKLOAD_KEYS, *_design_keys(r)))
             groups.setdefault(key, []).append(r)
+            if r.get(FEASIBLE_KEY) is False:
+                infeasible.add(key)
     rows = []
     for key, members in groups.items():
+        if key in infeasible:
+            continue
         row: dict[str, Any] = dict(key)
         row[LATENCY_KEY] = sum(m[LATENCY_KEY] for m in members) / len(members)
         row["seeds"] = len(members)
@@ -727,9 +748,10 @@ def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
 
 def pareto_fronts(records: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[dict[str, Any]]:
     """For each workload (model, trace, skew level) and each resource axis, the configurations on the
-    latency/resource Pareto front (latency averaged over seeds): ``{model, trace, skew_level, axis, front}``."""
+    latency/resource Pareto front (latency averaged over seeds): ``{model, trace, skew_level, axis, front}``;
+    a workload none of whose configurations is feasible has an empty front."""
     rows = configurations(records)
-    workloads = list(dict.fromkeys(tuple(r[k] for k in WORKLOAD_KEYS) for r in rows))
+    workloads = list(dict.fromkeys(tuple(r[k] for k in WORKLOAD_KEYS) for r in records))
     out = []
     for workload in workloads:
         mine = [r for r in rows if tuple(r[k] for k in WORKLOAD_KEYS) == workload]
@@ -748,28 +770,35 @@ def comparable_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, A
 # -- output ---------------------------------------------------------------------------------------------
 
 
+SWEEP_FILES = ("sweep.json", "pareto.json", "sweep.parquet", "pareto.png")
+
+
+def output_files(out_dir: str | Path) -> list[Path]:
+    """Every file :func:`write_sweep` may write in ``out_dir`` (to check against the inputs before a sweep)."""
+    return [Path(out_dir) / name for name in SWEEP_FILES]
+
+
 def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
     """Write ``sweep.json``, ``pareto.json`` and, when their packages are installed, ``sweep.parquet`` and
     ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    table_path, pareto_path, parquet_path, png_path = output_files(out_dir)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     records = [dict(r) for r in result.records]
-    written = [out / "sweep.json", out / "pareto.json"]
-    write_json_atomic(written[0], records)
-    write_json_atomic(written[1], list(result.fronts))
+    written = [table_path, pareto_path]
+    write_json_atomic(table_path, records)
+    write_json_atomic(pareto_path, list(result.fronts))
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
     else:
-        path = out / "sweep.parquet"
-        with atomic_write(path) as handle:
+        with atomic_write(parquet_path) as handle:
             pq.write_table(pa.Table.from_pylist(records), handle)
-        written.append(path)
+        written.append(parquet_path)
     if result.fronts:
         try:
-            written.append(plot_pareto(records, result.fronts, out / "pareto.png"))
+            written.append(plot_pareto(records, result.fronts, png_path))
         except ImportError:
             print(
                 "ndp-ep sweep: matplotlib is not installed, pareto.png skipped (pip install 'ndp-ep[plot]')",
@@ -851,6 +880,7 @@ __all__ = [
     "expand",
     "grid_from_dict",
     "load_grid",
+    "output_files",
     "configurations",
     "pareto_front",
     "pareto_fronts",

@@ -6,14 +6,17 @@ everywhere (``ndp-ep run --ndp-units 1e8`` and ``ndp-ep convert --ndp-units 0`` 
 exit code 2, before anything is allocated)::
 
     add_hardware_args(parser)          # --hw (presets listed from hw_model/presets), --ndp-units
+    add_shards_arg(parser)             # --shards
     add_policy_arg(parser)             # --policy, choices from hw_model's policy list (None: its default)
     add_feed_args(parser)              # --seq-len, --seed
+    add_seed_arg(parser, of=...)       # --seed alone (a command without random feeds)
     add_json_args(parser)              # --json (stdout) [and --json-out FILE]
 
 Bounds (why each one):
 
-- ``--ndp-units`` 1..64: a host has at most a few dozen DIMM slots; the simulator's state grows with the unit
-  count (a run with 10,000 units took 113 s and 10^8 exhausted memory).
+- ``--ndp-units`` 1..64 (:data:`hw_model.hardware.MAX_NDP_UNITS`, which every hardware system obeys): a host has
+  at most a few dozen DIMM slots; the simulator's state grows with the unit count (a run with 10,000 units took
+  113 s and 10^8 exhausted memory).
 - ``--shards`` 1..256: a shard is a column slice of one expert; more shards than that are never useful and the
   number of weight tensors grows as experts x shards.
 - ``--seq-len`` 1..65,536: random feeds are allocated from it (2e9 reached 24 GB before the OOM killer).
@@ -26,7 +29,8 @@ import argparse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-MAX_NDP_UNITS = 64
+from hw_model.hardware import MAX_NDP_UNITS
+
 MAX_SHARDS = 256
 MAX_SEQ_LEN = 65_536
 DEFAULT_HW = "paper"
@@ -124,14 +128,20 @@ def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFA
         )
 
 
-def add_shards_arg(parser: argparse.ArgumentParser) -> None:
+def add_shards_arg(
+    parser: argparse.ArgumentParser,
+    *,
+    purpose: str = "tensor-parallel shards per expert",
+    default: str = "the number of NDP units",
+) -> None:
+    """``--shards N`` (None when not given: the command resolves ``default``, which the help names)."""
     _count_option(
         parser,
         "--shards",
         MAX_SHARDS,
         None,
-        f"tensor-parallel shards per expert (1-{MAX_SHARDS}; default: the number of NDP units); a count that "
-        "does not divide the FFN width falls back to its largest divisor below it",
+        f"{purpose} (1-{MAX_SHARDS}; default: {default}); a count that does not divide the FFN width falls back "
+        "to its largest divisor below it",
     )
 
 
@@ -178,9 +188,12 @@ def add_feed_args(parser: argparse.ArgumentParser) -> None:
         DEFAULT_SEQ_LEN,
         f"size of the symbolic (sequence) dimensions of random feeds, 1-{MAX_SEQ_LEN:,}",
     )
-    parser.add_argument(
-        "--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help="seed of the random feeds"
-    )
+    add_seed_arg(parser, of="the random feeds")
+
+
+def add_seed_arg(parser: argparse.ArgumentParser, *, of: str) -> None:
+    """``--seed N`` (0 or more), the seed of ``of``."""
+    parser.add_argument("--seed", type=bounded_int(0), default=DEFAULT_SEED, metavar="N", help=f"seed of {of}")
 
 
 def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bool = False) -> None:

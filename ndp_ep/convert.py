@@ -55,11 +55,22 @@ def convert_model(
 ) -> ConversionResult:
     """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
 
-    ``shards`` defaults to the number of NDP units of ``hw``. Raises :class:`ModelLoadError` for an input
-    that is missing or not ONNX and :class:`ConversionError` when ``strict`` and a block was skipped or none
-    was converted.
+    ``shards`` defaults to the number of NDP units of ``hw`` (``ndp_units`` overrides it). Raises
+    :class:`NdpEpError` for a unit or shard count below 1 (the experts are placed on the NDP units, so the
+    system needs one, even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not
+    ONNX and :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
     """
-    system = hw if isinstance(hw, SystemSpec) else load_system(hw, ndp_units)
+    from ndp_ep.session import _check_positive  # the session's check of the same arguments
+
+    _check_positive("ndp_units", ndp_units)
+    _check_positive("shards", shards)
+    if isinstance(hw, SystemSpec):
+        system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
+    else:
+        system = load_system(hw, ndp_units)
+    _check_positive(
+        f"num_ndp_units of {system.name!r} (conversion places the experts on the NDP units)", system.num_ndp_units
+    )
     output_path = Path(output_path)
     inputs = [] if isinstance(source, onnx.ModelProto) else [Path(source)]
     if isinstance(hw, str | Path):  # a hardware TOML file is an input too (a preset name matches no file)
@@ -70,7 +81,7 @@ def convert_model(
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
     genai = None if isinstance(source, onnx.ModelProto) else genai_folder_config(Path(source), output_path)
-    requested = shards if shards is not None else max(system.num_ndp_units, 1)
+    requested = shards if shards is not None else system.num_ndp_units
     with graph_pass_errors():
         # the numeric checks of blocks too large to check whole run while the conversion is written
         rewritten, report = convert(source, shards=requested, strict=strict, defer_checks=True)

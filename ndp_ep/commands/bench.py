@@ -12,16 +12,16 @@ import argparse
 import os
 import sys
 
+from ndp_ep.cli_args import MAX_NDP_UNITS, bounded_int
+
 HELP = "compare MoE scheduling policies (ours vs baselines) on simulated GPU + NDP hardware from routing traces"
+_unit_count = bounded_int(1, MAX_NDP_UNITS)  # each count is checked as --ndp-units is everywhere else
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+def _unit_counts(text: str) -> tuple[int, ...]:
+    values = tuple(_unit_count(part) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated NDP-unit counts, got {text!r}")
     return values
 
 
@@ -39,7 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_hardware_args(parser, units=False)
     parser.add_argument(
-        "--ndp-units", type=_int_list, default=None, help="NDP-unit counts, e.g. 2,4,6 (default: the preset's list)"
+        "--ndp-units",
+        type=_unit_counts,
+        default=None,
+        metavar="N[,N...]",
+        help=f"NDP-unit counts, each 1-{MAX_NDP_UNITS}, e.g. 2,4,6 (default: the preset's list)",
     )
     parser.add_argument(
         "--models",

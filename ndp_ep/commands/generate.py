@@ -22,19 +22,28 @@ HELP = "greedy generation of a GenAI model folder on the NDP provider, with pref
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ndp_ep.cli_args import (
+        MAX_SEQ_LEN,
+        add_hardware_args,
+        add_json_args,
+        add_policy_arg,
+        add_seed_arg,
+        add_shards_arg,
+        bounded_int,
+    )
+
     parser.add_argument("model_dir", help="ONNX Runtime GenAI model folder (converted by ndp-ep convert, or not)")
-    parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens (default 512)")
-    parser.add_argument("--new-tokens", type=int, default=512, help="tokens to generate (default 512)")
+    for flag, what in (("--prompt-tokens", "prompt length in tokens"), ("--new-tokens", "tokens to generate")):
+        parser.add_argument(
+            flag, type=bounded_int(1, MAX_SEQ_LEN), default=512, metavar="N", help=f"{what}, 1-{MAX_SEQ_LEN:,}"
+        )
     parser.add_argument("--reference", help="the unconverted GenAI folder to compare tokens with (no provider)")
     parser.add_argument("--no-check", action="store_true", help="do not generate the reference tokens")
-    parser.add_argument("--hw", default="paper", help="hardware preset (paper, edge, h200) or TOML file")
-    parser.add_argument("--ndp-units", type=int, default=None, help="override the preset's NDP unit count")
-    parser.add_argument("--policy", default=None, help="scheduling policy (default: tp+lb+prefetch)")
-    parser.add_argument(
-        "--shards", type=int, default=None, help="shards per expert when converting (default: NDP units)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompt's token ids")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_hardware_args(parser)
+    add_policy_arg(parser)
+    add_shards_arg(parser, purpose="shards per expert when converting")
+    add_seed_arg(parser, of="the prompt's token ids")
+    add_json_args(parser, what="the tokens and the simulated latency")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,9 +53,6 @@ def run(args: argparse.Namespace) -> int:
         import onnxruntime_genai as og
     except ImportError:
         raise NdpEpError("ndp-ep generate needs onnxruntime-genai: pip install 'ndp-ep[genai]'") from None
-    for name in ("prompt_tokens", "new_tokens"):
-        if getattr(args, name) < 1:
-            raise NdpEpError(f"--{name.replace('_', '-')} must be a positive integer")
     model_dir = Path(args.model_dir)
     config = _genai_config(model_dir)
     context = config["model"].get("context_length")

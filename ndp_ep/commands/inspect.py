@@ -16,15 +16,9 @@ HELP = "list the MoE blocks convert would rewrite or skip (experts, top-k, shape
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
-    from ndp_ep.cli_args import add_json_args, bounded_int
+    from ndp_ep.cli_args import add_json_args, add_shards_arg
 
-    parser.add_argument(
-        "--shards",
-        type=bounded_int(1, 256),
-        default=None,
-        metavar="N",
-        help="shards per expert to plan for (default: 4)",
-    )
+    add_shards_arg(parser, purpose="shards per expert to plan for", default="4")
     add_json_args(parser, what="the blocks that would be rewritten or skipped")
 
 

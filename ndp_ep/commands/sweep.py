@@ -1,9 +1,10 @@
 """``ndp-ep sweep GRID.toml``: a design-space sweep (models x hardware x policies x traces x seeds).
 
 Runs every point of the grid (see :mod:`hw_model.sweep` for the file format) on a local process pool, or on
-Ray with ``--ray`` (a local Ray instance, or the cluster at ``--ray ADDRESS``), writes ``sweep.json``,
-``sweep.parquet`` (pyarrow), ``pareto.json`` and ``pareto.png`` (matplotlib) to ``--out``, and prints the
-Pareto fronts; ``--json`` prints one JSON object on stdout instead.
+Ray with ``--ray`` (a local Ray instance, or the cluster at ``--ray ADDRESS``), prints the Pareto fronts
+(``--json``: one JSON object on stdout instead) and, only when ``--out`` names a directory, writes
+``sweep.json``, ``sweep.parquet`` (pyarrow), ``pareto.json`` and ``pareto.png`` (matplotlib) there; none of
+them may be one of the sweep's inputs (the grid, its hardware and trace files).
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ HELP = "design-space sweep of the simulated GPU + NDP system from a TOML grid, o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ndp_ep.cli_args import output_dir
+
     parser.add_argument("grid", help="grid TOML file (axes: models, hw, ndp_units, policies, skew, traces, seeds...)")
-    parser.add_argument("--out", default="sweep_out", help="directory for sweep.json/.parquet and pareto.json/.png")
+    parser.add_argument(
+        "--out",
+        type=output_dir,
+        default=None,
+        metavar="DIR",
+        help="write sweep.json/.parquet and pareto.json/.png to DIR (default: nothing written)",
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel workers")
     parser.add_argument(
         "--ray",
@@ -47,16 +56,15 @@ def _value(value: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SweepGridError, load_grid, run_sweep, write_sweep
+    from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, load_grid, output_files, run_sweep, write_sweep
+    from ndp_io import check_no_clobber
 
     grid = load_grid(args.grid)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise SweepGridError(f"--out {args.out} exists and is not a directory")
+    if args.out is not None:  # before any work
+        check_no_clobber(output_files(args.out), [args.grid, *grid.input_files()])
     backend = "ray" if args.ray is not None else "local"
     result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
-    files = write_sweep(result, args.out)
+    files = write_sweep(result, args.out) if args.out is not None else []
     failed = [r for r in result.records if r.get("error")]
     if args.json:
         payload = {
@@ -82,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     for front in result.fronts:
         axis = front["axis"]
         print(f"\nPareto front of {front['model']} ({front['skew_level']}), latency vs {axis}:")
+        if not front["front"]:
+            print("  no feasible configuration (every point failed or its experts do not fit)")
         for row in front["front"]:
             hardware = ", ".join(
                 f"{k.removeprefix(HARDWARE_COLUMN_PREFIX)}={_value(v)}"
@@ -93,5 +103,6 @@ def run(args: argparse.Namespace) -> int:
                 f"  {axis.removeprefix(HARDWARE_COLUMN_PREFIX)}={_value(row[axis])}: {row[LATENCY_KEY]:.4g} s  "
                 f"{row['policy']} on {row['hw']} ({row['ndp_units']} NDP units{extra})"
             )
-    print(f"\nwrote {', '.join(str(p) for p in files)}")
+    if files:
+        print(f"\nwrote {', '.join(str(p) for p in files)}")
     return 0

@@ -340,11 +340,15 @@ BAD_VALUES = {
     "--shards": ("0", "100000"),
     "--seq-len": ("0", "-1", "1e5", "2000000000"),
     "--seed": ("-1",),
+    "--prompt-tokens": ("0", "65537", "1e3"),
+    "--new-tokens": ("0", "65537", "1e3"),
 }
 OPTIONS_OF = {
     "convert": ("--ndp-units", "--shards"),
+    "inspect": ("--shards",),
     "run": ("--ndp-units", "--seq-len", "--seed"),
     "demo": ("--ndp-units",),
+    "generate": ("--ndp-units", "--shards", "--seed", "--prompt-tokens", "--new-tokens"),
 }
 BAD_OPTION_CASES = [(c, o, v) for c, options in OPTIONS_OF.items() for o in options for v in BAD_VALUES[o]]
 
@@ -353,7 +357,9 @@ BAD_OPTION_CASES = [(c, o, v) for c, options in OPTIONS_OF.items() for o in opti
 def test_out_of_range_options_are_refused_alike_in_every_command(tmp_path, capsys, command, option, value):
     positional = {
         "convert": [SAMPLES / "moe_block.onnx", "-o", tmp_path / "o.onnx"],
+        "inspect": [SAMPLES / "moe_block.onnx"],
         "run": [SAMPLES / "moe_block.onnx"],
+        "generate": [tmp_path / "genai_folder"],
     }
     line = assert_one_line_error(call(command, *positional.get(command, []), f"{option}={value}", capsys=capsys))
     assert line.startswith(f"ndp-ep {command}: error: argument {option}") and "expected an integer" in line
@@ -402,7 +408,7 @@ def test_help_lists_defaults_presets_and_policy_choices(capsys):
     assert "(default: 8)" in text and "(default: 0)" in text and "(default: paper)" in text
     assert "(default: tp+lb+prefetch)" in text
     assert all(name in text for name in presets) and all(name in text for name in POLICIES)
-    for command in ("convert", "demo", "diff"):
+    for command in ("convert", "demo", "diff", "generate"):
         code, out, _ = call(command, "--help", capsys=capsys)
         assert code == 0 and all(name in " ".join(out.split()) for name in presets if command != "diff")
     code, out, _ = call("convert", "--help", capsys=capsys)

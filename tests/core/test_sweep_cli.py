@@ -36,6 +36,57 @@ def test_sweep_json_output_matches_the_files_written(tmp_path, capsys):
     assert all(r["speedup_vs_baseline"] == 1.0 for r in on_disk if r["policy"] == "monde")
 
 
+def test_a_point_whose_experts_do_not_fit_is_not_on_the_pareto_front(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"  # mixtral's experts need more than two 32 GB DIMMs hold, not more than four
+    grid.write_text(
+        'models = ["mixtral-8x7b"]\nndp_units = [2, 4]\npolicies = ["tp+lb+prefetch"]\n'
+        "prompt_tokens = 8\ngenerated_tokens = 4\n"
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [(r["ndp_units"], r["feasible"]) for r in payload["records"]] == [(2, False), (4, True)]
+    (front,) = payload["pareto"]
+    assert [r["ndp_units"] for r in front["front"]] == [4]
+    assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
+    assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "  ndp_units=4: " in text and "  ndp_units=2: " not in text
+
+
+def test_without_out_nothing_is_written_and_the_json_goes_to_stdout(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.toml").write_text('models = ["olmoe-1b-7b"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    assert main(["sweep", "grid.toml", "--jobs", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["points"] == 1 and payload["files"] == []
+    assert main(["sweep", "grid.toml", "--jobs", "1"]) == 0
+    assert "1 points (0 failed)" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.toml"]
+
+
+def test_an_output_that_would_overwrite_an_input_is_refused_before_running(tmp_path, capsys):
+    from hw_model.hardware import PRESET_DIR
+
+    out = tmp_path / "od"
+    out.mkdir()
+    grid = out / "sweep.json"  # the grid itself, named as the table the sweep writes
+    grid.write_text('models = ["olmoe-1b-7b"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    hardware = out / "pareto.json"  # a hardware file of the grid, named as the fronts the sweep writes
+    hardware.write_text((PRESET_DIR / "paper.toml").read_text())
+    other = tmp_path / "grid.toml"
+    other.write_text('models = ["olmoe-1b-7b"]\nhw = ["od/pareto.json"]\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    before = {p: p.read_bytes() for p in (grid, hardware, other)}
+    for grid_file, overwritten in ((grid, grid), (other, hardware)):
+        assert main(["sweep", str(grid_file), "--out", str(out), "--jobs", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"ndp-ep sweep: error: output {overwritten} would overwrite the input {overwritten}; write it elsewhere"
+        ]
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["pareto.json", "sweep.json"]
+
+
 def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     grid = tmp_path / "grid.toml"
@@ -55,6 +106,23 @@ def test_bad_grid_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ndp-ep sweep: error:") and "warp-drive" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("ndp_units = [1000000000]", "ndp_units: expected integers from 0 to 64, got 1000000000"),
+        ("prompt_tokens = 1000000000", "prompt_tokens must be a positive integer of at most 65,536"),
+        ("seeds = [-1]", "seeds: expected non-negative integers, got -1"),
+    ],
+)
+def test_grid_values_that_would_exhaust_memory_or_crash_numpy_are_one_line_and_exit_2(tmp_path, capsys, line, named):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["olmoe-1b-7b"]\n{line}\n')
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ndp-ep sweep: error: ") and named in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml"]
 
 
 def test_ray_requested_but_not_installed_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):

@@ -117,3 +117,16 @@ def test_cli_bad_hardware_file_names_the_field(cli, tmp_path):
     assert proc.returncode == 2
     assert "gpu.memory_bandwidth_bytes_per_s" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("1000000000", "got 1,000,000,000"), ("65", "got 65"), ("0", "got 0"), ("2,65", "got 65"), ("2,x", "got 'x'")],
+)
+def test_each_ndp_unit_count_is_refused_outside_1_to_64_like_every_ndp_units_option(tmp_path, capsys, value, shown):
+    from ndp_ep.cli import main
+
+    assert main(["bench", "--quick", "--ndp-units", value, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ndp-ep bench: error: argument --ndp-units: expected an integer from 1 to 64, {shown}"]
+    assert list(tmp_path.iterdir()) == []

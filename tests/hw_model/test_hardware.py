@@ -117,3 +117,36 @@ def test_user_file_may_omit_optional_form_fields(tmp_path):
     path.write_text("\n".join(lines), encoding="utf-8")
     gpu = load_system(path).gpu
     assert gpu.gemm_tile_m == 1 and gpu.achievable_flops_fraction == 1.0 and gpu.reduction_latency_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "num_ndp_units = 4",
+            "num_ndp_units = 1000000000",
+            "num_ndp_units must be an integer from 0 to 64, got 1000000000",
+        ),
+        ("num_ndp_units = 4", "num_ndp_units = 65", "num_ndp_units must be an integer from 0 to 64, got 65"),
+        ("num_ndp_units = 4", "num_ndp_units = -1", "num_ndp_units must be an integer from 0 to 64, got -1"),
+        ("supported_ndp_units = [2, 4, 6, 8]", "supported_ndp_units = [2, 65]", "supported_ndp_units: every count"),
+        ("supported_ndp_units = [2, 4, 6, 8]", "supported_ndp_units = [0, 2]", "from 1 to 64, got 0"),
+        ("supported_ndp_units = [2, 4, 6, 8]", "supported_ndp_units = 4", "must be a list of integers"),
+    ],
+)
+def test_a_file_with_an_ndp_unit_count_out_of_range_names_the_field_and_range(tmp_path, old, new, message):
+    with pytest.raises(HardwareConfigError, match=message):
+        load_system(_preset_with(tmp_path, old, new))
+
+
+@pytest.mark.parametrize("count", [65, 10**9, -1, True, 4.0])
+def test_an_ndp_unit_override_out_of_range_is_refused_before_anything_is_built(count):
+    with pytest.raises(HardwareConfigError, match="num_ndp_units must be an integer from 0 to 64"):
+        load_system("paper", ndp_units=count)
+    with pytest.raises(HardwareConfigError, match="num_ndp_units must be an integer from 0 to 64"):
+        load_system("paper").with_ndp_units(count)
+
+
+def test_zero_ndp_units_a_gpu_only_system_and_the_largest_count_stay_legal():
+    assert load_system("paper", ndp_units=0).num_ndp_units == 0
+    assert load_system("paper").with_ndp_units(64).num_ndp_units == 64

@@ -23,6 +23,7 @@ from hw_model.sweep import (
     grid_from_dict,
     load_grid,
     pareto_front,
+    pareto_fronts,
     run_point,
     run_sweep,
     shippable_hw_model,
@@ -195,6 +196,24 @@ def test_configurations_average_latency_over_seeds():
     ]
 
 
+def test_infeasible_configurations_are_left_out_of_the_rows_and_the_pareto_front():
+    base = {"model": "m", "trace": "synthetic", "skew_level": "typical", "hw": "paper", "residency_fraction": 1.0}
+    records = [  # 2 units: the fastest, but the experts do not fit (one seed says so: the whole row goes)
+        {**base, "point": 0, "ndp_units": 2, "policy": "tp", "seed": 0, "latency_s": 0.5, "feasible": False},
+        {**base, "point": 1, "ndp_units": 2, "policy": "tp", "seed": 1, "latency_s": 0.5, "feasible": True},
+        {**base, "point": 2, "ndp_units": 4, "policy": "tp", "seed": 0, "latency_s": 2.0, "feasible": True},
+        {**base, "point": 3, "ndp_units": 4, "policy": "tp", "seed": 1, "latency_s": 2.0, "feasible": True},
+        {**base, "point": 4, "ndp_units": 6, "policy": "tp", "seed": 0, "latency_s": 1.0, "feasible": True},
+        {**base, "point": 5, "ndp_units": 6, "policy": "tp", "seed": 1, "latency_s": 1.0, "feasible": True},
+    ]
+    assert [r["ndp_units"] for r in configurations(records)] == [4, 6]
+    (front,) = pareto_fronts(records, ["ndp_units"])
+    assert [(r["ndp_units"], r["latency_s"]) for r in front["front"]] == [(4, 2.0), (6, 1.0)]
+    nothing_fits = [{**r, "feasible": False} for r in records]
+    assert configurations(nothing_fits) == []
+    assert [f["front"] for f in pareto_fronts(nothing_fits, ["ndp_units"])] == [[]]
+
+
 def test_speedup_is_the_baseline_latency_at_the_same_coordinates_over_this_one():
     base = {"model": "m", "hw": "paper", "skew_level": "typical", "skew": 1.0, "trace": "synthetic", "seed": 0}
     records = [
@@ -230,6 +249,12 @@ def test_a_point_the_simulator_rejects_is_recorded_with_its_error():
         ({"hardware": {"gpu": {"memory_capacity_bytes": [-1.0]}}}, "must be a positive number"),
         ({"hardware": {"tpu": {"memory_capacity_bytes": [1.0]}}}, "no [tpu] table"),
         ({"prompt_tokens": 0}, "positive integer"),
+        ({"ndp_units": [2, 1000000000]}, "ndp_units: expected integers from 0 to 64, got 1000000000"),
+        ({"ndp_units": [65]}, "ndp_units: expected integers from 0 to 64, got 65"),
+        ({"ndp_units": [-1]}, "ndp_units: expected integers from 0 to 64, got -1"),
+        ({"prompt_tokens": 1000000000}, "prompt_tokens must be a positive integer of at most 65,536, got 1000000000"),
+        ({"generated_tokens": 65537}, "generated_tokens must be a positive integer of at most 65,536, got 65537"),
+        ({"seeds": [0, -1]}, "seeds: expected non-negative integers, got -1"),
     ],
 )
 def test_bad_grids_raise_a_typed_error_naming_the_problem(change, message):
@@ -237,6 +262,11 @@ def test_bad_grids_raise_a_typed_error_naming_the_problem(change, message):
         _tiny_grid(**change)
     assert message in str(caught.value)
     assert isinstance(caught.value, HwModelError)
+
+
+def test_the_largest_legal_grid_values_are_accepted():
+    grid = _tiny_grid(ndp_units=[0, 64], prompt_tokens=65536, generated_tokens=65536, seeds=[0])
+    assert grid.ndp_units == (0, 64) and grid.prompt_tokens == grid.generated_tokens == 65536
 
 
 def test_the_documented_example_grid_loads():

@@ -314,3 +314,55 @@ def test_a_graph_the_rules_cannot_read_converts_nothing_and_fails_no_rule(tmp_pa
     else:  # whatever could not be read is reported as skipped, with the reason
         report = json.loads(out)
         assert report["moe_blocks"] or report["skipped"]
+
+
+def _paper_with_units(path: Path, units: int) -> Path:
+    text = (REPO / "hw_model" / "presets" / "paper.toml").read_text(encoding="utf-8")
+    assert "\nnum_ndp_units = 4\n" in text
+    path.write_text(text.replace("\nnum_ndp_units = 4\n", f"\nnum_ndp_units = {units}\n", 1), encoding="utf-8")
+    return path
+
+
+def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_path, capsys):
+    from hw_model.errors import HardwareConfigError
+    from hw_model.hardware import load_system
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    huge = _paper_with_units(tmp_path / "huge.toml", 10**9)
+    expected = "num_ndp_units must be an integer from 0 to 64, got 1000000000"
+    for call in (
+        lambda: InferenceSession(model, ndp_units=10**9),
+        lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9),
+        lambda: InferenceSession(model, hw=huge),
+        lambda: convert_model(model, tmp_path / "o.onnx", hw=huge),
+    ):
+        with pytest.raises(HardwareConfigError, match=expected):
+            call()
+    for argv in (
+        ["run", str(model), "--hw", str(huge)],
+        ["convert", str(model), "-o", str(tmp_path / "o.onnx"), "--hw", str(huge)],
+    ):
+        assert expected in _cli_one_line(capsys, argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.toml", "m.onnx"]
+
+
+def test_converting_for_a_system_without_ndp_units_is_refused_and_writes_nothing(tmp_path, capsys):
+    from hw_model.hardware import load_system
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    gpu_only = _paper_with_units(tmp_path / "gpu_only.toml", 0)
+    out = tmp_path / "o.onnx"
+    cases = [
+        ({"ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
+        ({"hw": load_system("paper"), "ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
+        ({"hw": gpu_only}, "conversion places the experts on the NDP units"),
+        ({"hw": gpu_only, "shards": 2}, "conversion places the experts on the NDP units"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(NdpEpError, match=message):
+            convert_model(model, out, **kwargs)
+    line = _cli_one_line(capsys, ["convert", str(model), "-o", str(out), "--hw", str(gpu_only)])
+    assert "num_ndp_units" in line and "got 0" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_only.toml", "m.onnx"]
