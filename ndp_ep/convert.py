@@ -44,7 +44,7 @@ class ConversionResult:
 
 
 def convert_model(
-    source: str | Path | onnx.ModelProto,
+    source: str | Path | bytes | onnx.ModelProto,
     output_path: str | Path,
     *,
     hw: str | Path | SystemSpec = "paper",
@@ -55,20 +55,25 @@ def convert_model(
 ) -> ConversionResult:
     """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
 
+    ``source`` is a path, serialized bytes or an ``onnx.ModelProto``, as :class:`ndp_ep.InferenceSession` takes.
     ``shards`` defaults to the number of NDP units of ``hw`` (``ndp_units`` overrides it). Raises
-    :class:`NdpEpError` for a unit or shard count below 1 (the experts are placed on the NDP units, so the
-    system needs one, even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not
-    ONNX and :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
+    :class:`hw_model.HardwareConfigError` for an ``ndp_units`` outside 1 to 64, :class:`NdpEpError` for a shard
+    count or a system's unit count below 1 (the experts are placed on the NDP units, so the system needs one,
+    even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not ONNX and
+    :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
     """
-    from ndp_ep.session import _check_positive  # the session's check of the same arguments
+    from ndp_ep.ep import check_ndp_units, check_positive
+    from ndp_ep.session import model_source
 
-    _check_positive("ndp_units", ndp_units)
-    _check_positive("shards", shards)
+    source = model_source(source)
+    if ndp_units is not None:
+        ndp_units = check_ndp_units(ndp_units)
+    check_positive("shards", shards)
     if isinstance(hw, SystemSpec):
         system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
     else:
         system = load_system(hw, ndp_units)
-    _check_positive(
+    check_positive(
         f"num_ndp_units of {system.name!r} (conversion places the experts on the NDP units)", system.num_ndp_units
     )
     output_path = Path(output_path)

@@ -264,14 +264,21 @@ def _is_positive_integer(text: str) -> bool:
     return text.isascii() and text.isdigit() and int(text) > 0
 
 
+def check_positive(name: str, value: object) -> None:
+    """:class:`NdpEpError` naming ``name`` unless ``value`` is None or a positive integer (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise NdpEpError(f"{name} must be a positive integer, got {value!r}")
+
+
 def check_ndp_units(value: object, option: str = "ndp_units") -> int:
     """``value`` (an integer or its decimal text) as a count of NDP units, 1 to
-    :data:`ndp_ep.cli_args.MAX_NDP_UNITS` (the bound ``--ndp-units`` has); else
+    :data:`hw_model.hardware.MAX_NDP_UNITS` (the bound ``--ndp-units`` and every hardware system have); else
     :class:`hw_model.HardwareConfigError` naming ``option``."""
     import argparse
 
     from hw_model.errors import HardwareConfigError
-    from ndp_ep.cli_args import MAX_NDP_UNITS, bounded_int
+    from hw_model.hardware import MAX_NDP_UNITS
+    from ndp_ep.cli_args import bounded_int
 
     try:  # str(True) is "True", refused like any text that is not a plain integer
         return bounded_int(1, MAX_NDP_UNITS)(str(value))

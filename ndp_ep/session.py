@@ -35,8 +35,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hw_model.hardware import SystemSpec, load_system
-from ndp_ep.ep import EP_NAME, OPTION_PREFIX, REGISTER_HINT, RUN_TAG_KEY, add_provider, check_ndp_units, new_session_key
-from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
+from ndp_ep.ep import (
+    EP_NAME,
+    OPTION_PREFIX,
+    REGISTER_HINT,
+    RUN_TAG_KEY,
+    add_provider,
+    check_ndp_units,
+    check_positive,
+    new_session_key,
+)
+from ndp_ep.errors import FeedError, ModelLoadError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
@@ -94,7 +103,7 @@ class InferenceSession:
     ) -> None:
         if ndp_units is not None:
             ndp_units = check_ndp_units(ndp_units)
-        _check_positive("shards", shards)
+        check_positive("shards", shards)
         if isinstance(hw, SystemSpec):
             self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
         else:
@@ -318,11 +327,6 @@ def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[i
 
 def _run_error(exc: BaseException) -> RunError:
     return RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}")
-
-
-def _check_positive(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise NdpEpError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _first_line(exc: BaseException) -> str:

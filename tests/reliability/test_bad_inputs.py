@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graph_passes.sharded_op import is_sharded_node
+from hw_model.errors import HardwareConfigError
 from ndp_ep import InferenceSession, convert_model
 from ndp_ep.cli import main
 from ndp_ep.errors import ModelLoadError, NdpEpError
@@ -324,18 +325,19 @@ def _paper_with_units(path: Path, units: int) -> Path:
 
 
 def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_path, capsys):
-    from hw_model.errors import HardwareConfigError
     from hw_model.hardware import load_system
 
     model = tmp_path / "m.onnx"
     model.write_bytes(tiny_model().SerializeToString())
     huge = _paper_with_units(tmp_path / "huge.toml", 10**9)
-    expected = "num_ndp_units must be an integer from 0 to 64, got 1000000000"
-    for call in (
-        lambda: InferenceSession(model, ndp_units=10**9),
-        lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9),
-        lambda: InferenceSession(model, hw=huge),
-        lambda: convert_model(model, tmp_path / "o.onnx", hw=huge),
+    in_file = "num_ndp_units must be an integer from 0 to 64, got 1000000000"  # 0: a GPU-only system
+    given = "ndp_units: expected an integer from 1 to 64, got 1,000,000,000"  # an override must add units
+    for call, expected in (
+        (lambda: InferenceSession(model, ndp_units=10**9), given),
+        (lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9), given),
+        (lambda: convert_model(model, tmp_path / "o.onnx", ndp_units=10**9), given),
+        (lambda: InferenceSession(model, hw=huge), in_file),
+        (lambda: convert_model(model, tmp_path / "o.onnx", hw=huge), in_file),
     ):
         with pytest.raises(HardwareConfigError, match=expected):
             call()
@@ -355,14 +357,26 @@ def test_converting_for_a_system_without_ndp_units_is_refused_and_writes_nothing
     gpu_only = _paper_with_units(tmp_path / "gpu_only.toml", 0)
     out = tmp_path / "o.onnx"
     cases = [
-        ({"ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
-        ({"hw": load_system("paper"), "ndp_units": 0}, "ndp_units must be a positive integer, got 0"),
-        ({"hw": gpu_only}, "conversion places the experts on the NDP units"),
-        ({"hw": gpu_only, "shards": 2}, "conversion places the experts on the NDP units"),
+        ({"ndp_units": 0}, HardwareConfigError, "ndp_units: expected an integer from 1 to 64, got 0"),
+        ({"hw": load_system("paper"), "ndp_units": 0}, HardwareConfigError, "expected an integer from 1 to 64, got 0"),
+        ({"hw": gpu_only}, NdpEpError, "conversion places the experts on the NDP units"),
+        ({"hw": gpu_only, "shards": 2}, NdpEpError, "conversion places the experts on the NDP units"),
     ]
-    for kwargs, message in cases:
-        with pytest.raises(NdpEpError, match=message):
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
             convert_model(model, out, **kwargs)
     line = _cli_one_line(capsys, ["convert", str(model), "-o", str(out), "--hw", str(gpu_only)])
     assert "num_ndp_units" in line and "got 0" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_only.toml", "m.onnx"]
+
+
+def test_convert_model_takes_model_bytes_as_the_session_does_and_refuses_other_things(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model().SerializeToString())
+    convert_model(model, tmp_path / "from_path.onnx")
+    convert_model(model.read_bytes(), tmp_path / "from_bytes.onnx")
+    assert (tmp_path / "from_bytes.onnx").read_bytes() == (tmp_path / "from_path.onnx").read_bytes()
+    for junk in (b"junk", 42):
+        with pytest.raises(ModelLoadError):
+            convert_model(junk, tmp_path / "never.onnx")
+    assert not (tmp_path / "never.onnx").exists()
