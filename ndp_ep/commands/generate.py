@@ -220,11 +220,14 @@ def _step_shapes(model, prompt_len: int):
 def _print(result: dict, args) -> None:
     import statistics
 
+    from ndp_ep.text import plural
+
     if args.json:
         print(json.dumps(result))
         return
     print(
-        f"generated {len(result['tokens'])} tokens (greedy) after a {len(result['prompt'])}-token prompt "
+        f"generated {plural(len(result['tokens']), 'token')} (greedy) after a prompt of "
+        f"{plural(len(result['prompt']), 'token')} "
         f"on NdpExecutionProvider in {result['wall_s']:.2f} s: {result['tokens'][:16]}"
         f"{' ...' if len(result['tokens']) > 16 else ''}"
     )
