@@ -39,6 +39,7 @@ class ConversionResult:
             "ndp_units": self.system.num_ndp_units,
             "shards": self.shards,
             "files": [str(f) for f in self.files],
+            "already_converted": self.already_converted,
             **self.report.to_json(),
         }
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
+from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
 
 
 class MoERule(Protocol):
@@ -60,7 +61,10 @@ def explain_no_anchor(index: GraphIndex) -> str:
         f"{fused} com.microsoft.MoE/QMoE node(s), {routers} TopK/ArgMax router(s), {len(stacked)} stacked "
         f"[E, ., .] initializer(s), {len(selected)} of them selected by Gather/GatherND"
     )
-    if fused:
+    converted = sum(1 for n in index.graph.node if is_sharded_node(n))
+    if converted:
+        hint = f"the model already holds {converted} converted expert op(s) ({DOMAIN}::{OP_TYPE}): nothing to convert"
+    elif fused:
         hint = "every fused op was skipped (see the reasons)"
     elif not routers:
         hint = "no router picks experts: this does not look like an MoE model"

@@ -134,6 +134,9 @@ def test_already_converted_model_is_said_in_words(tmp_path, capsys, converted_de
     code, out, _ = call("convert", converted_decoder, "-o", tmp_path / "again.onnx", capsys=capsys)
     assert code == 0
     assert "nothing to do" in out and "already converted (3 ndp_ep::ShardedMoEExperts nodes)" in out
+    assert "3 converted expert op(s)" in out and "batched_mm" not in out  # no advice to re-export
+    code, out, _ = call("convert", converted_decoder, "-o", tmp_path / "again.onnx", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["already_converted"] == 3
 
 
 def test_strict_conversion_fails_when_a_block_is_skipped(tmp_path, capsys):
