@@ -55,16 +55,17 @@ def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None
     converted nodes) differs from the simulated NDP unit count, else None."""
     specs = list(specs)
     shards = sorted({spec.shards for spec in specs})
-    if not shards or shards == [ndp_units]:
+    if not shards or shards == [ndp_units] or ndp_units == 0:  # a GPU-only system splits nothing over units
         return None
     from ndp_ep.text import plural
 
     counts = " and ".join(str(s) for s in shards)
+    counts += " shard" if shards == [1] else " shards"
     advice = ""
     if all(spec.ffn % ndp_units == 0 for spec in specs):
         advice = f" (convert with --shards {ndp_units} to run the numerics that way too)"
     return (
-        f"the model's experts are split into {counts} shards but the hardware has {plural(ndp_units, 'NDP unit')}: "
+        f"the model's experts are split into {counts} but the hardware has {plural(ndp_units, 'NDP unit')}: "
         f"the outputs use the model's shards; the simulated latency splits each expert over the hardware's "
         f"{plural(ndp_units, 'unit')}{advice}"
     )

@@ -230,6 +230,18 @@ def test_run_warns_when_the_models_shards_differ_from_the_ndp_units(capsys, conv
     assert code == 0 and "warning" not in err
 
 
+def test_run_on_a_gpu_only_hardware_file_simulates_the_gpu_policy_without_a_shard_warning(tmp_path, capsys):
+    text = (REPO / "hw_model" / "presets" / "paper.toml").read_text(encoding="utf-8")
+    assert "\nnum_ndp_units = 4\n" in text
+    gpu_only = tmp_path / "gpu_only.toml"
+    gpu_only.write_text(text.replace("\nnum_ndp_units = 4\n", "\nnum_ndp_units = 0\n", 1), encoding="utf-8")
+    code, stdout, err = call(
+        "run", SAMPLES / "moe_decoder.onnx", "--hw", gpu_only, "--policy", "gpu-offload", "--json", capsys=capsys
+    )
+    assert code == 0 and "warning" not in err and "Traceback" not in err
+    assert json.loads(stdout)["ndp_units"] == 0
+
+
 def test_run_policy_is_used_and_reported(capsys):
     code, stdout, _ = call("run", SAMPLES / "moe_block.onnx", "--policy", "monde", "--json", capsys=capsys)
     assert code == 0 and json.loads(stdout)["policy"] == "monde"
