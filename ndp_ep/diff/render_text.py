@@ -17,7 +17,7 @@ from typing import Any
 
 from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
-from ndp_ep.text import human_bytes
+from ndp_ep.text import human_bytes, plural
 
 FORMAT = "text"
 DESCRIPTION = "readable text, wrapped at 80 columns, coloured on a terminal (the default)"
@@ -146,7 +146,7 @@ def _counts(counts: dict[str, int], order: Sequence[str]) -> str:
 
 def block_headline(block: MoEBlockDiff) -> str:
     """'17 nodes (4 Unsqueeze, …) → 1 ndp_ep::ShardedMoEExperts', always model A's side first."""
-    original = f"{len(block.replaced_nodes)} nodes ({op_histogram(block.replaced_nodes)})"
+    original = f"{plural(len(block.replaced_nodes), 'node')} ({op_histogram(block.replaced_nodes)})"
     sharded = op_histogram(block.new_nodes)
     return f"{original} → {sharded}" if block.direction == "rewrite" else f"{sharded} → {original}"
 
