@@ -57,6 +57,7 @@ def _value(value: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, load_grid, output_files, run_sweep, write_sweep
+    from ndp_ep.text import plural
     from ndp_io import check_no_clobber
 
     grid = load_grid(args.grid)
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
     files = write_sweep(result, args.out) if args.out is not None else []
     failed = [r for r in result.records if r.get("error")]
+    infeasible = sum(1 for r in result.records if not r.get("error") and r.get("feasible") is False)
     if args.json:
         payload = {
             "grid": grid.to_json(),
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             "workers": result.workers,
             "points": len(result.records),
             "failed": len(failed),
+            "infeasible": infeasible,
             "wall_s": result.wall_s,
             "points_per_s": result.points_per_s,
             "files": [str(p) for p in files],
@@ -82,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
         return 0
     print(
-        f"{len(result.records)} points ({len(failed)} failed) in {result.wall_s:.1f} s on {result.backend} "
-        f"with {result.workers} worker(s): {result.points_per_s:.1f} points/s"
+        f"{plural(len(result.records), 'point')} ({len(failed)} failed, {infeasible} whose experts do not fit: left "
+        f"out of the Pareto fronts) in {result.wall_s:.1f} s on {result.backend} with {result.workers} worker(s): "
+        f"{result.points_per_s:.1f} points/s"
     )
     for record in failed[:5]:
         print(f"  point {record['point']} ({record['model']}, {record['policy']}): {record['error']}")

@@ -46,12 +46,14 @@ def test_a_point_whose_experts_do_not_fit_is_not_on_the_pareto_front(tmp_path, c
     assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert [(r["ndp_units"], r["feasible"]) for r in payload["records"]] == [(2, False), (4, True)]
+    assert (payload["failed"], payload["infeasible"]) == (0, 1)
     (front,) = payload["pareto"]
     assert [r["ndp_units"] for r in front["front"]] == [4]
     assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
     assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
     assert "  ndp_units=4: " in text and "  ndp_units=2: " not in text
+    assert "2 points (0 failed, 1 whose experts do not fit: left out of the Pareto fronts)" in text
 
 
 def test_without_out_nothing_is_written_and_the_json_goes_to_stdout(tmp_path, capsys, monkeypatch):
@@ -61,7 +63,7 @@ def test_without_out_nothing_is_written_and_the_json_goes_to_stdout(tmp_path, ca
     payload = json.loads(capsys.readouterr().out)
     assert payload["points"] == 1 and payload["files"] == []
     assert main(["sweep", "grid.toml", "--jobs", "1"]) == 0
-    assert "1 points (0 failed)" in capsys.readouterr().out
+    assert "1 point (0 failed, 0 whose experts do not fit" in capsys.readouterr().out
     assert [p.name for p in tmp_path.iterdir()] == ["grid.toml"]
 
 
@@ -93,7 +95,7 @@ def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     grid.write_text(GRID)
     assert main(["sweep", str(grid), "--out", str(tmp_path), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
-    assert "8 points (0 failed)" in text and "Pareto front of olmoe-1b-7b" in text
+    assert "8 points (0 failed, 0 whose experts do not fit" in text and "Pareto front of olmoe-1b-7b" in text
     assert "  gpu.memory_capacity_bytes=8G: " in text and "  gpu.memory_capacity_bytes=16G: " in text
     table = pq.read_table(tmp_path / "sweep.parquet").to_pylist()
     assert table == json.loads((tmp_path / "sweep.json").read_text())
