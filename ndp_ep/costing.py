@@ -600,7 +600,7 @@ STAND_INS: dict[tuple[str, str], StandIn] = {
 }
 
 
-# -- cost formulas of the stood-in ops: (FLOPs, bytes moved), floats at the costed dtype's bytes ---------------------
+# -- cost formulas of the stood-in ops: integer (FLOPs, bytes moved), float tensors at the costed dtype's bytes --------
 
 
 def _elements(shape: Shape) -> int:
@@ -654,7 +654,7 @@ def _rotary_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
     return 3 * rotated, moved
 
 
-def attended_pairs(queries: int, past: int, window: int | None) -> int:
+def _attended_pairs(queries: int, past: int, window: int | None) -> int:
     """(query, key) pairs a causal attention scores: query ``s`` (at position ``past + s``) attends the
     ``min(past + s + 1, window)`` keys up to its own (all of them when ``window`` is None)."""
     first = past + 1
@@ -682,7 +682,7 @@ def _gqa_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
     if not int(io.attributes.get("causal", 1)):
         pairs = queries * (past_length + queries)
     else:
-        pairs = attended_pairs(queries, past_length, window if window > 0 else None)
+        pairs = _attended_pairs(queries, past_length, window if window > 0 else None)
     past_read = min(past_length, window - 1) if window > 0 else past_length
     new = sum(_elements(s) for s in io.inputs[:3] if s is not None) + _elements(output)
     cache = 2 * batch * kv_heads * head_size * (past_read + queries)
