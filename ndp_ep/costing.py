@@ -1,22 +1,31 @@
 """FLOPs and bytes of the graph's non-expert nodes for given input shapes, costed on the GPU.
 
 Shapes come from ONNX shape inference on a weightless skeleton of the model with the run's concrete input
-shapes; each claimed expert node is stood in for by an ``Identity`` of its hidden input (same shape).
-Results are cached per input-shape signature, so steady-state runs pay nothing.
+shapes; each claimed expert node is stood in for by an ``Identity`` of its hidden input (same shape). ONNX infers
+only its standard operators: for the inference, each node of the ONNX Runtime operators decoders are built from
+(attention, quantized products, fused norms: the keys of :data:`STAND_INS`) is replaced by standard nodes that
+give its outputs the same shapes and element types, and the node itself is costed from its own formula
+(:data:`CONTRIB_COSTS`). Nodes whose shapes stay unknown are not costed: :attr:`GpuCost.uncosted` names them.
+Results are cached per input-shape signature (the oldest of ``MAX_COSTED_SHAPES`` forgotten first). A KV-cache
+decoder's input shapes change at every decode step; its steps are costed from each node's figures as affine
+functions of the past length, fitted by inference at a few past lengths and checked (:class:`_PastLengths`),
+so a step costs no inference.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from graph_passes.graph_index import copy_fields, copy_without_initializers
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from ndp_ep.partition import is_ndp_supported
+from ndp_ep.reporter import MAX_COSTED_SHAPES
 
 FREE_OPS = {
     "Shape",
@@ -32,7 +41,25 @@ FREE_OPS = {
     "Cast",
 }
 SMALL_INITIALIZER_BYTES = 4096
+CONTRIB = "com.microsoft"
+# ndp_ep.reporter.UnconvertedMoE costs the fused MoE ops the conversion skipped; here they only pass shapes on
+COSTED_BY_THE_REPORTER = frozenset({(CONTRIB, "MoE"), (CONTRIB, "QMoE")})
+STAND_IN_OPSET = 15  # the stand-ins use CastLike and Shape's start and end
+FIT_SPAN = 4096  # past tokens a decode-step fit covers from its first step, at most
+FIT_SHRINK = 8  # a range that does not fit is tried again this many times shorter
+MIN_FIT_SPAN = 8  # down to this many past tokens
+MAX_FITTED_FAMILIES = 64  # shape families (a batch and sequence length) whose decode-step fits are kept
 _WEIGHT_BYTE_FIELDS = ("raw_data", "external_data")
+# a node missing a required attribute, or with shapes its op does not allow: not costed (and named), not an error
+_MALFORMED = (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError)
+_PACKED_SOURCE_OPS = ("Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
+_LOGICAL_QUANTIZED_TYPES = frozenset(
+    getattr(TensorProto, name)
+    for name in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1", "FLOAT8E4M3FN", "FLOAT8E5M2")
+    if hasattr(TensorProto, name)
+)
+
+Shape = tuple[int, ...]
 
 
 class GpuCost(NamedTuple):
@@ -40,7 +67,8 @@ class GpuCost(NamedTuple):
     in every ``ndp-ep run``), and the node whose inputs and outputs together are the largest, at their element
     types, among those shape inference sizes: ``working_set_bytes`` (a lower bound on the memory the run needs
     where it is computed: a node's inputs and outputs are all held while it runs) and ``working_set_node`` naming
-    it (empty when no node is sized)."""
+    it (empty when no node is sized). ``uncosted`` names the nodes, ``name (op type)``, left out of the figures
+    because their shapes stayed unknown (an operator shape inference does not know, or one downstream of it)."""
 
     flops: float
     bytes_moved: float
@@ -48,6 +76,40 @@ class GpuCost(NamedTuple):
     time_s: float
     working_set_bytes: float = 0.0
     working_set_node: str = ""
+    uncosted: tuple[str, ...] = ()
+
+
+class NodeIo(NamedTuple):
+    """What a cost formula sees of one node: its attributes, which inputs it has, the shapes (None: unknown or
+    absent) of its inputs and outputs, position for position, its inputs' ONNX element types (0: unknown) and the
+    shape of its stand-in's probe (a value inference propagated, as a shape), when it has one."""
+
+    attributes: dict[str, Any]
+    given: tuple[bool, ...]
+    inputs: list[Shape | None]
+    outputs: list[Shape | None]
+    input_types: list[int]
+    probe: Shape | None = None
+
+
+class _Costed(NamedTuple):
+    """A node to cost: its label, its formula (None: a standard op's, :meth:`NonExpertCoster._standard_work`),
+    attributes and which inputs it has."""
+
+    node: onnx.NodeProto
+    label: str
+    formula: CostFormula | None
+    attributes: dict[str, Any]
+    given: tuple[bool, ...]
+    probe: str
+
+
+class _Work(NamedTuple):
+    """Each costed node's (FLOPs, bytes moved), None when not costed, and each skeleton node's working set bytes
+    (its inputs and outputs sized), in graph order: what a :class:`GpuCost` is summed from."""
+
+    nodes: list[tuple[int, int] | None]
+    working: list[int]
 
 
 class NonExpertCoster:
@@ -56,6 +118,10 @@ class NonExpertCoster:
         self.dtype = dtype
         self.dtype_bytes = DTYPE_BYTES[dtype]
         self.skeleton = self._skeleton(model)
+        self._versions = {o.domain: o.version for o in model.opset_import}  # the skeleton imports standard ones only
+        self._inference: onnx.ModelProto | None = None  # the skeleton with stand-ins, built at the first cost
+        self._costed: list[_Costed] = []
+        self._past: _PastLengths | None = None
         self._cache: dict[tuple, GpuCost] = {}
 
     @staticmethod
@@ -87,12 +153,39 @@ class NonExpertCoster:
         key = tuple(sorted(input_shapes.items()))
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._compute(input_shapes)
+            self._prepare()
+            assert self._past is not None
+            step = self._past.step_of(input_shapes)
+            cached = self._compute(input_shapes) if step is None else self._step_cost(self._past, step, input_shapes)
+            if len(self._cache) >= MAX_COSTED_SHAPES:
+                del self._cache[next(iter(self._cache))]
+            self._cache[key] = cached
         return cached
 
+    def _prepare(self) -> onnx.ModelProto:
+        """The inference model, the nodes to cost and the past-length dims, from the skeleton (once)."""
+        if self._inference is None:
+            self._inference, self._costed = _with_stand_ins(self.skeleton, self._versions)
+            self._past = _PastLengths(self.skeleton.graph.input)
+        return self._inference
+
     def _compute(self, input_shapes: dict[str, tuple[int, ...]]) -> GpuCost:
+        """The cost of a run with these input shapes, by shape inference."""
+        return self._total(self._work(input_shapes))
+
+    def _step_cost(self, past: _PastLengths, step: _Step, input_shapes: dict[str, tuple[int, ...]]) -> GpuCost:
+        """A decode step's cost: from its family's fit when one covers it, else by shape inference (after which
+        the family may be fitted)."""
+        work = past.work_at(step)
+        if work is None:
+            work = self._work(input_shapes)
+            past.add_sample(step, work, self._work)
+        return self._total(work)
+
+    def _work(self, input_shapes: dict[str, tuple[int, ...]]) -> _Work:
+        """Each node's work, from shape inference on the skeleton (with stand-ins) at these input shapes."""
         model = onnx.ModelProto()
-        model.CopyFrom(self.skeleton)
+        model.CopyFrom(self._prepare())
         for value in model.graph.input:
             if value.name in input_shapes:
                 dims = value.type.tensor_type.shape.dim
@@ -103,45 +196,625 @@ class NonExpertCoster:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception:
             inferred = model
-        shapes: dict[str, tuple[int, ...]] = {}
-        sizes: dict[str, float] = {}  # bytes of each tensor shape inference sized
-        for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-            dims = value.type.tensor_type.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
+        shapes: dict[str, Shape] = {}
+        types: dict[str, int] = {}
+        sizes: dict[str, int] = {}  # bytes of each tensor shape inference sized
+        for value in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+            tensor_type = value.type.tensor_type
+            types[value.name] = tensor_type.elem_type
+            dims = tensor_type.shape.dim
+            if tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
                 shape = shapes[value.name] = tuple(d.dim_value for d in dims)
-                sizes[value.name] = float(math.prod(shape)) * _element_bytes(value.type.tensor_type.elem_type)
+                sizes[value.name] = math.prod(shape) * _element_bytes(tensor_type.elem_type)
         for tensor in inferred.graph.initializer:
             shapes[tensor.name] = tuple(tensor.dims)
-            sizes[tensor.name] = float(math.prod(tensor.dims)) * _element_bytes(tensor.data_type)
-        working_set_bytes, working_set_node = 0.0, ""
-        for node in inferred.graph.node:
-            working = sum(sizes.get(name, 0.0) for name in (*node.input, *node.output) if name)
+            types[tensor.name] = tensor.data_type
+            sizes[tensor.name] = math.prod(tensor.dims) * _element_bytes(tensor.data_type)
+        working = [
+            sum(sizes.get(name, 0) for name in (*node.input, *node.output) if name) for node in self.skeleton.graph.node
+        ]
+        nodes: list[tuple[int, int] | None] = []
+        for node, _, formula, attributes, given, probe in self._costed:
+            if formula is None:
+                nodes.append(self._standard_work(node, attributes, shapes))
+                continue
+            io = NodeIo(
+                attributes,
+                given,
+                [shapes.get(name) if name else None for name in node.input],
+                [shapes.get(name) if name else None for name in node.output],
+                [types.get(name, 0) for name in node.input],
+                shapes.get(probe),
+            )
+            try:
+                nodes.append(formula(io, self.dtype_bytes))
+            except _MALFORMED:
+                nodes.append(None)
+        return _Work(nodes, working)
+
+    def _total(self, work: _Work) -> GpuCost:
+        """The cost of the nodes' work: their roofline seconds summed in graph order, and the largest working set."""
+        working_set_bytes, working_set_node = 0, ""
+        for node, working in zip(self.skeleton.graph.node, work.working, strict=True):
             if working > working_set_bytes:
-                working_set_bytes, working_set_node = working, f"{node.name or node.output[0]} ({node.op_type})"
-        flops = bytes_moved = 0.0
+                working_set_bytes, working_set_node = working, _label(node)
+        flops = bytes_moved = time_s = 0.0
         kernels = 0
-        time_s = 0.0
+        uncosted: list[str] = []
         gpu = self.system.gpu
-        for node in inferred.graph.node:
-            if node.op_type in FREE_OPS:
+        for costed, node_work in zip(self._costed, work.nodes, strict=True):
+            if node_work is None:
+                uncosted.append(costed.label)
                 continue
-            out_shape = shapes.get(node.output[0]) if node.output else None
-            in_shapes = [shapes.get(i) for i in node.input if i]
-            if out_shape is None:
-                continue
-            # math.prod, not np.prod: a Python product of a few ints is 20x quicker than building an array
-            out_elems = float(math.prod(out_shape))
-            node_bytes = (out_elems + sum(float(math.prod(s)) for s in in_shapes if s is not None)) * self.dtype_bytes
-            if node.op_type in ("MatMul", "Gemm") and in_shapes and in_shapes[0]:
-                inner = in_shapes[0][-1] if not _attr(node, "transA", 0) else in_shapes[0][-2]
-                node_flops = 2.0 * out_elems * inner
-            else:
-                node_flops = out_elems
+            node_flops, node_bytes = float(node_work[0]), float(node_work[1])
             flops += node_flops
             bytes_moved += node_bytes
             kernels += 1
             time_s += kernel_time_s(gpu, node_flops, node_bytes, self.dtype, kernels=1)
-        return GpuCost(flops, bytes_moved, kernels, time_s, working_set_bytes, working_set_node)
+        return GpuCost(flops, bytes_moved, kernels, time_s, float(working_set_bytes), working_set_node, tuple(uncosted))
+
+    def _standard_work(
+        self, node: onnx.NodeProto, attributes: dict[str, Any], shapes: dict[str, Shape]
+    ) -> tuple[int, int] | None:
+        """A standard op: one operation per output element (``2 * inner`` for a product), reading its inputs and
+        writing its first output; None when its output's shape is unknown."""
+        out_shape = shapes.get(node.output[0]) if node.output else None
+        if out_shape is None:
+            return None
+        in_shapes = [shapes.get(i) for i in node.input if i]
+        # math.prod, not np.prod: a Python product of a few ints is 20x quicker than building an array
+        out_elems = math.prod(out_shape)
+        node_bytes = (out_elems + sum(math.prod(s) for s in in_shapes if s is not None)) * self.dtype_bytes
+        if node.op_type in ("MatMul", "Gemm") and in_shapes and in_shapes[0]:
+            inner = in_shapes[0][-1] if not attributes.get("transA", 0) else in_shapes[0][-2]
+            return 2 * out_elems * inner, node_bytes
+        return out_elems, node_bytes
+
+
+# -- decode steps: each node's work is affine in the past length, so a family of steps is costed from a fit --------
+
+
+class _Step(NamedTuple):
+    """A run's shapes as a decode step: its family (the shapes with their length dims left out), its past length
+    and the values of its length dims (in the family's order)."""
+
+    family: tuple
+    past: int
+    lengths: tuple[int, ...]
+
+
+class _Fit(NamedTuple):
+    """Each node's work at past length ``low`` and its slope per past token, valid for ``low <= past <= high`` at
+    the length dims ``pattern`` gives (per dim: ``(True, offset)``, the past length plus ``offset``, or ``(False,
+    value)``); ``work`` None: the figures were not affine over the range, and its steps are inferred."""
+
+    low: int
+    high: int
+    pattern: tuple[tuple[bool, int], ...]
+    work: _Work | None
+    slope: _Work | None
+
+    def lengths_at(self, past: int) -> tuple[int, ...]:
+        return tuple(past + value if relative else value for relative, value in self.pattern)
+
+
+class _PastLengths:
+    """Steps of a KV-cache decoder at a fixed batch and sequence length differ only by their past length ``P``
+    and the input dims named like one (:data:`graph_passes.feeds.PAST_LENGTH_DIMS`, sliding and total lengths
+    alike), each ``P`` plus an offset or a constant (a window cache's capacity). Each node's FLOPs, bytes and
+    working set are integers, affine in ``P`` wherever its shapes are. Once a family of steps has been inferred at
+    two past lengths ``P0 < P1``, it is inferred at ``high = P0 + FIT_SPAN`` and midway; where every node's
+    figures at the four lengths lie on one line with an integer slope (and the same nodes are costed), each step
+    with ``P0 <= P <= high`` whose length dims follow the two steps' pattern is evaluated from the line, in
+    integers: the figures inference gives. The min/max clamps and products shapes are built of bend one way only,
+    so a bend between the points breaks the line; the range is then tried ``FIT_SHRINK`` times shorter, down to
+    ``MIN_FIT_SPAN``, and the steps of a range that does not fit are inferred one by one."""
+
+    def __init__(self, inputs: Sequence[onnx.ValueInfoProto]) -> None:
+        from graph_passes.feeds import PAST_LENGTH_DIMS, SLIDING_DIMS, TOTAL_LENGTH_DIMS
+
+        lengths = {*PAST_LENGTH_DIMS, *SLIDING_DIMS, *TOTAL_LENGTH_DIMS}
+        self.dims: dict[str, tuple[int, ...]] = {}  # input -> positions of its length dims
+        self.past: tuple[str, int] | None = None  # the input and position of a past length
+        for value in inputs:
+            params = [d.dim_param for d in value.type.tensor_type.shape.dim]
+            positions = tuple(i for i, name in enumerate(params) if name in lengths)
+            if positions:
+                self.dims[value.name] = positions
+            if self.past is None:
+                self.past = next(((value.name, i) for i, name in enumerate(params) if name in PAST_LENGTH_DIMS), None)
+        self._fits: dict[tuple, _Fit] = {}  # family -> its last fit
+        self._samples: dict[tuple, tuple[_Step, _Work]] = {}  # family -> its last inferred step
+
+    def step_of(self, input_shapes: dict[str, tuple[int, ...]]) -> _Step | None:
+        """These input shapes as a decode step, or None when they give no past length."""
+        if self.past is None or len(input_shapes.get(self.past[0], ())) <= self.past[1]:
+            return None
+        family, lengths = [], []
+        for name, shape in sorted(input_shapes.items()):
+            positions = self.dims.get(name, ())
+            family.append((name, tuple(None if i in positions else d for i, d in enumerate(shape))))
+            lengths.extend(int(shape[i]) for i in positions if i < len(shape))
+        return _Step(tuple(family), int(input_shapes[self.past[0]][self.past[1]]), tuple(lengths))
+
+    @staticmethod
+    def shapes_at(family: tuple, lengths: Sequence[int]) -> dict[str, tuple[int, ...]]:
+        """The input shapes of the family's step with these length dims."""
+        values = iter(lengths)
+        return {name: tuple(next(values) if d is None else d for d in shape) for name, shape in family}
+
+    def work_at(self, step: _Step) -> _Work | None:
+        """The step's work from its family's fit, when one covers it."""
+        fit = self._fits.get(step.family)
+        if fit is None or fit.work is None or fit.slope is None or not fit.low <= step.past <= fit.high:
+            return None
+        if fit.lengths_at(step.past) != step.lengths:
+            return None
+        return _along(fit.work, fit.slope, step.past - fit.low)
+
+    def add_sample(self, step: _Step, work: _Work, infer: Callable[[dict[str, tuple[int, ...]]], _Work]) -> None:
+        """Remember an inferred step; with an earlier one of its family at another past length outside the
+        family's last fit, fit the family anew (``infer``: the work of input shapes, by inference)."""
+        earlier = self._samples.pop(step.family, None)
+        _bounded_put(self._samples, step.family, (step, work))
+        fit = self._fits.get(step.family)
+        if fit is not None and fit.low <= step.past <= fit.high and fit.lengths_at(step.past) == step.lengths:
+            return  # a range found not to fit
+        if earlier is None or earlier[0].past == step.past:
+            return  # nothing to fit with
+        (first, low_work), (second, inner_work) = sorted([earlier, (step, work)], key=lambda sample: sample[0].past)
+        low, inner = first.past, second.past
+        pattern = []
+        for a, b in zip(first.lengths, second.lengths, strict=True):
+            if a != b and b - a != inner - low:
+                return  # a length dim neither constant nor following the past length
+            pattern.append((True, a - low) if a != b else (False, a))
+        # the longest range that fits: a bend (a window filling up, a slice clamped) cuts a range short
+        span = max(FIT_SPAN, 2 * (inner - low))
+        while True:
+            line = _Fit(low, low + span, tuple(pattern), low_work, None)
+            slope = self._affine_slope(line, step.family, (inner, inner_work), infer)
+            if slope is not None or span // FIT_SHRINK <= max(inner - low, MIN_FIT_SPAN - 1):
+                break
+            span //= FIT_SHRINK
+        self._fits.pop(step.family, None)
+        _bounded_put(
+            self._fits, step.family, line._replace(slope=slope) if slope is not None else line._replace(work=None)
+        )
+
+    def _affine_slope(
+        self, line: _Fit, family: tuple, inner: tuple[int, _Work], infer: Callable[[dict[str, tuple[int, ...]]], _Work]
+    ) -> _Work | None:
+        """The slope of every figure from ``line.low`` to ``line.high`` (inferred) when the figures at ``inner``
+        and midway (inferred) lie on it; None when they do not."""
+        assert line.work is not None
+        low, high = line.low, line.high
+        slope = _slope(line.work, infer(self.shapes_at(family, line.lengths_at(high))), high - low)
+        if slope is None or _along(line.work, slope, inner[0] - low) != inner[1]:
+            return None
+        middle = (low + high) // 2 + ((low + high) // 2 == inner[0])
+        middle_work = infer(self.shapes_at(family, line.lengths_at(middle)))
+        return slope if _along(line.work, slope, middle - low) == middle_work else None
+
+
+def _bounded_put(table: dict, key: Any, value: Any) -> None:
+    """``table[key] = value``, the oldest entry forgotten first beyond :data:`MAX_FITTED_FAMILIES`."""
+    if len(table) >= MAX_FITTED_FAMILIES:
+        del table[next(iter(table))]
+    table[key] = value
+
+
+def _slope(low: _Work, high: _Work, span: int) -> _Work | None:
+    """Each figure's integer slope from ``low`` to ``high`` over ``span`` past tokens; None when a node is costed
+    at one end only or a slope is not an integer."""
+    nodes: list[tuple[int, int] | None] = []
+    for a, b in zip(low.nodes, high.nodes, strict=True):
+        if (a is None) != (b is None):
+            return None
+        if a is None or b is None:
+            nodes.append(None)
+            continue
+        if (b[0] - a[0]) % span or (b[1] - a[1]) % span:
+            return None
+        nodes.append(((b[0] - a[0]) // span, (b[1] - a[1]) // span))
+    if any((b - a) % span for a, b in zip(low.working, high.working, strict=True)):
+        return None
+    return _Work(nodes, [(b - a) // span for a, b in zip(low.working, high.working, strict=True)])
+
+
+def _along(base: _Work, slope: _Work, steps: int) -> _Work:
+    """``base`` moved ``steps`` past tokens along ``slope``."""
+    nodes = [
+        None if a is None or s is None else (a[0] + s[0] * steps, a[1] + s[1] * steps)
+        for a, s in zip(base.nodes, slope.nodes, strict=True)
+    ]
+    return _Work(nodes, [a + s * steps for a, s in zip(base.working, slope.working, strict=True)])
+
+
+# -- stand-ins: standard nodes giving a node's outputs their shapes and element types, for the inference -----------
+
+
+class _StandIn:
+    """The standard nodes standing in for one node: fresh names under ``prefix``, constants, shape arithmetic."""
+
+    def __init__(self, node: onnx.NodeProto, prefix: str) -> None:
+        self.node = node
+        self.nodes: list[onnx.NodeProto] = []
+        self.probe = ""  # a tensor whose shape carries a value the cost formula needs (NodeIo.probe)
+        self._prefix = prefix
+
+    def input(self, index: int) -> str:
+        """The node's input ``index`` ("" when absent)."""
+        return self.node.input[index] if index < len(self.node.input) else ""
+
+    def output(self, index: int) -> str:
+        return self.node.output[index] if index < len(self.node.output) else ""
+
+    def add(self, op_type: str, inputs: Sequence[str], output: str = "", **attributes: Any) -> str:
+        output = output or f"{self._prefix}{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], **attributes))
+        return output
+
+    def ints(self, *values: int) -> str:
+        return self.add("Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [len(values)], values))
+
+    def dims(self, tensor: str, start: int, end: int | None = None) -> str:
+        """``tensor``'s dims ``start:end``, as a 1-D int64 tensor (shape inference propagates its values)."""
+        return self.add("Shape", [tensor], start=start, **({} if end is None else {"end": end}))
+
+    def copy(self, index: int, source: str) -> None:
+        """Output ``index`` of ``source``'s shape and element type."""
+        if self.output(index) and source:
+            self.add("Identity", [source], self.output(index))
+
+    def zeros(self, output: str, parts: Sequence[str], like: str | None) -> str:
+        """``output`` of the shape the dims ``parts`` concatenate to, of ``like``'s element type (float if None)."""
+        shape = self.add("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
+        if like is None:
+            return self.add("ConstantOfShape", [shape], output)
+        return self.add("CastLike", [self.add("ConstantOfShape", [shape]), like], output)
+
+
+class _Graph(NamedTuple):
+    """What stand-ins may read of the skeleton: its initializers and each tensor's producer."""
+
+    initializers: dict[str, onnx.TensorProto]
+    producers: dict[str, onnx.NodeProto]
+    input_types: dict[str, int]
+
+    def stored_type(self, name: str) -> int:
+        """The element type ``name`` is stored in, through reshaping ops back to an initializer or graph input
+        (0: unknown)."""
+        for _ in range(8):
+            if name in self.initializers:
+                return self.initializers[name].data_type
+            if name in self.input_types:
+                return self.input_types[name]
+            producer = self.producers.get(name)
+            if producer is None or producer.op_type not in _PACKED_SOURCE_OPS or not producer.input:
+                return 0
+            name = producer.input[0]
+        return 0
+
+
+def _same_as_input(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    b.copy(0, b.input(0))
+
+
+def _norm_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    """The normalized output (and a Skip norm's input + skip sum) like the input; the saved statistics (float)
+    with the normalized axes of size 1."""
+    x = b.input(0)
+    b.copy(0, x)
+    if b.node.op_type.startswith("Skip"):
+        b.copy(3, x)
+        statistics, axis = (1, 2), -1
+    else:
+        statistics, axis = (1,), int(attributes.get("axis", -1))
+    if axis >= 0:  # the input's rank is not known here
+        return
+    for index in statistics:
+        if b.output(index):
+            b.zeros(b.output(index), [b.dims(x, 0, axis), b.ints(*[1] * -axis)], like=None)
+
+
+def _matmul_nbits_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    a = b.input(0)
+    weight = b.zeros("", [b.ints(int(attributes["K"]), int(attributes["N"]))], like=a)
+    b.add("MatMul", [a, weight], b.output(0))
+
+
+def _gqa_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    """Output ``(batch, sequence, num_heads * head_size)``; presents ``(batch, kv_num_heads, past + sequence,
+    head_size)`` (a window cache keeps its capacity). The head size is the past cache's last dim, or the key's
+    width over ``kv_num_heads``; a packed query without a past is left unsized. The probe: ``(total sequence
+    length,)``, where inference propagates the value of that input (GenAI's builder takes it from the attention
+    mask's shape)."""
+    query, key, value, past_key, past_value = (b.input(i) for i in range(5))
+    heads, kv_heads = int(attributes["num_heads"]), int(attributes["kv_num_heads"])
+    if b.input(6):  # the total sequence length's value, propagated from the attention mask's shape, as a shape
+        length = b.add("Cast", [b.input(6)], to=TensorProto.INT64)
+        b.probe = b.zeros("", [b.add("Unsqueeze", [length, b.ints(0)])], like=None)
+    if key:
+        b.copy(0, query)
+    elif past_key and b.output(0):
+        per_head = b.zeros("", [b.dims(query, 0, 2), b.ints(heads), b.dims(past_key, 3)], like=query)
+        b.add("Reshape", [per_head, b.ints(0, 0, -1)], b.output(0))
+    for index, past, new in ((1, past_key, key), (2, past_value, value)):
+        if not b.output(index):
+            continue
+        if past and attributes.get("sliding_window_cache", 0):
+            b.copy(index, past)
+        elif past:
+            appended = b.zeros("", [b.dims(past, 0, 2), b.dims(query, 1, 2), b.dims(past, 3)], like=past)
+            b.add("Concat", [past, appended], b.output(index), axis=2)
+        elif new:
+            split = b.add("Reshape", [new, b.ints(0, 0, kv_heads, -1)])
+            b.add("Transpose", [split], b.output(index), perm=[0, 2, 1, 3])
+
+
+def _gather_block_quantized_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    """Gather's shape, with the last dim unpacked (``8 / bits`` values a byte when the data is stored as uint8),
+    of the scales' element type; left unsized when the data's stored type is not known."""
+    data, indices, scales = b.input(0), b.input(1), b.input(2)
+    stored = graph.stored_type(data)
+    if stored == TensorProto.UINT8:
+        pack = 8 // int(attributes.get("bits", 4))
+    elif stored in _LOGICAL_QUANTIZED_TYPES:
+        pack = 1
+    else:
+        return
+    gathered = b.add("Gather", [data, indices], axis=int(attributes.get("gather_axis", 0)))
+    last = b.add("Mul", [b.dims(gathered, -1), b.ints(pack)])
+    b.zeros(b.output(0), [b.dims(gathered, 0, -1), last], like=scales)
+
+
+def _causal_conv_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    """The output like the input; the present state like the past one, or ``(batch, channels, (k - 1) *
+    dilation)`` for a 1-D channels-first conv without a past."""
+    x, weight, past = b.input(0), b.input(1), b.input(3)
+    if not attributes.get("input_channels", 0):
+        b.copy(0, x)
+    if past:
+        b.copy(1, past)
+        return
+    plain = all(not attributes.get(name, 0) for name in ("state_window", "channels_last", "state_length"))
+    kernel = graph.initializers[weight].dims if weight in graph.initializers else ()
+    if b.output(1) and plain and int(attributes.get("ndim", 1)) == 1 and len(kernel) == 3:
+        length = (kernel[2] - 1) * int(attributes.get("dilation", 1))
+        b.zeros(b.output(1), [b.dims(x, 0, 2), b.ints(length)], like=x)
+
+
+StandIn = Callable[[_StandIn, dict[str, Any], _Graph], None]
+STAND_INS: dict[tuple[str, str], StandIn] = {
+    ("", "SimplifiedLayerNormalization"): _norm_stand_in,
+    (CONTRIB, "SkipSimplifiedLayerNormalization"): _norm_stand_in,
+    (CONTRIB, "SkipLayerNormalization"): _norm_stand_in,
+    (CONTRIB, "RotaryEmbedding"): _same_as_input,
+    (CONTRIB, "MatMulNBits"): _matmul_nbits_stand_in,
+    (CONTRIB, "GroupQueryAttention"): _gqa_stand_in,
+    (CONTRIB, "GatherBlockQuantized"): _gather_block_quantized_stand_in,
+    (CONTRIB, "CausalConvWithState"): _causal_conv_stand_in,
+    (CONTRIB, "MoE"): _same_as_input,
+    (CONTRIB, "QMoE"): _same_as_input,
+}
+
+
+# -- cost formulas of the stood-in ops: integer (FLOPs, bytes moved), float tensors at the costed dtype's bytes --------
+
+
+def _elements(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _all_elements(io: NodeIo) -> int:
+    """Elements of every sized input and output."""
+    return sum(_elements(s) for s in (*io.inputs, *io.outputs) if s is not None)
+
+
+def _given(io: NodeIo, index: int) -> bool:
+    """Whether the node has input ``index`` (sized or not)."""
+    return index < len(io.given) and io.given[index]
+
+
+def _norm_work(io: NodeIo, dtype_bytes: int, per_element: int) -> tuple[int, int] | None:
+    """A norm doing ``per_element`` operations per input element, reading its inputs and writing its outputs."""
+    x = io.inputs[0]
+    if x is None or io.outputs[0] is None:
+        return None
+    return per_element * _elements(x), _all_elements(io) * dtype_bytes
+
+
+# per element, an RMS norm squares and sums (2) and scales by 1/rms (1) and by gamma (1); a LayerNorm also takes the
+# mean (1), centers (1) and adds beta (1, when given); a Skip norm first adds the skip (1) and the bias (1, when given)
+def _rms_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    return _norm_work(io, dtype_bytes, 4)
+
+
+def _skip_rms_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    return _norm_work(io, dtype_bytes, 4 + 1 + _given(io, 3))
+
+
+def _skip_layer_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    return _norm_work(io, dtype_bytes, 4 + 2 + _given(io, 3) + 1 + _given(io, 4))
+
+
+def _rotary_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    """Each rotated element: two products and a sum (3); reads the input, the position ids and each token's cos and
+    sin rows, writes the output."""
+    x, positions = io.inputs[0], io.inputs[1]
+    cos = io.inputs[2] if len(io.inputs) > 2 else None
+    if x is None or cos is None or positions is None:
+        return None
+    heads = int(io.attributes.get("num_heads", 0)) or 1
+    tokens, head_size = (x[0] * x[2], x[3]) if len(x) == 4 else (_elements(x[:-1]), x[-1] // heads)
+    rotated = _elements(x) // head_size * (int(io.attributes.get("rotary_embedding_dim", 0)) or head_size)
+    moved = (2 * _elements(x) + 2 * tokens * cos[-1]) * dtype_bytes
+    moved += _elements(positions) * _element_bytes(io.input_types[1])
+    return 3 * rotated, moved
+
+
+def _attended_pairs(queries: int, past: int, window: int | None) -> int:
+    """(query, key) pairs a causal attention scores: query ``s`` (at position ``past + s``) attends the
+    ``min(past + s + 1, window)`` keys up to its own (all of them when ``window`` is None)."""
+    first = past + 1
+    uncapped = queries if window is None else min(max(window - first + 1, 0), queries)
+    return uncapped * first + uncapped * (uncapped - 1) // 2 + (queries - uncapped) * (window or 0)
+
+
+def _gqa_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    """QK^T and AV over the keys each query attends (causal; the last ``local_window_size`` keys, its own
+    included, when set): 4 * batch * num_heads * head_size FLOPs a (query, key) pair. Reads the query, key and
+    value inputs and the past keys and values the queries attend, writes the output and the new keys and values
+    into the cache. The past length is the total sequence length (the probe) less the new tokens; without the
+    probe, the past cache's length (a shared buffer's or a window cache's capacity: an upper bound)."""
+    query, output = io.inputs[0], io.outputs[0]
+    past = io.inputs[3] if _given(io, 3) else None
+    if query is None or output is None or (io.probe is None and _given(io, 3) and past is None):
+        return None
+    heads, kv_heads = int(io.attributes["num_heads"]), int(io.attributes["kv_num_heads"])
+    batch, queries = query[0], query[1]
+    head_size = output[2] // heads
+    past_length = past[2] if past is not None else 0
+    if io.probe is not None:
+        past_length = max(io.probe[0] - queries, 0)
+    window = int(io.attributes.get("local_window_size", -1))
+    if not int(io.attributes.get("causal", 1)):
+        pairs = queries * (past_length + queries)
+    else:
+        pairs = _attended_pairs(queries, past_length, window if window > 0 else None)
+    past_read = min(past_length, window - 1) if window > 0 else past_length
+    new = sum(_elements(s) for s in io.inputs[:3] if s is not None) + _elements(output)
+    cache = 2 * batch * kv_heads * head_size * (past_read + queries)
+    return 4 * batch * heads * head_size * pairs, (new + cache) * dtype_bytes
+
+
+def _matmul_nbits_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    """``[M, K] x [K, N]``: 2 * M * K * N FLOPs; reads A, the packed weights as stored (N * k_blocks *
+    block_size * bits / 8 bytes), the scales, zero points (packed uint8, or like the scales) and bias; writes Y."""
+    a = io.inputs[0]
+    if a is None:
+        return None
+    k, n = int(io.attributes["K"]), int(io.attributes["N"])
+    bits, block = int(io.attributes.get("bits", 4)), int(io.attributes["block_size"])
+    rows = _elements(a) // k
+    blocks = -(-k // block)
+    moved = (rows * k + rows * n + n * blocks) * dtype_bytes + n * blocks * block * bits // 8
+    if _given(io, 3):
+        packed = io.input_types[3] == TensorProto.UINT8
+        moved += n * (-(-blocks * bits // 8)) if packed else n * blocks * dtype_bytes
+    if _given(io, 5):
+        moved += n * dtype_bytes
+    return 2 * rows * k * n, moved
+
+
+def _gather_block_quantized_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    """Dequantizes each gathered element (subtract the zero point, scale: 2); reads the gathered packed values,
+    their blocks' scales (and zero points) and the indices, writes the output."""
+    output, indices = io.outputs[0], io.inputs[1]
+    if output is None or indices is None:
+        return None
+    elements = _elements(output)
+    bits = int(io.attributes.get("bits", 4))
+    blocks = elements // (int(io.attributes.get("block_size", 128)) or output[-1])
+    moved = -(-elements * bits // 8) + (blocks + elements) * dtype_bytes
+    moved += _elements(indices) * _element_bytes(io.input_types[1])
+    if _given(io, 3):
+        moved += -(-blocks * bits // 8)
+    return 2 * elements, moved
+
+
+_ACTIVATION_FLOPS = {"silu": 4, "swish": 4}  # x * sigmoid(x): exp, add, divide, multiply
+
+
+def _causal_conv_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
+    """Depthwise: 2 FLOPs per output element a kernel tap, plus the bias and the activation per output element;
+    reads its inputs (the past state too), writes the output and the present state."""
+    output, weight = io.outputs[0], io.inputs[1]
+    if output is None or weight is None:
+        return None
+    per_element = 2 * _elements(weight[2:]) + _given(io, 2)
+    per_element += _ACTIVATION_FLOPS.get(str(io.attributes.get("activation", "none")), 0)
+    return per_element * _elements(output), _all_elements(io) * dtype_bytes
+
+
+CostFormula = Callable[[NodeIo, int], "tuple[int, int] | None"]  # (FLOPs, bytes) of a node at a dtype
+CONTRIB_COSTS: dict[tuple[str, str], CostFormula] = {
+    ("", "SimplifiedLayerNormalization"): _rms_norm_cost,
+    (CONTRIB, "SkipSimplifiedLayerNormalization"): _skip_rms_norm_cost,
+    (CONTRIB, "SkipLayerNormalization"): _skip_layer_norm_cost,
+    (CONTRIB, "RotaryEmbedding"): _rotary_cost,
+    (CONTRIB, "MatMulNBits"): _matmul_nbits_cost,
+    (CONTRIB, "GroupQueryAttention"): _gqa_cost,
+    (CONTRIB, "GatherBlockQuantized"): _gather_block_quantized_cost,
+    (CONTRIB, "CausalConvWithState"): _causal_conv_cost,
+}
+
+
+def _never_costed(io: NodeIo, dtype_bytes: int) -> None:
+    """An op of another domain without a formula: not costed."""
+    return None
+
+
+def _with_stand_ins(skeleton: onnx.ModelProto, versions: dict[str, int]) -> tuple[onnx.ModelProto, list[_Costed]]:
+    """The skeleton with each node of :data:`STAND_INS` replaced by its stand-ins (when its standard opset has the
+    ops they use) and the domains of the nodes left imported (at their ``versions`` in the model): shape inference
+    passes over a node it has no schema for, but stops at one whose domain is not imported. And the nodes to cost:
+    every node but the free ones and those the reporter costs."""
+    graph = skeleton.graph
+    opset = next((o.version for o in skeleton.opset_import if o.domain in ("", "ai.onnx")), 0)
+    context = _Graph(
+        {t.name: t for t in graph.initializer},
+        {name: node for node in graph.node for name in node.output if name},
+        {v.name: v.type.tensor_type.elem_type for v in graph.input},
+    )
+    inference = copy_without_initializers(skeleton)
+    inference.graph.initializer.extend(graph.initializer)
+    del inference.graph.node[:]
+    # shapes declared by the exporter go: they can be wrong (GenAI's model builder declares its 1-D constants as
+    # scalars) and one that contradicts an inferred shape stops the inference downstream
+    del inference.graph.value_info[:]
+    costed: list[_Costed] = []
+    for position, node in enumerate(graph.node):
+        key = (_domain(node), node.op_type)
+        attributes = {a.name: _attribute_value(a) for a in node.attribute}
+        stand_in = STAND_INS.get(key) if opset >= STAND_IN_OPSET else None
+        probe = ""
+        if stand_in is None:
+            inference.graph.node.append(node)
+        else:
+            builder = _StandIn(node, f"ndp_ep.stand_in/{position}/")
+            try:
+                stand_in(builder, attributes, context)
+            except _MALFORMED:  # the node stays unsized, and uncosted
+                builder.nodes.clear()
+                builder.probe = ""
+            inference.graph.node.extend(builder.nodes)
+            probe = builder.probe
+        if key in COSTED_BY_THE_REPORTER or (key[0] == "" and node.op_type in FREE_OPS):
+            continue
+        formula = CONTRIB_COSTS.get(key) or (None if key[0] == "" else _never_costed)
+        given = tuple(bool(name) for name in node.input)
+        costed.append(_Costed(node, _label(node), formula, attributes, given, probe))
+    imported = {o.domain for o in inference.opset_import} | {"", "ai.onnx"}
+    for domain in sorted({node.domain for node in inference.graph.node} - imported):
+        inference.opset_import.append(helper.make_opsetid(domain, versions.get(domain, 1)))
+    return inference, costed
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain == "ai.onnx" else node.domain
+
+
+def _label(node: onnx.NodeProto) -> str:
+    """``name (op type)``, the op type with its domain outside the standard one."""
+    op = node.op_type if _domain(node) == "" else f"{node.domain}.{node.op_type}"
+    return f"{node.name or node.output[0]} ({op})"
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    value = helper.get_attribute_value(attribute)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _element_bytes(elem_type: int) -> int:
@@ -157,10 +830,3 @@ def _copy_header(tensor: onnx.TensorProto, target: onnx.TensorProto) -> None:
     ``data_location`` set to inline."""
     copy_fields(tensor, target, _WEIGHT_BYTE_FIELDS)
     target.data_location = TensorProto.DEFAULT
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return int(onnx.helper.get_attribute_value(attribute))
-    return default

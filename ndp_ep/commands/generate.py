@@ -170,7 +170,7 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     key = new_session_key()
     options = {"session_key": key, "hw": system.name, "ndp_units": system.num_ndp_units, "routing_capacity": 1 << 20}
     graph_model = onnx.load(str(_decoder(folder, config)), load_external_data=False)
-    shapes = _step_shapes(graph_model, len(prompt))
+    shapes = _step_shapes(graph_model, len(prompt), config)
     reporter = SessionReporter(
         graph_model, system, key, policy=args.policy, report_ring=args.new_tokens + 1, untagged_shapes=shapes
     )
@@ -198,20 +198,54 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     }
 
 
-def _step_shapes(model, prompt_len: int):
-    """Input shapes of generation step n (0 = prefill), from the decoder's symbolic input dims."""
+def _step_shapes(model, prompt_len: int, config: dict):
+    """Input shapes of generation step n (0 = prefill), from the decoder's symbolic input dims, as
+    :func:`graph_passes.feeds.random_feeds` names them: batch 1; a past length (``past_sequence_length``) the
+    tokens before the step, the total length those and the step's; a window cache (``past_sliding_length``) its
+    capacity, the config's window plus its cache slack; a KV cache's last dim the config's head size; any other
+    the step's tokens."""
+    import re
+
+    from graph_passes.feeds import BATCH_DIM_NAMES, PAST_LENGTH_DIMS, SLIDING_DIMS, TOTAL_LENGTH_DIMS
+
+    decoder = config["model"]["decoder"]
+    window = decoder.get("sliding_window") or {}
+    capacity = int(window.get("window_size", 0)) + int(window.get("cache_slack", 0))
+    names = decoder.get("inputs", {})
+    patterns = [names[key] for key in ("past_key_names", "past_value_names") if key in names]  # "past.%d.key"
+    cache = re.compile("|".join(re.escape(p).replace("%d", r"\d+") for p in patterns)) if patterns else None
     inputs = [
-        (i.name, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim])
+        (
+            i.name,
+            [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim],
+            bool(cache and cache.fullmatch(i.name)),
+        )
         for i in model.graph.input
     ]
+    head_size = decoder.get("head_size")
 
     def shapes(step: int) -> dict[str, tuple[int, ...]]:
-        seq = prompt_len if step == 0 else 1
+        tokens = prompt_len if step == 0 else 1
         past = 0 if step == 0 else prompt_len + step - 1
-        sizes = {"sequence_length": seq, "past_sequence_length": past, "total_sequence_length": past + seq}
+        sizes = {
+            **dict.fromkeys(BATCH_DIM_NAMES, 1),
+            **dict.fromkeys(PAST_LENGTH_DIMS, past),
+            **dict.fromkeys(SLIDING_DIMS, capacity or past),
+            **dict.fromkeys(TOTAL_LENGTH_DIMS, past + tokens),
+        }
         result = {}
-        for name, dims in inputs:
-            result[name] = tuple(d if isinstance(d, int) and d > 0 else sizes.get(str(d), 1) for d in dims)
+        for name, dims, is_cache in inputs:
+            shape = []
+            for position, d in enumerate(dims):
+                if isinstance(d, int) and d > 0:
+                    shape.append(d)
+                elif str(d).lower() in sizes:
+                    shape.append(sizes[str(d).lower()])
+                elif is_cache and position == len(dims) - 1 and isinstance(head_size, int):
+                    shape.append(head_size)
+                else:
+                    shape.append(tokens)
+            result[name] = tuple(shape)
         return result
 
     return shapes
