@@ -474,18 +474,10 @@ def _copy_session_options(options):
     return fresh
 
 
-# the run config entries ONNX Runtime defines (onnxruntime_run_options_config_keys.h, up to 1.32): it lists no
-# entries, so only these are copied
-_COPIED_RUN_CONFIG_ENTRIES = (
-    "memory.enable_memory_arena_shrinkage",
-    "disable_synchronize_execution_providers",
-    "qnn.htp_perf_mode",
-    "qnn.htp_perf_mode_post_run",
-    "qnn.rpc_control_latency",
-    "qnn.lora_config",
-    "gpu_graph_id",
-    "external_device_graph_capture",
-)
+# the run config entries ONNX Runtime defines (onnxruntime_run_options_config_keys.h, up to 1.32) that act on this
+# session's providers (the NDP one and the CPU one): the others configure CUDA graphs, QNN and device streams. ONNX
+# Runtime lists no entries, so only known keys can be read back
+_COPIED_RUN_CONFIG_ENTRIES = ("memory.enable_memory_arena_shrinkage",)
 _run_option_attributes: tuple[str, ...] = ()  # onnxruntime.RunOptions' settable attributes, read once
 # a caller's RunOptions -> the entries of _COPIED_RUN_CONFIG_ENTRIES it held when first seen: ONNX Runtime tells a
 # missing entry only by raising, ~40 us a key
