@@ -440,6 +440,35 @@ def test_a_tagged_run_is_held_until_it_returns_or_records_every_layer_and_keeps_
     assert all(r.non_expert_gpu_s > 0 and not r.notes for r in reports)  # each with the shapes it was tagged with
 
 
+def test_tagged_runs_interleaved_and_read_at_any_point_are_each_reported_once_whole(samples_dir):
+    session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", report_ring=64)
+    reporter = session.reporter
+    log = reporter._reader = _ScriptedLog(reporter, [])
+    rng = np.random.default_rng(11)
+    steps = {tag: ["start", 0, 1, 2, "return"] for tag in range(1, 41)}  # each run's steps, in its order
+    started, pending = 0, []
+    while steps:
+        tag = int(rng.choice(list(steps)[:4]))  # up to four runs in flight at once
+        step = steps[tag].pop(0)
+        if not steps[tag]:
+            del steps[tag]
+        if step == "start":
+            started += 1
+            reporter.tag_run(tag, {"input_ids": (1, 1)})
+        elif step == "return":
+            reporter.run_finished(tag)
+        else:
+            pending.append((tag, step, tag % 5))
+        if rng.random() < 0.3:  # another thread reads the reports now
+            log.reads.append(pending)
+            pending = []
+            session.last_report  # noqa: B018
+    log.reads.append(pending)
+    reports = session.reports
+    assert started == len(reports) == session.aggregates.runs == 40
+    assert all([layer.index for layer in r.layers] == [0, 1, 2] and not r.notes for r in reports)
+
+
 def test_runs_the_routing_log_cut_short_are_left_out_and_the_next_reports_say_so(samples_dir):
     session = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", routing_capacity=4)
     feeds = {"input_ids": np.ones((1, 1), np.int64)}
