@@ -175,6 +175,7 @@ class InferenceSession:
         self._session = creating.result()
         self._inputs = {i.name: i for i in self._session.get_inputs()}
         self._has_moe = bool(claimed)
+        self._run_finished = self.reporter.run_finished
         self._tags = itertools.count(1)
         self._tag_lock = threading.Lock()
 
@@ -200,10 +201,14 @@ class InferenceSession:
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list:
         """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`, a failing run
         :class:`RunError`."""
+        import onnxruntime as ort
+
         _check_mapping(input_feed)
         with self._tag_lock:
             tag = next(self._tags)
-        options = _tagged_run_options(run_options, tag)
+        # a RunOptions of its own: the caller's may be reused or shared by threads (and would warn at a second tag)
+        options = ort.RunOptions() if run_options is None else _copy_run_options(run_options)
+        options.add_run_config_entry(RUN_TAG_KEY, str(tag))
         shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
         has_moe = self._has_moe
         if has_moe:
@@ -215,7 +220,7 @@ class InferenceSession:
             raise _run_error(exc) from None
         finally:  # its report waits for this (or for all its layers) while other threads' runs are reported
             if has_moe:
-                self.reporter.run_finished(tag)
+                self._run_finished(tag)
         if not has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
         return results
@@ -484,35 +489,31 @@ _run_option_attributes: tuple[str, ...] = ()  # onnxruntime.RunOptions' settable
 _entries_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _tagged_run_options(options, tag: int):
-    """A new RunOptions tagging its run with ``tag``, with the settings of the caller's ``options`` (None: ONNX
-    Runtime's defaults): every settable attribute (log levels, ``logid``, ``terminate``,
-    ``only_execute_path_to_fetches``...) as it is now, and the values of the config entries of
-    :data:`_COPIED_RUN_CONFIG_ENTRIES` it held the first time it was passed. The caller's object is left as it
-    is, so one RunOptions can be reused and shared by threads; what cannot be read back is not copied (active
-    LoRA adapters, entries of other keys), and ``terminate`` set during a run does not reach it."""
+def _copy_run_options(options):
+    """A new RunOptions with the settings of the caller's ``options``: every settable attribute (log levels,
+    ``logid``, ``terminate``, ``only_execute_path_to_fetches``...) as it is now, and the values of the config
+    entries of :data:`_COPIED_RUN_CONFIG_ENTRIES` it held the first time it was passed. What cannot be read back is
+    not copied (active LoRA adapters, entries of other keys), and ``terminate`` set during a run does not reach it."""
     import onnxruntime as ort
 
     global _run_option_attributes
-    tagged = ort.RunOptions()
-    if options is not None:
-        if not _run_option_attributes:
-            _run_option_attributes = tuple(
-                sorted(
-                    name
-                    for name, value in vars(ort.RunOptions).items()
-                    if isinstance(value, property) and value.fset is not None and not name.startswith("_")
-                )
+    if not _run_option_attributes:
+        _run_option_attributes = tuple(
+            sorted(
+                name
+                for name, value in vars(ort.RunOptions).items()
+                if isinstance(value, property) and value.fset is not None and not name.startswith("_")
             )
-        for name in _run_option_attributes:
-            setattr(tagged, name, getattr(options, name))
-        keys = _entries_held.get(options)
-        if keys is None:
-            keys = _entries_held[options] = tuple(key for key in _COPIED_RUN_CONFIG_ENTRIES if _holds(options, key))
-        for key in keys:
-            tagged.add_run_config_entry(key, options.get_run_config_entry(key))
-    tagged.add_run_config_entry(RUN_TAG_KEY, str(tag))
-    return tagged
+        )
+    copy = ort.RunOptions()
+    for name in _run_option_attributes:
+        setattr(copy, name, getattr(options, name))
+    keys = _entries_held.get(options)
+    if keys is None:
+        keys = _entries_held[options] = tuple(key for key in _COPIED_RUN_CONFIG_ENTRIES if _holds(options, key))
+    for key in keys:
+        copy.add_run_config_entry(key, options.get_run_config_entry(key))
+    return copy
 
 
 def _holds(options, key: str) -> bool:

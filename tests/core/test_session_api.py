@@ -566,18 +566,17 @@ def test_a_reused_run_options_is_left_as_it_was_and_runs_without_warnings(sample
 
 
 def test_a_run_carries_the_callers_run_settings_on_options_of_its_own():
-    from ndp_ep.session import _tagged_run_options
+    from ndp_ep.session import _copy_run_options
 
     options = ort.RunOptions()
     options.log_severity_level, options.log_verbosity_level, options.logid = 3, 1, "caller"
     options.only_execute_path_to_fetches = True
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    tagged = _tagged_run_options(options, 7)
-    assert tagged is not options
-    assert (tagged.log_severity_level, tagged.log_verbosity_level, tagged.logid) == (3, 1, "caller")
-    assert tagged.only_execute_path_to_fetches and not tagged.terminate
-    assert tagged.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
-    assert tagged.get_run_config_entry("ep.ndpexecutionprovider.run_tag") == "7"
+    copy = _copy_run_options(options)
+    assert copy is not options
+    assert (copy.log_severity_level, copy.log_verbosity_level, copy.logid) == (3, 1, "caller")
+    assert copy.only_execute_path_to_fetches and not copy.terminate
+    assert copy.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
 
 
 def test_a_terminated_run_options_still_stops_the_run(samples_dir):
