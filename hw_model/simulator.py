@@ -316,10 +316,14 @@ class MoESimulator:
         reasons = []
         if needed > capacity:
             reasons.append(
-                f"experts need {needed / 1e9:.1f} GB per DIMM, a DIMM holds {capacity / 1e9:.1f} GB ({units} DIMMs)"
+                f"experts need {binary_bytes(needed)} per DIMM, a DIMM holds {binary_bytes(capacity)} ({units} DIMMs)"
             )
         if self.gpu_pool_bytes <= 0:
-            reasons.append("non-expert weights and the KV cache leave no GPU memory for experts")
+            usable = USABLE_GPU_MEMORY_FRACTION * self.system.gpu.memory_capacity_bytes
+            reasons.append(
+                f"non-expert weights and the KV cache leave no GPU memory for experts "
+                f"(of the {binary_bytes(usable)} usable)"
+            )
         return CapacityCheck(not reasons, "; ".join(reasons), needed, capacity, self.gpu_pool_bytes)
 
     def simulate_layer(self, layer_index: int, expert_token_counts: Sequence[int], phase: str) -> LayerResult:
@@ -614,6 +618,20 @@ class SummarySnapshot:
         if self.cache is not None:
             out.update(ExpertLRUCache.stats_of(self.cache))
         return out
+
+
+def binary_bytes(count: float) -> str:
+    """A byte count in the largest binary unit (B to TiB) that keeps it at least 1, to one decimal (bytes whole):
+    ``binary_bytes(98304) == "96.0 KiB"``."""
+    value = abs(float(count))
+    unit = "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024.0:
+            break
+        value /= 1024.0
+        unit = larger
+    text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    return "-" + text if count < 0 else text
 
 
 def median(values: Sequence[float]) -> float:

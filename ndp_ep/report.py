@@ -106,8 +106,19 @@ class StepLayers(NamedTuple):
         )
 
 
-# the fields a report from RunReport.of_step builds when first read: field -> (what it is built from, its method)
-_LAZY_FIELDS = {"layers": ("_step_layers", "build"), "simulator": ("_summary", "as_dict")}
+def simulated_summary(snapshot: Any) -> dict[str, Any]:
+    """A report's ``simulator``: the summary of a :class:`hw_model.simulator.SummarySnapshot` without its measured
+    wall-clock values (:data:`MEASURED_SUMMARY_KEYS`), so that a report depends only on the routing simulated."""
+    summary = snapshot.as_dict()
+    for key in MEASURED_SUMMARY_KEYS:
+        summary.pop(key, None)
+    return summary
+
+
+# what MoESimulator.summary() measures rather than simulates: how long the packer took to decide (wall time)
+MEASURED_SUMMARY_KEYS = ("decision_time_median_s",)
+# the fields a report from RunReport.of_step builds when first read: field -> (what it is built from, how)
+_LAZY_FIELDS = {"layers": ("_step_layers", StepLayers.build), "simulator": ("_summary", simulated_summary)}
 
 
 @dataclass(frozen=True)
@@ -123,7 +134,7 @@ class RunReport:
     tokens: int
     non_expert_gpu_s: float
     layers: tuple[LayerReport, ...]
-    simulator: dict[str, Any] = field(default_factory=dict)
+    simulator: dict[str, Any] = field(default_factory=dict)  # the simulator's counters as of this run (simulated only)
     notes: tuple[str, ...] = ()  # what the figures leave out or approximate (skipped blocks, unknown shapes)
     weights: str = ""  # what the expert weights were costed as (default: ``dtype``)
 
@@ -148,9 +159,9 @@ class RunReport:
         summary: Any,
         notes: tuple[str, ...],
     ) -> RunReport:
-        """The report whose ``layers`` are ``step_layers.build()`` and whose ``simulator`` is ``summary.as_dict()``
-        (a :class:`hw_model.simulator.SummarySnapshot` of the run), each built when first read (the constructor's
-        checks, now)."""
+        """The report whose ``layers`` are ``step_layers.build()`` and whose ``simulator`` is
+        :func:`simulated_summary` of ``summary`` (a :class:`hw_model.simulator.SummarySnapshot` of the run), each
+        built when first read (the constructor's checks, now)."""
         _check_report(run_index, tokens, ndp_units, non_expert_gpu_s, step_layers.step.latencies_s)
         report = cls.__new__(cls)
         report.__dict__.update(  # frozen: its fields are set as the dataclass's __init__ would, without __setattr__
@@ -176,7 +187,7 @@ class RunReport:
         if lazy is not None:
             source = self.__dict__.get(lazy[0])
             if source is not None:
-                value = getattr(source, lazy[1])()
+                value = lazy[1](source)
                 self.__dict__[name] = value
                 return value
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

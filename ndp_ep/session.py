@@ -6,13 +6,14 @@
 
 It takes ONNX Runtime's arguments (``path_or_bytes, sess_options, providers, provider_options, **kwargs``;
 a path, serialized bytes or an ``onnx.ModelProto``) plus keyword-only ``hw``, ``ndp_units``, ``policy``,
-``shards``, ``strict``, ``dtype``, ``report_ring`` and ``input_shapes``. Given an unconverted model it converts
-the MoE blocks in memory (as an execution provider claims the nodes it can run); given a converted one it hands
-it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession`` whose options add
-``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert nodes
-natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
+``shards``, ``strict``, ``dtype``, ``report_ring``, ``routing_capacity`` and ``input_shapes``. Given an
+unconverted model it converts the MoE blocks in memory (as an execution provider claims the nodes it can run);
+given a converted one it hands it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession``
+whose options add ``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert
+nodes natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
-cost the non-expert GPU work. ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
+cost the non-expert GPU work (on a RunOptions of its own carrying the caller's settings: the caller's is left as
+it is). ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
 fit the inputs and :class:`RunError` for a run that fails, where ONNX Runtime raises its own errors;
 ``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked).
 Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the model is checked (and
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +78,9 @@ class InferenceSession:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
     raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
-    many reports the session keeps; ``input_shapes``: the input shapes of the runs to come, when known
+    many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
+    is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
+    noted in the next reports); ``input_shapes``: the input shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
     of at the first report (the same figures either way). ``sess_options`` is copied, not modified. ``providers`` and
     ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs on
@@ -98,12 +102,14 @@ class InferenceSession:
         strict: bool = False,
         dtype: str | None = None,
         report_ring: int = DEFAULT_REPORT_RING,
+        routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
         if ndp_units is not None:
             ndp_units = check_ndp_units(ndp_units)
         check_positive("shards", shards)
+        check_positive("routing_capacity", routing_capacity)
         if isinstance(hw, SystemSpec):
             self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
         else:
@@ -135,6 +141,7 @@ class InferenceSession:
                 "ndp_units": self.system.num_ndp_units,
                 "policy": policy,  # absent: the simulator's default
                 "dtype": dtype,
+                "routing_capacity": routing_capacity,  # absent: the library's default
             },
         )
         self.requested_providers = list(providers or [])
@@ -168,6 +175,7 @@ class InferenceSession:
         self._session = creating.result()
         self._inputs = {i.name: i for i in self._session.get_inputs()}
         self._has_moe = bool(claimed)
+        self._run_finished = self.reporter.run_finished
         self._tags = itertools.count(1)
         self._tag_lock = threading.Lock()
 
@@ -198,17 +206,22 @@ class InferenceSession:
         _check_mapping(input_feed)
         with self._tag_lock:
             tag = next(self._tags)
-        options = run_options if run_options is not None else ort.RunOptions()
+        # a RunOptions of its own: the caller's may be reused or shared by threads (and would warn at a second tag)
+        options = ort.RunOptions() if run_options is None else _copy_run_options(run_options)
         options.add_run_config_entry(RUN_TAG_KEY, str(tag))
         shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
-        if self._has_moe:
+        has_moe = self._has_moe
+        if has_moe:
             self.reporter.tag_run(tag, shapes)
         try:
             results = self._session.run(output_names, input_feed, options)
         except Exception as exc:  # ONNX Runtime refused or failed: one line saying why
             self._check_feeds({name: _array_signature(value) for name, value in input_feed.items()})
             raise _run_error(exc) from None
-        if not self._has_moe:
+        finally:  # its report waits for this (or for all its layers) while other threads' runs are reported
+            if has_moe:
+                self._run_finished(tag)
+        if not has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
         return results
 
@@ -464,6 +477,51 @@ def _copy_session_options(options):
                 continue
             fresh.add_session_config_entry(key, value)
     return fresh
+
+
+# the run config entries ONNX Runtime defines (onnxruntime_run_options_config_keys.h, up to 1.32) that act on this
+# session's providers (the NDP one and the CPU one): the others configure CUDA graphs, QNN and device streams. ONNX
+# Runtime lists no entries, so only known keys can be read back
+_COPIED_RUN_CONFIG_ENTRIES = ("memory.enable_memory_arena_shrinkage",)
+_run_option_attributes: tuple[str, ...] = ()  # onnxruntime.RunOptions' settable attributes, read once
+# a caller's RunOptions -> the entries of _COPIED_RUN_CONFIG_ENTRIES it held when first seen: ONNX Runtime tells a
+# missing entry only by raising, ~40 us a key
+_entries_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _copy_run_options(options):
+    """A new RunOptions with the settings of the caller's ``options``: every settable attribute (log levels,
+    ``logid``, ``terminate``, ``only_execute_path_to_fetches``...) as it is now, and the values of the config
+    entries of :data:`_COPIED_RUN_CONFIG_ENTRIES` it held the first time it was passed. What cannot be read back is
+    not copied (active LoRA adapters, entries of other keys), and ``terminate`` set during a run does not reach it."""
+    import onnxruntime as ort
+
+    global _run_option_attributes
+    if not _run_option_attributes:
+        _run_option_attributes = tuple(
+            sorted(
+                name
+                for name, value in vars(ort.RunOptions).items()
+                if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+            )
+        )
+    copy = ort.RunOptions()
+    for name in _run_option_attributes:
+        setattr(copy, name, getattr(options, name))
+    keys = _entries_held.get(options)
+    if keys is None:
+        keys = _entries_held[options] = tuple(key for key in _COPIED_RUN_CONFIG_ENTRIES if _holds(options, key))
+    for key in keys:
+        copy.add_run_config_entry(key, options.get_run_config_entry(key))
+    return copy
+
+
+def _holds(options, key: str) -> bool:
+    try:
+        options.get_run_config_entry(key)
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
+        return False
+    return True
 
 
 __all__ = ["InferenceSession", "PROVIDER_NAME", "OPTION_PREFIX"]

@@ -104,9 +104,7 @@ def test_ndp_ep_run_reports_the_same_on_the_compiled_core(compiled_install, tmp_
     for run in (_installed, _source):
         done = run("-m", "ndp_ep", "run", str(model), "--inputs", str(feeds), "--json", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-        report = json.loads(done.stdout)
-        report["simulator"].pop("decision_time_median_s")  # measured wall time
-        reports.append(report)
+        reports.append(json.loads(done.stdout))  # measured wall times are not in reports: they compare whole
     assert reports[0] == reports[1]
 
 
