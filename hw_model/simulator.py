@@ -36,6 +36,7 @@ from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy, row_selector
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
 from hw_model.timeline import LayerTimeline, TimelineEvent
+from hw_model.units import human_bytes
 from hw_model.workload import MoELayerShape, WeightFormat
 
 PHASES = ("prefill", "decode")
@@ -316,13 +317,13 @@ class MoESimulator:
         reasons = []
         if needed > capacity:
             reasons.append(
-                f"experts need {binary_bytes(needed)} per DIMM, a DIMM holds {binary_bytes(capacity)} ({units} DIMMs)"
+                f"experts need {human_bytes(needed)} per DIMM, a DIMM holds {human_bytes(capacity)} ({units} DIMMs)"
             )
         if self.gpu_pool_bytes <= 0:
             usable = USABLE_GPU_MEMORY_FRACTION * self.system.gpu.memory_capacity_bytes
             reasons.append(
                 f"non-expert weights and the KV cache leave no GPU memory for experts "
-                f"(of the {binary_bytes(usable)} usable)"
+                f"(of the {human_bytes(usable)} usable)"
             )
         return CapacityCheck(not reasons, "; ".join(reasons), needed, capacity, self.gpu_pool_bytes)
 
@@ -618,20 +619,6 @@ class SummarySnapshot:
         if self.cache is not None:
             out.update(ExpertLRUCache.stats_of(self.cache))
         return out
-
-
-def binary_bytes(count: float) -> str:
-    """A byte count in the largest binary unit (B to TiB) that keeps it at least 1, to one decimal (bytes whole):
-    ``binary_bytes(98304) == "96.0 KiB"``."""
-    value = abs(float(count))
-    unit = "B"
-    for larger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024.0:
-            break
-        value /= 1024.0
-        unit = larger
-    text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-    return "-" + text if count < 0 else text
 
 
 def median(values: Sequence[float]) -> float:

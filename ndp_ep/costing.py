@@ -585,8 +585,37 @@ def _causal_conv_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph
         b.zeros(b.output(1), [b.dims(x, 0, 2), b.ints(length)], like=x)
 
 
+def _range_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
+    """A Range of step 1 (the exporters' arange over a sequence length): ``limit - start`` elements of ``start``'s
+    type, which ONNX's data propagation sizes (it does not evaluate Range, and a mask built from an unsized Range
+    leaves every node after it unsized where the sequence length is 1). Another step: the node itself."""
+    if _constant_value(graph, b.input(2)) != 1:
+        b.nodes.append(b.node)
+        return
+    count = b.add("Cast", [b.add("Sub", [b.input(1), b.input(0)])], to=TensorProto.INT64)
+    b.zeros(b.output(0), [b.add("Unsqueeze", [count, b.ints(0)])], like=b.input(0))
+
+
+def _constant_value(graph: _Graph, name: str) -> float | None:
+    """The value of a one-element initializer or ``Constant`` output ``name``, else None."""
+    tensor = graph.initializers.get(name)
+    producer = graph.producers.get(name)
+    if tensor is None and producer is not None and producer.op_type == "Constant":
+        for attribute in producer.attribute:
+            if attribute.name == "value":
+                tensor = attribute.t
+            elif attribute.name in ("value_int", "value_float"):
+                return attribute.i if attribute.name == "value_int" else attribute.f
+    if tensor is None or math.prod(tensor.dims) != 1:
+        return None
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(tensor).reshape(-1)[0].item()
+
+
 StandIn = Callable[[_StandIn, dict[str, Any], _Graph], None]
 STAND_INS: dict[tuple[str, str], StandIn] = {
+    ("", "Range"): _range_stand_in,
     ("", "SimplifiedLayerNormalization"): _norm_stand_in,
     (CONTRIB, "SkipSimplifiedLayerNormalization"): _norm_stand_in,
     (CONTRIB, "SkipLayerNormalization"): _norm_stand_in,

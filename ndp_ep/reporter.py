@@ -344,13 +344,14 @@ class SessionReporter:
             self._coster = NonExpertCoster(self._model, self.system, self.dtype)
         return self._coster
 
-    def _cost(self, shapes: Shapes) -> tuple[float, int]:
-        """Non-expert GPU seconds of a run with these input shapes and the sequences it holds (its batch),
-        remembered per shapes."""
+    def _cost(self, shapes: Shapes) -> tuple[float, int, tuple[str, ...]]:
+        """Non-expert GPU seconds of a run with these input shapes, the sequences it holds (its batch) and the notes
+        its costing needs (nodes it could not cost), remembered per shapes."""
         costed = self._costed.get(shapes)
         if costed is None:
             input_shapes = dict(shapes)
-            seconds = self._non_expert_coster().cost(input_shapes).time_s
+            cost = self._non_expert_coster().cost(input_shapes)
+            seconds = cost.time_s
             if self._unconverted_moe:
                 seconds += sum(
                     op.gpu_seconds(self.system, _tokens_of(input_shapes, op.hidden), self.dtype)
@@ -359,7 +360,11 @@ class SessionReporter:
             hidden = self._hidden or (self._unconverted_moe[0].hidden if self._unconverted_moe else 0)
             if len(self._costed) >= MAX_COSTED_SHAPES:
                 self._costed.pop(next(iter(self._costed)))
-            costed = self._costed[shapes] = (seconds, _sequences_of(input_shapes, hidden))
+            costed = self._costed[shapes] = (
+                seconds,
+                _sequences_of(input_shapes, hidden),
+                _uncosted_notes(cost.uncosted),
+            )
         return costed
 
     def _add_run(
@@ -378,7 +383,9 @@ class SessionReporter:
             notes, gpu_s, sequences = self._untagged_notes, 0.0, 1
         else:
             notes = self.notes
-            gpu_s, sequences = self._cost(shapes)
+            gpu_s, sequences, cost_notes = self._cost(shapes)
+            if cost_notes:
+                notes += cost_notes
         if extra_notes:
             notes += extra_notes
         a = self.aggregates
@@ -437,6 +444,17 @@ class SessionReporter:
         a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s
         a.moe_s += moe_s
         a.non_expert_gpu_s += gpu_s
+
+
+def _uncosted_notes(uncosted: Sequence[str]) -> tuple[str, ...]:
+    """The note of a run whose costing left nodes out (``uncosted``: ``name (op type)`` each), or none."""
+    if not uncosted:
+        return ()
+    from collections import Counter
+
+    kinds = Counter(label[label.rfind("(") + 1 : -1] for label in uncosted)
+    listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
+    return (f"{len(uncosted)} non-expert node(s) not costed (shape inference gives them no shape): {listed}",)
 
 
 def _phase(tokens: int, sequences: int) -> str:

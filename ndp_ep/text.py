@@ -4,13 +4,15 @@ plural(1, "token")                 -> "1 token"
 plural(3, "MoE block")             -> "3 MoE blocks"
 table([["a", "1.0"], ["bbb", "22.5"]], align="<>")   -> rows padded to common column widths
 wrap("a long note ...", width=80, indent="    ")   -> lines never cut inside a word
-human_bytes(3 * 2**30)             -> "3.0 GiB"
+human_bytes(3 * 2**30)             -> "3.0 GiB" (hw_model.units', the one byte formatter, re-exported)
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+
+from hw_model.units import human_bytes as human_bytes
 
 TERMINAL_WIDTH = 80
 
@@ -20,17 +22,6 @@ def plural(count: int, noun: str, plural_form: str | None = None) -> str:
     if count == 1:
         return f"{count} {noun}"
     return f"{count} {plural_form or noun + 's'}"
-
-
-def human_bytes(count: float) -> str:
-    """A byte count in the largest binary unit (B to TiB) that keeps it at least 1, to one decimal (bytes whole)."""
-    value = float(abs(count))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-            return ("-" if count < 0 else "") + text
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def table(rows: Sequence[Sequence[str]], align: str, gap: str = "  ", indent: str = "") -> list[str]:

@@ -303,9 +303,10 @@ def test_a_run_failing_inside_onnx_runtime_is_one_line_on_stderr(tmp_path, capfd
 def test_a_run_needing_more_memory_than_is_available_is_refused_before_it_starts(tmp_path, capfd, monkeypatch):
     import ndp_io
 
-    # 4,096 tokens: each layer's attention scores are [1, 4096, 4096] float32 (64 MiB), which the scaling Mul
-    # reads and writes (128 MiB at once); the experts run in the provider, grouped by expert, and do not count
-    monkeypatch.setattr(ndp_io, "available_memory_bytes", lambda: 100 << 20)
+    # 4,096 tokens: each layer's attention scores are [1, 4096, 4096] float32 (64 MiB); the causal mask's Add reads
+    # them and the [4096, 4096] float32 mask and writes as many scores (192 MiB at once); the experts run in the
+    # provider, grouped by expert, and do not count
+    monkeypatch.setattr(ndp_io, "available_memory_bytes", lambda: 150 << 20)
     np.savez(tmp_path / "feeds.npz", input_ids=np.zeros((1, 4096), np.int64))
     out = tmp_path / "out.npz"
     capfd.readouterr()
@@ -314,8 +315,8 @@ def test_a_run_needing_more_memory_than_is_available_is_refused_before_it_starts
     )
     err = capfd.readouterr().err
     assert code == 2 and err.count("\n") == 1 and not out.exists(), err
-    assert err.startswith("ndp-ep run: error: the run needs at least 128.0 MiB (the inputs and outputs of ")
-    assert err.endswith("and 100.0 MiB of memory is available\n")
+    assert err.startswith("ndp-ep run: error: the run needs at least 192.0 MiB (the inputs and outputs of ")
+    assert err.endswith("and 150.0 MiB of memory is available\n")
 
 
 @pytest.mark.parametrize("model", ["moe_decoder.onnx", "hf/gpt_oss_block_dynamo.onnx"])

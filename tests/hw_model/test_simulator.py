@@ -8,7 +8,7 @@ import pytest
 from hw_model import load_system
 from hw_model.errors import WorkloadError
 from hw_model.models import get_model
-from hw_model.simulator import DEFAULT_POLICY, MoESimulator, binary_bytes, gpu_op_time_s
+from hw_model.simulator import DEFAULT_POLICY, MoESimulator, gpu_op_time_s
 from hw_model.traces import TraceKnobs, synthetic_trace
 
 OLMOE = get_model("olmoe-1b-7b")
@@ -146,14 +146,6 @@ def test_median_equals_the_standard_librarys(size):
 
     values = np.random.default_rng(size).random(size).tolist()
     assert median(values) == statistics.median(values)
-
-
-@pytest.mark.parametrize(
-    ("count", "expected"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (98304, "96.0 KiB"), (1e5, "97.7 KiB"), (32e9, "29.8 GiB")],
-)
-def test_byte_counts_read_in_the_largest_binary_unit_that_keeps_them_at_least_one(count, expected):
-    assert binary_bytes(count) == expected
 
 
 def test_a_dimm_too_small_for_the_experts_is_flagged_with_readable_sizes():
