@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
                     "ndp_units": system.num_ndp_units,
                     "simulated_dtype": session.dtype,
                     "request": {"prompt_tokens": int(prompt.size), "generated_tokens": args.decode_steps},
-                    "conversion": result.to_json(),
+                    # without --out the conversion went to a temporary folder, deleted before this prints
+                    "conversion": {**result.to_json(), **({} if args.out else {"files": []})},
                     "parity": {"max_rel_error": worst, "tolerance": PARITY_TOLERANCE, "ok": ok},
                     "ours": ours.to_json(),
                     "baselines": [r.to_json() for r in runs],

@@ -271,7 +271,8 @@ def _print(result: dict, args) -> None:
     print(f"simulated on {result['hardware']} with {result['ndp_units']} NDP units, policy {result['policy']}:")
     prefill = result["prefill"]
     if prefill:
-        print(f"  prefill  {prefill['tokens']:>5} tokens  {prefill['simulated_latency_s'] * 1e3:10.3f} ms")
+        tokens = "token " if prefill["tokens"] == 1 else "tokens"  # padded: the decode line's columns align
+        print(f"  prefill  {prefill['tokens']:>5} {tokens}  {prefill['simulated_latency_s'] * 1e3:10.3f} ms")
     decode = result["decode_s_per_token"]
     if decode:
         print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,13 @@ def test_demo_text_explains_what_ran_what_is_simulated_and_the_units_once(demo_t
     assert "prefetched" in demo_text and "expert run" in demo_text
     assert not re.search(r"\b1 (tokens|experts|nodes|layers|units)\b", demo_text)
     assert max(len(line) for line in demo_text.splitlines()) <= 80
+
+
+def test_demo_json_lists_no_file_it_did_not_keep_and_every_file_it_kept(demo_json, tmp_path, capsys):
+    assert demo_json["conversion"]["files"] == []  # converted into a temporary folder, gone when it prints
+    assert main(["demo", "--decode-steps", "0", "--json", "--out", str(tmp_path)]) == 0
+    files = json.loads(capsys.readouterr().out)["conversion"]["files"]
+    assert files == [str(tmp_path / "moe_decoder.ndp.onnx")] and all(Path(f).is_file() for f in files)
 
 
 def test_a_demo_without_decode_steps_says_so_in_words(capsys):
