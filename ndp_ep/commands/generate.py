@@ -125,6 +125,7 @@ def _greedy(og, folder: Path, prompt: list[int], new_tokens: int, provider_optio
     """Greedy tokens of a GenAI folder, on the provider when ``provider_options`` is given; and the model."""
     import numpy as np
 
+    from graph_passes.feeds import GENAI_CONFIG, read_genai_config
     from ndp_ep.ep import EP_NAME
     from ndp_ep.errors import NdpEpError
 
@@ -137,7 +138,11 @@ def _greedy(og, folder: Path, prompt: list[int], new_tokens: int, provider_optio
                 config.set_provider_option(EP_NAME, key, str(value))
         model = og.Model(config)
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False)
+        # a sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window;
+        # a longer one changes no token: the loop stops after new_tokens
+        decoder = read_genai_config(folder / GENAI_CONFIG)
+        window = decoder.sliding_window if decoder is not None and decoder.sliding_window is not None else 0
+        params.set_search_options(max_length=max(len(prompt) + new_tokens, window), do_sample=False)
         generator = og.Generator(model, params)
         generator.append_tokens(np.asarray(prompt, dtype=np.int32))
         tokens: list[int] = []
@@ -159,6 +164,8 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     import onnx
 
     from hw_model.hardware import load_system
+    from ndp_ep.cli import warn
+    from ndp_ep.commands.run import shard_mismatch
     from ndp_ep.ep import EP_NAME, get_library_path, new_session_key, register
     from ndp_ep.reporter import SessionReporter
 
@@ -174,6 +181,9 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     reporter = SessionReporter(
         graph_model, system, key, policy=args.policy, report_ring=args.new_tokens + 1, untagged_shapes=shapes
     )
+    mismatch = shard_mismatch((c.spec for c in reporter.claimed), system.num_ndp_units)
+    if mismatch:  # as ndp-ep run says it
+        warn("generate", mismatch)
     start = time.perf_counter()
     tokens, model = _greedy(og, folder, prompt, args.new_tokens, options)
     wall_s = time.perf_counter() - start

@@ -38,6 +38,13 @@ def test_generate_on_the_converted_folder_repeats_genai_tokens_and_reports_every
     assert len(data["tokens"]) == 6 and len(data["prompt"]) == 16
     assert data["prefill"]["tokens"] == 16 and data["prefill"]["phase"] == "prefill"
     assert data["decode_steps"] == 5 and all(s > 0 for s in data["decode_s_per_token"])
+    assert "warning" not in result.stderr
+    other = cli(
+        "generate", str(converted), "--no-check", "--prompt-tokens", "4", "--new-tokens", "2", "--ndp-units", "2"
+    )
+    assert other.returncode == 0, other.stderr
+    (line,) = other.stderr.strip().splitlines()  # as ndp-ep run says it
+    assert line.startswith("ndp-ep generate: warning: the model's experts are split into 4 shards but the hardware")
 
 
 def _step_shapes_of(fixture: str, prompt_tokens: int):
