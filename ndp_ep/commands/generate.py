@@ -132,6 +132,8 @@ def _greedy(og, folder: Path, prompt: list[int], new_tokens: int, provider_optio
     try:
         config = og.Config(str(folder))
         config.clear_providers()
+        # ONNX Runtime's own log of a failing run stays off stderr (fatal only): the one-line error below says it
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"log_severity_level": 4}}}}))
         if provider_options is not None:
             config.append_provider(EP_NAME)
             for key, value in provider_options.items():
