@@ -8,7 +8,7 @@ are ever materialised.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -115,25 +115,7 @@ class GraphIndex:
 
     def constant(self, value: str) -> np.ndarray | None:
         """The value of a small constant (initializer or Constant node output), else None."""
-        tensor = self.initializers.get(value)
-        if tensor is None:
-            node = self.producer.get(value)
-            if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
-                return None
-            for attr in node.attribute:
-                if attr.name == "value":
-                    tensor = attr.t
-                elif attr.name in ("value_int", "value_ints"):
-                    return np.array(onnx.helper.get_attribute_value(attr), dtype=np.int64)
-                elif attr.name in ("value_float", "value_floats"):
-                    return np.array(onnx.helper.get_attribute_value(attr), dtype=np.float32)
-            if tensor is None:
-                return None
-        if int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT_ELEMENTS:
-            return None
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            return None
-        return numpy_helper.to_array(tensor)
+        return constant_value(value, self.initializers, self.producer)
 
     def attr(self, node: onnx.NodeProto, name: str, default=None):
         for attribute in node.attribute:
@@ -175,6 +157,32 @@ class GraphIndex:
 
 
 WEIGHTLESS_MAX_BYTES = 1 << 16
+
+
+def constant_value(
+    value: str, initializers: Mapping[str, onnx.TensorProto], producer: Mapping[str, onnx.NodeProto]
+) -> np.ndarray | None:
+    """The value of a small constant ``value`` (an initializer or a standard ``Constant`` node's output, at most
+    :data:`SMALL_CONSTANT_ELEMENTS` elements, bytes inline), else None."""
+    tensor = initializers.get(value)
+    if tensor is None:
+        node = producer.get(value)
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            return None
+        for attr in node.attribute:
+            if attr.name == "value":
+                tensor = attr.t
+            elif attr.name in ("value_int", "value_ints"):
+                return np.array(onnx.helper.get_attribute_value(attr), dtype=np.int64)
+            elif attr.name in ("value_float", "value_floats"):
+                return np.array(onnx.helper.get_attribute_value(attr), dtype=np.float32)
+        if tensor is None:
+            return None
+    if int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT_ELEMENTS:
+        return None
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    return numpy_helper.to_array(tensor)
 
 
 def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:

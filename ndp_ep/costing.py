@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import onnx
 from onnx import TensorProto, helper
 
-from graph_passes.graph_index import copy_fields, copy_without_initializers
+from graph_passes.graph_index import constant_value, copy_fields, copy_without_initializers
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from ndp_ep.partition import is_ndp_supported
@@ -157,9 +157,7 @@ class NonExpertCoster:
             assert self._past is not None
             step = self._past.step_of(input_shapes)
             cached = self._compute(input_shapes) if step is None else self._step_cost(self._past, step, input_shapes)
-            if len(self._cache) >= MAX_COSTED_SHAPES:
-                del self._cache[next(iter(self._cache))]
-            self._cache[key] = cached
+            _bounded_put(self._cache, key, cached, MAX_COSTED_SHAPES)
         return cached
 
     def _prepare(self) -> onnx.ModelProto:
@@ -397,9 +395,9 @@ class _PastLengths:
         return slope if _along(line.work, slope, middle - low) == middle_work else None
 
 
-def _bounded_put(table: dict, key: Any, value: Any) -> None:
-    """``table[key] = value``, the oldest entry forgotten first beyond :data:`MAX_FITTED_FAMILIES`."""
-    if len(table) >= MAX_FITTED_FAMILIES:
+def _bounded_put(table: dict, key: Any, value: Any, bound: int = MAX_FITTED_FAMILIES) -> None:
+    """``table[key] = value``, the oldest entry forgotten first beyond ``bound`` entries."""
+    if len(table) >= bound:
         del table[next(iter(table))]
     table[key] = value
 
@@ -589,28 +587,12 @@ def _range_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> N
     """A Range of step 1 (the exporters' arange over a sequence length): ``limit - start`` elements of ``start``'s
     type, which ONNX's data propagation sizes (it does not evaluate Range, and a mask built from an unsized Range
     leaves every node after it unsized where the sequence length is 1). Another step: the node itself."""
-    if _constant_value(graph, b.input(2)) != 1:
+    step = constant_value(b.input(2), graph.initializers, graph.producers)
+    if step is None or step.size != 1 or step.reshape(-1)[0] != 1:
         b.nodes.append(b.node)
         return
     count = b.add("Cast", [b.add("Sub", [b.input(1), b.input(0)])], to=TensorProto.INT64)
     b.zeros(b.output(0), [b.add("Unsqueeze", [count, b.ints(0)])], like=b.input(0))
-
-
-def _constant_value(graph: _Graph, name: str) -> float | None:
-    """The value of a one-element initializer or ``Constant`` output ``name``, else None."""
-    tensor = graph.initializers.get(name)
-    producer = graph.producers.get(name)
-    if tensor is None and producer is not None and producer.op_type == "Constant":
-        for attribute in producer.attribute:
-            if attribute.name == "value":
-                tensor = attribute.t
-            elif attribute.name in ("value_int", "value_float"):
-                return attribute.i if attribute.name == "value_int" else attribute.f
-    if tensor is None or math.prod(tensor.dims) != 1:
-        return None
-    from onnx import numpy_helper
-
-    return numpy_helper.to_array(tensor).reshape(-1)[0].item()
 
 
 StandIn = Callable[[_StandIn, dict[str, Any], _Graph], None]

@@ -27,6 +27,7 @@ checks come first; an error setting up the reports is raised only when those che
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import weakref
@@ -483,7 +484,6 @@ def _copy_session_options(options):
 # session's providers (the NDP one and the CPU one): the others configure CUDA graphs, QNN and device streams. ONNX
 # Runtime lists no entries, so only known keys can be read back
 _COPIED_RUN_CONFIG_ENTRIES = ("memory.enable_memory_arena_shrinkage",)
-_run_option_attributes: tuple[str, ...] = ()  # onnxruntime.RunOptions' settable attributes, read once
 # a caller's RunOptions -> the entries of _COPIED_RUN_CONFIG_ENTRIES it held when first seen: ONNX Runtime tells a
 # missing entry only by raising, ~40 us a key
 _entries_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -496,17 +496,8 @@ def _copy_run_options(options):
     not copied (active LoRA adapters, entries of other keys), and ``terminate`` set during a run does not reach it."""
     import onnxruntime as ort
 
-    global _run_option_attributes
-    if not _run_option_attributes:
-        _run_option_attributes = tuple(
-            sorted(
-                name
-                for name, value in vars(ort.RunOptions).items()
-                if isinstance(value, property) and value.fset is not None and not name.startswith("_")
-            )
-        )
     copy = ort.RunOptions()
-    for name in _run_option_attributes:
+    for name in _run_option_attributes():
         setattr(copy, name, getattr(options, name))
     keys = _entries_held.get(options)
     if keys is None:
@@ -514,6 +505,20 @@ def _copy_run_options(options):
     for key in keys:
         copy.add_run_config_entry(key, options.get_run_config_entry(key))
     return copy
+
+
+@functools.cache
+def _run_option_attributes() -> tuple[str, ...]:
+    """onnxruntime.RunOptions' settable attributes (read once)."""
+    import onnxruntime as ort
+
+    return tuple(
+        sorted(
+            name
+            for name, value in vars(ort.RunOptions).items()
+            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+        )
+    )
 
 
 def _holds(options, key: str) -> bool:
