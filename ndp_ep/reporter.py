@@ -584,20 +584,26 @@ def reporter_for(session) -> SessionReporter:
     if isinstance(own, SessionReporter):
         return own
     from ndp_ep.cli_args import DEFAULT_HW
-    from ndp_ep.ep import REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
+    from ndp_ep.ep import EP_NAME, REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
 
     with _plain_lock:
         found = _plain_reporters.get(session)
         if found is not None:
             return found
         options = session.get_session_options()
-        key = session_option(options, SESSION_KEY_OPTION)
+        # named in providers=, the provider's options are the session's, not config entries of its SessionOptions
+        named = session.get_provider_options().get(EP_NAME, {})
+
+        def option(name: str) -> str | None:
+            return named.get(name) or session_option(options, name)
+
+        key = option(SESSION_KEY_OPTION)
         if key is None:
             raise NdpEpError(
                 "this session has no ndp-ep session key: create its options with ndp_ep.session_options() "
                 "(or pass session_key in the provider options)"
             )
-        given = {name: value for name in REPORT_OPTION_KEYS if (value := session_option(options, name)) is not None}
+        given = {name: value for name in REPORT_OPTION_KEYS if (value := option(name)) is not None}
         parsed = parse_ep_options({"hw": DEFAULT_HW, **given})
         assert parsed.system is not None  # hw is given
         model = _session_model(session)

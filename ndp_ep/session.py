@@ -31,7 +31,7 @@ import functools
 import itertools
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,10 +83,12 @@ class InferenceSession:
     is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
     noted in the next reports); ``input_shapes``: the input shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
-    of at the first report (the same figures either way). ``sess_options`` is copied, not modified. ``providers`` and
-    ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs on
-    ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes, and ``get_providers()``
-    says so.
+    of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
+    attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
+    overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
+    ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
+    on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes, and ``get_providers()`` says
+    so.
     """
 
     def __init__(
@@ -438,46 +440,113 @@ def _finish_checks(model) -> None:
         check_runnable(model)
 
 
-_COPIED_OPTIONS = (
-    "intra_op_num_threads",
-    "inter_op_num_threads",
-    "graph_optimization_level",
-    "execution_mode",
-    "execution_order",
-    "log_severity_level",
-    "log_verbosity_level",
-    "logid",
-    "enable_profiling",
-    "profile_file_prefix",
-    "enable_cpu_mem_arena",
-    "enable_mem_pattern",
-    "enable_mem_reuse",
-    "use_deterministic_compute",
-    "optimized_model_filepath",
+# the session config keys ONNX Runtime defines (onnxruntime_session_options_config_keys.h, 1.27). ONNX Runtime lists
+# no entries of a SessionOptions, so a copy can only ask for known keys, one call each (~40 us when absent)
+_SESSION_CONFIG_KEYS = (
+    "session.disable_prepacking",
+    "session.use_env_allocators",
+    "session.load_model_format",
+    "session.save_model_format",
+    "session.set_denormal_as_zero",
+    "session.disable_quant_qdq",
+    "session.disable_double_qdq_remover",
+    "session.enable_quant_qdq_cleanup",
+    "optimization.enable_gelu_approximation",
+    "optimization.enable_cast_chain_elimination",
+    "session.disable_aot_function_inlining",
+    "optimization.memory_optimizer_config",
+    "optimization.enable_memory_probe_recompute_config",
+    "optimization.disable_specified_optimizers",
+    "session.graph_optimizations_loop_level",
+    "session.use_device_allocator_for_initializers",
+    "session.inter_op.allow_spinning",
+    "session.intra_op.allow_spinning",
+    "session.intra_op.spin_duration_us",
+    "session.inter_op.spin_duration_us",
+    "session.intra_op.spin_backoff_max",
+    "session.inter_op.spin_backoff_max",
+    "session.use_ort_model_bytes_directly",
+    "session.use_memory_mapped_ort_model",
+    "session.qdqisint8allowed",
+    "session.x64quantprecision",
+    "session.dynamic_block_base",
+    "session.force_spinning_stop",
+    "session.strict_shape_type_inference",
+    "session.allow_released_opsets_only",
+    "session.node_partition_config_file",
+    "session.intra_op_thread_affinities",
+    "session.debug_layout_transformation",
+    "session.disable_cpu_ep_fallback",
+    "session.collect_node_memory_stats_to_file",
+    "session.layer_assignment_settings",
+    "ep.context_enable",
+    "ep.context_file_path",
+    "ep.context_embed_mode",
+    "ep.context_node_name_prefix",
+    "ep.share_ep_contexts",
+    "ep.stop_share_ep_contexts",
+    "session.compile_only",
+    "mlas.enable_gemm_fastmath_arm64_bfloat16",
+    "mlas.use_lut_gemm",
+    "mlas.disable_kleidiai",
+    "mlas.kleidiai.conv_igemm_max_work",
+    "session.qdq_matmulnbits_accuracy_level",
+    "session.qdq_matmulnbits_block_size",
+    "session.enable_dq_matmulnbits_fusion",
+    "session.disable_model_compile",
+    "session.record_ep_graph_assignment_info",
+    "ep.enable_weightless_ep_context_nodes",
 )
-# session config entries copied when the caller set them (ONNX Runtime lists no entries, so only known keys)
-_COPIED_CONFIG_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+# SessionOptions made by one_run_session_options -> the config entries it set (its copy needs no probing)
+_entries_set: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def one_run_session_options():
+    """Session options for a program that runs a model once (``ndp-ep run``): ONNX Runtime's intra-op threads
+    sleep between parallel sections instead of spinning (spinning only shortens back-to-back runs; after the one
+    run it would take a core from the report being built), and warnings stay quiet as in :class:`InferenceSession`'s
+    own options (every session would warn that the non-expert nodes run on the CPU provider). Its copy
+    (:func:`_copy_session_options`) takes the entries it set from here, not by asking for every known key (~2 ms)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    entries = {"session.intra_op.allow_spinning": "0"}
+    for key, value in entries.items():
+        options.add_session_config_entry(key, value)
+    _entries_set[options] = entries
+    return options
 
 
 def _copy_session_options(options):
-    """A fresh SessionOptions with the caller's settings (:data:`_COPIED_OPTIONS`, and the config entries of
-    :data:`_COPIED_CONFIG_ENTRIES` it sets): adding the provider to the caller's own object would make a second
-    session created with it fail (the provider would be added twice)."""
+    """A fresh SessionOptions with the caller's settings: every settable attribute (threads, optimization level,
+    logging, profiling, memory...) and every config entry of :data:`_SESSION_CONFIG_KEYS` it holds. Adding the
+    provider to the caller's own object would make a second session created with it fail (the provider would be
+    added twice). What ONNX Runtime cannot read back is not copied: free dimension overrides, initializers added
+    to the options, custom op libraries registered on them, config entries of other keys."""
     import onnxruntime as ort
 
     fresh = ort.SessionOptions()
     # ONNX Runtime warns on every session that some nodes (the non-expert ones) are not on the first provider
     fresh.log_severity_level = 3
     if options is not None:
-        for name in _COPIED_OPTIONS:
+        for name in _settable_attributes(ort.SessionOptions):
             setattr(fresh, name, getattr(options, name))
-        for key in _COPIED_CONFIG_ENTRIES:
-            try:
-                value = options.get_session_config_entry(key)
-            except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
-                continue
+        entries = _entries_set.get(options)
+        if entries is None:
+            get = options.get_session_config_entry
+            entries = {key: value for key in _SESSION_CONFIG_KEYS if (value := _config_entry(get, key)) is not None}
+        for key, value in entries.items():
             fresh.add_session_config_entry(key, value)
     return fresh
+
+
+def _config_entry(get: Callable[[str], str], key: str) -> str | None:
+    """The config entry ``key`` that ``get`` (a SessionOptions' or RunOptions' getter) reads, or None when absent."""
+    try:
+        return get(key)
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
+        return None
 
 
 # the run config entries ONNX Runtime defines (onnxruntime_run_options_config_keys.h, up to 1.32) that act on this
@@ -497,36 +566,28 @@ def _copy_run_options(options):
     import onnxruntime as ort
 
     copy = ort.RunOptions()
-    for name in _run_option_attributes():
+    for name in _settable_attributes(ort.RunOptions):
         setattr(copy, name, getattr(options, name))
     keys = _entries_held.get(options)
     if keys is None:
-        keys = _entries_held[options] = tuple(key for key in _COPIED_RUN_CONFIG_ENTRIES if _holds(options, key))
+        keys = _entries_held[options] = tuple(
+            key for key in _COPIED_RUN_CONFIG_ENTRIES if _config_entry(options.get_run_config_entry, key) is not None
+        )
     for key in keys:
         copy.add_run_config_entry(key, options.get_run_config_entry(key))
     return copy
 
 
 @functools.cache
-def _run_option_attributes() -> tuple[str, ...]:
-    """onnxruntime.RunOptions' settable attributes (read once)."""
-    import onnxruntime as ort
-
+def _settable_attributes(options_class: type) -> tuple[str, ...]:
+    """The settable attributes of ONNX Runtime's SessionOptions or RunOptions (read once per class)."""
     return tuple(
         sorted(
             name
-            for name, value in vars(ort.RunOptions).items()
+            for name, value in vars(options_class).items()
             if isinstance(value, property) and value.fset is not None and not name.startswith("_")
         )
     )
-
-
-def _holds(options, key: str) -> bool:
-    try:
-        options.get_run_config_entry(key)
-    except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
-        return False
-    return True
 
 
 __all__ = ["InferenceSession", "PROVIDER_NAME", "OPTION_PREFIX"]

@@ -71,19 +71,6 @@ def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None
     )
 
 
-def _one_run_options():
-    """Session options for a program that runs the model once: ONNX Runtime's intra-op threads sleep between
-    parallel sections instead of spinning (spinning only shortens back-to-back runs; after the one run it would
-    take a core from the report being built), and warnings stay quiet as in :class:`InferenceSession`'s own
-    options (every session would warn that the non-expert nodes run on the CPU provider)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
 def _quiet_run_options():
     """Run options that keep ONNX Runtime's own log of a failing run (coloured, several lines) off stderr: the
     failure reaches the user once, as the command's one-line error (:class:`ndp_ep.RunError`)."""
@@ -153,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     from ndp_ep.cli import warn
     from ndp_ep.ep import warm_up
     from ndp_ep.feeds_io import load_feeds, save_arrays
-    from ndp_ep.session import InferenceSession
+    from ndp_ep.session import InferenceSession, one_run_session_options
 
     outputs = [args.outputs, args.trace]
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
@@ -162,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
 
         check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
     feeds = load_feeds(args.inputs) if args.inputs else None
-    options = _one_run_options()  # imports ONNX Runtime
+    options = one_run_session_options()  # imports ONNX Runtime
     warm_up()  # its one-time work on a thread of its own while the session imports onnx and checks the model
     session = InferenceSession(
         args.model,

@@ -41,6 +41,29 @@ def test_one_session_options_object_serves_several_sessions(block):
     assert second.get_session_options().intra_op_num_threads == 1
 
 
+def test_the_callers_session_settings_and_config_entries_reach_the_session_and_stay_on_its_object(block):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ndp_ep.InferenceSession(block, options)
+    copied = session.get_session_options()
+    assert copied.intra_op_num_threads == 1
+    assert copied.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert copied.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # ONNX Runtime answers this only when the entry reached the session
+    claimed = {
+        node.name
+        for assignment in session.get_provider_graph_assignment_info()
+        if assignment.ep_name == "NdpExecutionProvider"
+        for node in assignment.get_nodes()
+    }
+    assert claimed == {c.name for c in session.reporter.claimed}
+    with pytest.raises(Exception, match="session_key"):  # the provider went on a copy, not on the caller's object
+        options.get_session_config_entry("ep.ndpexecutionprovider.session_key")
+
+
 def test_bad_feeds_and_models_raise_typed_errors(block, tmp_path):
     session = ndp_ep.InferenceSession(block)
     with pytest.raises(FeedError, match="unknown input 'x'"):

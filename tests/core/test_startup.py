@@ -480,10 +480,10 @@ def test_finding_the_built_library_does_not_scan_the_installed_distributions(rep
 
 
 def test_the_run_command_asks_onnx_runtime_not_to_spin_and_sessions_keep_that_entry(samples_dir):
-    from ndp_ep.commands.run import _one_run_options
+    from ndp_ep.session import one_run_session_options
 
     key = "session.intra_op.allow_spinning"
-    options = _one_run_options()
+    options = one_run_session_options()
     assert options.get_session_config_entry(key) == "0" and options.log_severity_level == 3
     session = InferenceSession(samples_dir / "moe_block.onnx", options)
     assert session.get_session_options().get_session_config_entry(key) == "0"  # the session ONNX Runtime runs

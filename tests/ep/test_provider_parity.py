@@ -141,6 +141,16 @@ def test_the_provider_can_be_named_in_providers_after_register(tmp_path):
     feeds = _inputs(SAMPLES / "moe_block.onnx")
     session.run(None, feeds)
     assert ndp_ep.last_report(session).tokens == int(np.prod(feeds["hidden_states"].shape[:-1]))
+    # or the key and the report's options as provider options, which reach the session, not its SessionOptions
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(ndp_ep.get_library_path())
+    named = {"session_key": "named-with-options", "ndp_units": "2", "policy": "monde"}
+    providers = ["NdpExecutionProvider", "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(converted), options, providers=providers, provider_options=[named, {}])
+    session.run(None, feeds)
+    report = ndp_ep.last_report(session)
+    assert (report.ndp_units, report.policy) == (2, "monde")
+    assert report.tokens == int(np.prod(feeds["hidden_states"].shape[:-1]))
 
 
 def test_a_node_that_breaks_the_contract_fails_the_session_and_the_provider_says_why(tmp_path, capfd):
