@@ -87,8 +87,8 @@ class InferenceSession:
     attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
     overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
     ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
-    on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes, and ``get_providers()`` says
-    so.
+    on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
+    provider requested), and ``get_providers()`` says so.
     """
 
     def __init__(
@@ -149,6 +149,7 @@ class InferenceSession:
         )
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
+        _warn_ignored_providers(self.requested_providers)
         # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
         creating = _SessionCreation(ort_model, options, kwargs)
         try:
@@ -384,6 +385,21 @@ def _serialize(proto, base_dir) -> bytes:
         with graph_pass_errors():
             load_external_data(proto, base_dir)
     return proto.SerializeToString()
+
+
+def _warn_ignored_providers(providers: Sequence[Any]) -> None:
+    """A warning naming the requested providers the session does not use (it runs on the NDP provider and ONNX
+    Runtime's CPU one), as ONNX Runtime warns about a provider it does not have."""
+    names = [p[0] if isinstance(p, tuple) and p else p for p in providers]
+    ignored = [str(name) for name in names if name not in (EP_NAME, "CPUExecutionProvider")]
+    if ignored:
+        import warnings
+
+        warnings.warn(
+            f"ndp_ep.InferenceSession runs on {EP_NAME} and CPUExecutionProvider; ignoring {', '.join(ignored)}",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _load(source) -> tuple[Any, Path | None, Path | None]:

@@ -147,6 +147,19 @@ def test_onnx_runtime_positional_order_bytes_and_model_protos_are_accepted(block
     np.testing.assert_array_equal(from_path, from_proto)
 
 
+def test_a_requested_provider_the_session_does_not_use_is_named_in_a_warning(block):
+    with pytest.warns(UserWarning, match="ignoring CUDAExecutionProvider, DmlExecutionProvider$"):
+        session = ndp_ep.InferenceSession(
+            block, None, [("CUDAExecutionProvider", {"device_id": 0}), "DmlExecutionProvider", "CPUExecutionProvider"]
+        )
+    assert session.get_providers() == ["NdpExecutionProvider", "CPUExecutionProvider"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ndp_ep.InferenceSession(block, None, ["NdpExecutionProvider", "CPUExecutionProvider"])
+
+
 def test_get_providers_is_the_real_sessions_and_onnx_runtime_methods_are_delegated(block):
     session = ndp_ep.InferenceSession(block)
     assert session.get_providers() == ["NdpExecutionProvider", "CPUExecutionProvider"]
