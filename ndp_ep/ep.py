@@ -315,6 +315,7 @@ def session_option(options, key: str) -> str | None:
 
 
 ROUTING_META = 4  # values per record the take call writes (native/src/routing_log.h kRoutingMeta)
+SHARED_KEY = -3  # what the routing calls return when several live sessions share a key (native/src/routing_log.cc)
 
 
 class _RoutingTake(ctypes.Structure):
@@ -351,12 +352,21 @@ class RoutingReader:
 
     def layer_names(self) -> list[str]:
         size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
+        if size == SHARED_KEY:
+            raise NdpEpError(self._shared_key_message())
         if size < 0:
             return []
         buffer = ctypes.create_string_buffer(int(size))
         self._lib.ndp_ep_routing_layers(self.key, buffer, size)
         text = buffer.value.decode()
         return text.split("\n") if text else []
+
+    def _shared_key_message(self) -> str:
+        return (
+            f"several live sessions were created with the session key {self.key.decode()!r}: their routing cannot be "
+            "told apart, so none is reported; give each session its own key (ndp_ep.session_options() makes a new "
+            "one per call: one call per session)"
+        )
 
     def dropped(self) -> int:
         """Records the log dropped because nobody drained it (it keeps the newest ``routing_capacity``), as of the
@@ -385,6 +395,8 @@ class RoutingReader:
             got = self._take(self._request_ref) if got == self.BATCH else 0
         if got == -2:
             raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
+        if got == SHARED_KEY:
+            raise NdpEpError(self._shared_key_message())
         if not batches:  # -1: no log under this key (the session is gone)
             return [], [], [], [], np.zeros((0, width), np.int32)
         counts = batches[0] if len(batches) == 1 else np.concatenate(batches)

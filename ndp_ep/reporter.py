@@ -10,7 +10,7 @@ call.
 
 Non-expert work (attention, norms, the router) is costed on the GPU from the run's input shapes
 (:class:`ndp_ep.costing.NonExpertCoster`), which ``ndp_ep.InferenceSession`` tags every run with. Runs that
-were not tagged (a plain ONNX Runtime session, ``run_with_ort_values``, io binding) report the expert side
+were not tagged (a plain ONNX Runtime session, io binding) report the expert side
 only and say so in their notes, as does every report of a model whose MoE blocks were skipped.
 
 Runs on other threads may be in flight when a report is read. A tagged run is reported once all its layers are
@@ -45,6 +45,7 @@ UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run id
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
 MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a run's input shapes, (name, shape) in feed order
+EMPTY_RUN_NOTE = "the run had no tokens (a zero-size input): no expert work"
 UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unknown (untagged run)"
 _NOT_RUNNING: frozenset[int] = frozenset()
 
@@ -388,6 +389,8 @@ class SessionReporter:
                 notes += cost_notes
         if extra_notes:
             notes += extra_notes
+        if layers is not None and not any(layer_tokens):  # a zero-size batch or sequence: nothing to simulate
+            layers, notes = None, (*notes, EMPTY_RUN_NOTE)
         a = self.aggregates
         if layers is None:
             tokens = 0
@@ -613,13 +616,22 @@ def reporter_for(session) -> SessionReporter:
 
 
 def _session_model(session):
-    """The model a plain ONNX Runtime session was created from, without external weight bytes."""
+    """The model a plain ONNX Runtime session was created from, without external weight bytes: read again from its
+    file at the session's first report (ONNX Runtime keeps the path it was given, not the model)."""
     import onnx
 
     path = getattr(session, "_model_path", None)
     data = getattr(session, "_model_bytes", None)
     if path:
-        return onnx.load(str(path), load_external_data=False)
+        try:
+            return onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # noqa: BLE001 - missing, moved, unreadable or no longer ONNX
+            raise NdpEpError(
+                f"cannot read the session's model {str(path)!r} again to build its report ({type(exc).__name__}: it "
+                "was moved, deleted or replaced, or the working directory changed since the session was created); "
+                "read ndp_ep.last_report(session) once right after creating the session to keep what the reports "
+                "need"
+            ) from None
     if data:
         return onnx.load_from_string(data)
     raise NdpEpError("cannot read this session's model (neither a path nor bytes)")

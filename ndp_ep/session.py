@@ -11,11 +11,12 @@ unconverted model it converts the MoE blocks in memory (as an execution provider
 given a converted one it hands it to ONNX Runtime as is. Underneath is a real ``onnxruntime.InferenceSession``
 whose options add ``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert
 nodes natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
-session is available (delegated); ``run`` additionally tags the run with its input shapes so its report can
-cost the non-expert GPU work (on a RunOptions of its own carrying the caller's settings: the caller's is left as
-it is). ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
+session is available (delegated); ``run`` and ``run_with_ort_values`` additionally tag the run with its input
+shapes so its report can cost the non-expert GPU work (on a RunOptions of its own carrying the caller's settings:
+the caller's is left as it is). ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
 fit the inputs and :class:`RunError` for a run that fails, where ONNX Runtime raises its own errors;
-``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked).
+``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked,
+and its report costs the expert side only).
 Reports are built lazily (:mod:`ndp_ep.reporter`), in a bounded ring. Once the model is checked (and
 converted), ONNX Runtime builds its session on a thread of its own while this one sets up the reports (ONNX
 Runtime does not hold the GIL meanwhile); a model handed over as it is (already converted) gets the last of its
@@ -43,12 +44,13 @@ from ndp_ep.ep import (
     OPTION_PREFIX,
     REGISTER_HINT,
     RUN_TAG_KEY,
+    SESSION_KEY_OPTION,
     add_provider,
     check_ndp_units,
     check_positive,
     new_session_key,
 )
-from ndp_ep.errors import FeedError, ModelLoadError, RunError, graph_pass_errors
+from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
@@ -150,6 +152,7 @@ class InferenceSession:
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
         _warn_ignored_providers(self.requested_providers)
+        _check_no_provider_added(sess_options)
         # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
         creating = _SessionCreation(ort_model, options, kwargs)
         try:
@@ -194,7 +197,7 @@ class InferenceSession:
 
     # -- ONNX Runtime's API ------------------------------------------------------------------------------
     def __getattr__(self, name: str):
-        # everything this class does not define: io_binding, run_with_ort_values, end_profiling, get_inputs...
+        # everything this class does not define: io_binding, run_with_iobinding, end_profiling, get_inputs...
         if name == "_session":
             raise AttributeError(name)
         return getattr(self._session, name)
@@ -205,22 +208,35 @@ class InferenceSession:
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list:
         """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`, a failing run
         :class:`RunError`."""
+        _check_mapping(input_feed)
+        shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
+        return self._tagged_run(self._session.run, output_names, input_feed, run_options, shapes, _array_signature)
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
+        """ONNX Runtime's ``run_with_ort_values`` (its ``OrtValue`` results); feeds that do not match the inputs
+        raise :class:`FeedError`, a failing run :class:`RunError`."""
+        _check_mapping(input_dict_ort_values)
+        shapes = {name: _ort_value_shape(value) for name, value in input_dict_ort_values.items()}
+        run = self._session.run_with_ort_values
+        return self._tagged_run(run, output_names, input_dict_ort_values, run_options, shapes, _ort_value_signature)
+
+    def _tagged_run(self, run, output_names, feeds: Mapping[str, Any], run_options, shapes, signature) -> list:
+        """``run(output_names, feeds, options)`` (ONNX Runtime's) tagged for its report with the feeds' ``shapes``;
+        ``signature(name, value)`` gives a feed's dtype and shape for the :class:`FeedError` of a failed run."""
         import onnxruntime as ort
 
-        _check_mapping(input_feed)
         with self._tag_lock:
             tag = next(self._tags)
         # a RunOptions of its own: the caller's may be reused or shared by threads (and would warn at a second tag)
         options = ort.RunOptions() if run_options is None else _copy_run_options(run_options)
         options.add_run_config_entry(RUN_TAG_KEY, str(tag))
-        shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
         has_moe = self._has_moe
         if has_moe:
             self.reporter.tag_run(tag, shapes)
         try:
-            results = self._session.run(output_names, input_feed, options)
+            results = run(output_names, feeds, options)
         except Exception as exc:  # ONNX Runtime refused or failed: one line saying why
-            self._check_feeds({name: _array_signature(value) for name, value in input_feed.items()})
+            self._check_feeds({name: signature(name, value) for name, value in feeds.items()})
             raise _run_error(exc) from None
         finally:  # its report waits for this (or for all its layers) while other threads' runs are reported
             if has_moe:
@@ -228,19 +244,6 @@ class InferenceSession:
         if not has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
         return results
-
-    def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
-        """ONNX Runtime's ``run_with_ort_values`` (its ``OrtValue`` results); feeds that do not match the inputs
-        raise :class:`FeedError`, a failing run :class:`RunError`. The run is not tagged: its report costs the
-        expert side only."""
-        _check_mapping(input_dict_ort_values)
-        try:
-            return self._session.run_with_ort_values(output_names, input_dict_ort_values, run_options)
-        except Exception as exc:
-            self._check_feeds(
-                {name: _ort_value_signature(name, value) for name, value in input_dict_ort_values.items()}
-            )
-            raise _run_error(exc) from None
 
     def _check_feeds(self, feeds: Mapping[str, tuple[np.dtype | str, tuple[int, ...]]]) -> None:
         """:class:`FeedError` for the first feed (``name -> (dtype, shape)``) that does not fit the inputs."""
@@ -325,9 +328,16 @@ def _check_mapping(feeds: object) -> None:
         raise FeedError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
 
 
-def _array_signature(value: Any) -> tuple[np.dtype, tuple[int, ...]]:
+def _array_signature(name: str, value: Any) -> tuple[np.dtype, tuple[int, ...]]:
     array = np.asarray(value)
     return array.dtype, array.shape
+
+
+def _ort_value_shape(value: Any) -> tuple[int, ...]:
+    """An ``OrtValue`` feed's shape for its run's report (anything else is refused by the run: no shape)."""
+    shape = getattr(value, "shape", None)
+    is_tensor = getattr(value, "is_tensor", None)
+    return tuple(shape()) if callable(shape) and callable(is_tensor) and is_tensor() else ()
 
 
 def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[int, ...]]:
@@ -343,7 +353,9 @@ def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[i
 
 
 def _run_error(exc: BaseException) -> RunError:
-    return RunError(f"the model failed while running: {' '.join(str(exc).split())[:300]}")
+    import textwrap
+
+    return RunError(f"the model failed while running: {textwrap.shorten(str(exc), 300, placeholder=' ...')}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -397,6 +409,29 @@ def _warn_ignored_providers(providers: Sequence[Any]) -> None:
 
         warnings.warn(
             f"ndp_ep.InferenceSession runs on {EP_NAME} and CPUExecutionProvider; ignoring {', '.join(ignored)}",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _check_no_provider_added(options) -> None:
+    """:class:`NdpEpError` for options that already carry this provider (``ndp_ep.session_options()``), whose
+    ``hw``, ``ndp_units``... the session would silently ignore; a warning for other providers added to them, which
+    the copy (:func:`_copy_session_options`) does not keep."""
+    has_providers = getattr(options, "has_providers", None)  # onnxruntime >= 1.24
+    if options is None or (has_providers is not None and not has_providers()):
+        return
+    if _config_entry(options.get_session_config_entry, OPTION_PREFIX + SESSION_KEY_OPTION) is not None:
+        raise NdpEpError(
+            f"sess_options already has {EP_NAME} added (by ndp_ep.session_options()): ndp_ep.InferenceSession adds it "
+            "itself; pass a SessionOptions without it and give hw=, ndp_units=, policy=, dtype= as keyword arguments"
+        )
+    if has_providers is not None:
+        import warnings
+
+        warnings.warn(
+            f"ndp_ep.InferenceSession runs on {EP_NAME} and CPUExecutionProvider; the providers added to sess_options "
+            "are not used",
             UserWarning,
             stacklevel=3,
         )

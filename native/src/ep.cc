@@ -209,7 +209,13 @@ OrtStatus* ComputeNode(const CompiledNode& node, OrtKernelContext* context) {
   NDP_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &output));
   void* out_data = nullptr;
   NDP_RETURN_IF_ERROR(g_api->GetTensorMutableData(output, &out_data));
-  if (tokens == 0) return nullptr;
+  if (tokens == 0) {  // still recorded: each run's report needs every layer's record, a zero-token one too
+    if (node.log) {
+      const size_t experts = static_cast<size_t>(spec.num_experts);
+      node.log->Append(RoutingRecord{CurrentRunId(), node.layer, 0, std::vector<int32_t>(experts)});
+    }
+    return nullptr;
+  }
 
   const size_t hidden_elems = tokens * static_cast<size_t>(spec.hidden);
   const float* xf = static_cast<const float*>(x.data);

@@ -1,6 +1,7 @@
 // Routing capture storage and its C interface for Python (ctypes on the library ONNX Runtime loaded).
 #include "routing_log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -9,7 +10,7 @@
 namespace ndp {
 namespace {
 std::mutex g_registry_mutex;
-std::map<std::string, std::weak_ptr<RoutingLog>> g_registry;
+std::map<std::string, std::vector<std::weak_ptr<RoutingLog>>> g_registry;
 std::atomic<int64_t> g_next_run_id{kUntaggedRunBase};
 thread_local int64_t t_run_id = 0;
 }  // namespace
@@ -58,17 +59,32 @@ int64_t RoutingLog::Take(int64_t* meta, size_t max_records, int32_t* counts, siz
 
 std::shared_ptr<RoutingLog> OpenRoutingLog(const std::string& key, size_t capacity) {
   std::lock_guard<std::mutex> lock(g_registry_mutex);
-  for (auto it = g_registry.begin(); it != g_registry.end();)  // forget logs of closed sessions
-    it = it->second.expired() ? g_registry.erase(it) : std::next(it);
+  for (auto it = g_registry.begin(); it != g_registry.end();) {  // forget logs of closed sessions
+    auto& logs = it->second;
+    logs.erase(std::remove_if(logs.begin(), logs.end(), [](const auto& log) { return log.expired(); }), logs.end());
+    it = logs.empty() ? g_registry.erase(it) : std::next(it);
+  }
   auto log = std::make_shared<RoutingLog>(capacity);
-  g_registry[key] = log;
+  g_registry[key].push_back(log);
   return log;
 }
 
-std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key) {
+std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key, bool* shared) {
   std::lock_guard<std::mutex> lock(g_registry_mutex);
+  *shared = false;
   auto it = g_registry.find(key);
-  return it == g_registry.end() ? nullptr : it->second.lock();
+  if (it == g_registry.end()) return nullptr;
+  std::shared_ptr<RoutingLog> found;
+  for (const auto& entry : it->second) {
+    auto log = entry.lock();
+    if (!log) continue;
+    if (found) {
+      *shared = true;
+      return nullptr;
+    }
+    found = std::move(log);
+  }
+  return found;
 }
 
 int64_t CurrentRunId() { return t_run_id; }
@@ -81,11 +97,12 @@ void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(
 
 // Moves up to request->max_records records out of the log of request->key (see NdpRoutingTake). Returns the
 // records taken; -1 for an unknown key or bad arguments, -2 when the oldest record has more experts than
-// request->width.
+// request->width, -3 when several live sessions share the key.
 NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) {
   if (!request || !request->key || request->max_records < 0 || request->width < 0) return -1;
-  auto log = ndp::FindRoutingLog(request->key);
-  if (!log) return -1;
+  bool shared = false;
+  auto log = ndp::FindRoutingLog(request->key, &shared);
+  if (!log) return shared ? -3 : -1;
   uint64_t dropped = 0;
   const int64_t taken = log->Take(request->meta, static_cast<size_t>(request->max_records), request->counts,
                                   static_cast<size_t>(request->width), &dropped);
@@ -93,10 +110,12 @@ NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) {
   return taken < 0 ? -2 : taken;
 }
 
-// The compiled nodes' names, '\n'-separated, in layer-index order; returns the size needed (with the NUL).
+// The compiled nodes' names, '\n'-separated, in layer-index order; returns the size needed (with the NUL), -1 for
+// an unknown key, -3 when several live sessions share it.
 NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t capacity) {
-  auto log = ndp::FindRoutingLog(key);
-  if (!log) return -1;
+  bool shared = false;
+  auto log = ndp::FindRoutingLog(key, &shared);
+  if (!log) return shared ? -3 : -1;
   std::string text;
   for (const auto& name : log->layers()) text += (text.empty() ? "" : "\n") + name;
   if (buffer && capacity > 0) {

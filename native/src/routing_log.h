@@ -54,9 +54,11 @@ class RoutingLog {
   uint64_t dropped_ = 0;
 };
 
-// Process-wide map from a session key (EP option `session_key`) to the session's log.
+// Process-wide map from a session key (EP option `session_key`) to the logs of the live sessions opened with it.
 std::shared_ptr<RoutingLog> OpenRoutingLog(const std::string& key, size_t capacity);
-std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key);
+// The log of the one live session opened with `key`; null when there is none or, with *shared set, when several
+// live sessions were opened with it (whose records cannot be told apart by key).
+std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key, bool* shared);
 
 // The run id of the calling thread, set by the EP's OnRunStart: the caller's tag (> 0) or, for untagged
 // runs, a process-wide counter starting at kUntaggedRunBase.

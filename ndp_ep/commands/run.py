@@ -62,7 +62,11 @@ def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None
     counts = " and ".join(str(s) for s in shards)
     counts += " shard" if shards == [1] else " shards"
     advice = ""
-    if all(spec.ffn % ndp_units == 0 for spec in specs):
+    # as a conversion splits: the FFN width evenly, on quantization-block boundaries for quantized experts
+    if all(
+        spec.ffn % ndp_units == 0 and (not spec.quantized or (spec.ffn // ndp_units) % spec.quant_block_size == 0)
+        for spec in specs
+    ):
         advice = f" (convert with --shards {ndp_units} to run the numerics that way too)"
     return (
         f"the model's experts are split into {counts} but the hardware has {plural(ndp_units, 'NDP unit')}: "
@@ -176,9 +180,13 @@ def _run(args: argparse.Namespace) -> int:
     check_fits_in_memory(session, feeds)
     names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(names, feeds, _quiet_run_options()), strict=True))
+    report = session.last_report
+    if report is None:  # every run is reported (a zero-token one too): the routing log lost this one
+        from ndp_ep.errors import RunError
+
+        raise RunError("the run's routing was not recorded, so it has no report; nothing written")
     if args.outputs:
         save_arrays(args.outputs, outputs)
-    report = session.last_report
     if args.trace:
         from hw_model.chrome_trace import write_chrome_trace
 

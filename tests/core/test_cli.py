@@ -230,6 +230,15 @@ def test_run_warns_when_the_models_shards_differ_from_the_ndp_units(capsys, conv
     assert code == 0 and "warning" not in err
 
 
+def test_the_shard_advice_is_given_only_where_a_conversion_could_follow_it(capsys):
+    # int8 experts, FFN 64 in quantization blocks of 32: a conversion for 4 NDP units makes 2 shards at most
+    int8 = SAMPLES / "genai" / "gpt_oss_int8" / "model.onnx"
+    code, _, err = call("run", int8, "--ndp-units", "4", capsys=capsys)
+    assert code == 0
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert "split into 2 shards" in warning and "--shards" not in warning  # converting again would change nothing
+
+
 def test_run_on_a_gpu_only_hardware_file_simulates_the_gpu_policy_without_a_shard_warning(tmp_path, capsys):
     text = (REPO / "hw_model" / "presets" / "paper.toml").read_text(encoding="utf-8")
     assert "\nnum_ndp_units = 4\n" in text

@@ -160,6 +160,44 @@ def test_a_requested_provider_the_session_does_not_use_is_named_in_a_warning(blo
         ndp_ep.InferenceSession(block, None, ["NdpExecutionProvider", "CPUExecutionProvider"])
 
 
+def test_a_zero_token_run_gets_a_report_of_its_own_without_expert_work(block):
+    session = ndp_ep.InferenceSession(block)
+    session.run(None, {"hidden_states": np.ones((1, 2, 64), np.float32)})
+    (empty,) = session.run(None, {"hidden_states": np.ones((0, 2, 64), np.float32)})
+    assert empty.shape == (0, 2, 64)
+    report = session.last_report
+    assert (report.run_index, report.tokens, report.layers, report.moe_s) == (1, 0, (), 0.0)
+    assert any("no tokens" in note for note in report.notes)
+    session.run(None, {"hidden_states": np.ones((1, 1, 64), np.float32)})
+    assert [r.tokens for r in session.reports] == [2, 0, 1]
+
+
+def test_options_that_already_carry_the_provider_are_refused_not_silently_overridden(block):
+    with pytest.raises(ndp_ep.NdpEpError, match="already has NdpExecutionProvider added"):
+        ndp_ep.InferenceSession(block, ndp_ep.session_options(hw="edge", ndp_units=2))
+    other = ort.SessionOptions()
+    other.add_provider("CPUExecutionProvider", {})
+    with pytest.warns(UserWarning, match="providers added to sess_options are not used"):
+        ndp_ep.InferenceSession(block, other)
+
+
+def test_run_with_ort_values_is_reported_like_run_non_expert_work_included(samples_dir):
+    decoder = samples_dir / "moe_decoder.onnx"
+    ids = np.array([[3, 1, 4, 1, 5, 9]], np.int64)
+    with_arrays = ndp_ep.InferenceSession(decoder)
+    with_arrays.run(None, {"input_ids": ids})
+    with_values = ndp_ep.InferenceSession(decoder)
+    (logits,) = with_values.run_with_ort_values(None, {"input_ids": ort.OrtValue.ortvalue_from_numpy(ids)})
+    assert logits.shape() == [1, 6, 128]
+    expected, got = with_arrays.last_report, with_values.last_report
+    assert got.non_expert_gpu_s > 0 and not any("untagged" in note for note in got.notes)
+    assert (got.tokens, got.non_expert_gpu_s, got.simulated_latency_s) == (
+        expected.tokens,
+        expected.non_expert_gpu_s,
+        expected.simulated_latency_s,
+    )
+
+
 def test_get_providers_is_the_real_sessions_and_onnx_runtime_methods_are_delegated(block):
     session = ndp_ep.InferenceSession(block)
     assert session.get_providers() == ["NdpExecutionProvider", "CPUExecutionProvider"]

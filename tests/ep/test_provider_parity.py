@@ -181,6 +181,42 @@ def test_routing_nobody_reads_is_bounded_and_the_drop_is_counted(tmp_path):
     assert totals == counts.sum(axis=1).tolist()
 
 
+def test_sessions_sharing_a_key_refuse_to_report_until_only_one_is_left(tmp_path):
+    import gc
+
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
+    options = ndp_ep.session_options()  # one key, reused for two sessions as ONNX Runtime allows
+    first = ort.InferenceSession(str(converted), options)
+    second = ort.InferenceSession(str(converted), options)
+    first.run(None, {"hidden_states": np.ones((1, 5, 64), np.float32)})
+    second.run(None, {"hidden_states": np.ones((1, 1, 64), np.float32)})
+    for session in (first, second):  # each would read the other's routing (or its own, depending on order)
+        with pytest.raises(ndp_ep.NdpEpError, match="several live sessions were created with the session key"):
+            ndp_ep.last_report(session)
+    del second, session  # the loop's variable too
+    gc.collect()
+    first.run(None, {"hidden_states": np.ones((1, 3, 64), np.float32)})
+    from ndp_ep.reporter import reporter_for
+
+    assert [r.tokens for r in reporter_for(first).reports] == [5, 3]  # its own runs, in order
+
+
+def test_a_plain_sessions_model_file_gone_before_its_first_report_is_a_typed_error(tmp_path):
+    converted = tmp_path / "block.ndp.onnx"
+    ndp_ep.convert_model(SAMPLES / "moe_block.onnx", converted, shards=2)
+    feeds = {"hidden_states": np.ones((1, 2, 64), np.float32)}
+    bound = ort.InferenceSession(str(converted), ndp_ep.session_options())
+    assert ndp_ep.last_report(bound) is None  # read once: what its reports need is kept
+    late = ort.InferenceSession(str(converted), ndp_ep.session_options())
+    converted.unlink()
+    bound.run(None, feeds)
+    late.run(None, feeds)
+    assert ndp_ep.last_report(bound).tokens == 2
+    with pytest.raises(ndp_ep.NdpEpError, match="cannot read the session's model .* again to build its report"):
+        ndp_ep.last_report(late)
+
+
 def test_routing_counts_are_the_routers_top_k_choices_per_expert_in_run_order(tmp_path):
     from ndp_ep.ep import RoutingReader
 
