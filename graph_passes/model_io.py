@@ -284,7 +284,8 @@ def owned_data_files(path: str | os.PathLike[str]) -> list[Path]:
 def output_files(path: str | os.PathLike[str]) -> list[Path]:
     """Every file saving a model to ``path`` may create, replace or delete (for no-clobber checks)."""
     path = Path(path)
-    return [path, path.with_name(path.name + DATA_SUFFIX), *owned_data_files(path)]
+    # once: an earlier save's data file is usually the default one (a repeated file reads as two outputs colliding)
+    return list(dict.fromkeys([path, path.with_name(path.name + DATA_SUFFIX), *owned_data_files(path)]))
 
 
 def _fresh_data_path(path: Path) -> Path:

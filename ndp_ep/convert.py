@@ -148,6 +148,17 @@ def genai_folder_config(source: Path, output: Path) -> dict | None:
         config["model"]["decoder"]["filename"] = output.name
     except (ValueError, KeyError, TypeError, OSError) as exc:
         raise ConversionError(f"{config_path} is not a readable GenAI config ({type(exc).__name__})") from None
+    existing = output.parent / GENAI_CONFIG
+    if existing.is_file():  # replaced only when it is this output's own (a conversion again)
+        try:
+            owner = json.loads(existing.read_text())["model"]["decoder"]["filename"]
+        except (ValueError, KeyError, TypeError, OSError):
+            owner = None
+        if owner != output.name:
+            raise ConversionError(
+                f"{existing} is another model's GenAI config ({'decoder ' + repr(owner) if owner else 'unreadable'}): "
+                "converting a GenAI model writes its own there; convert into another folder"
+            )
     return config
 
 

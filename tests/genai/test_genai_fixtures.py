@@ -70,6 +70,21 @@ def test_a_converted_folder_points_genai_at_the_converted_file(tmp_path, capsys)
     assert config == original
 
 
+def test_a_second_genai_model_is_not_converted_over_another_ones_folder(tmp_path, capsys):
+    from ndp_ep.cli import main
+
+    convert_json(GENAI_DIR / "gpt_oss_fp32" / "model.onnx", tmp_path / "gpt_oss.ndp.onnx", capsys)
+    before = (tmp_path / "genai_config.json").read_bytes()
+    code = main(["convert", str(GENAI_DIR / "lfm2_moe_fp32" / "model.onnx"), "-o", str(tmp_path / "lfm2.ndp.onnx")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "another model's GenAI config" in err
+    assert (tmp_path / "genai_config.json").read_bytes() == before and not (tmp_path / "lfm2.ndp.onnx").exists()
+    # its own config: converting the same model again replaces it, and its weights file (it failed as "two outputs
+    # are the same file", the old weights file counted twice)
+    convert_json(GENAI_DIR / "gpt_oss_fp32" / "model.onnx", tmp_path / "gpt_oss.ndp.onnx", capsys)
+    assert len(list(tmp_path.glob("gpt_oss.ndp.onnx*data"))) == 1
+
+
 def _with_outputs(precisions):
     return [n for n, e in sorted(FIXTURES.items()) if e["cpu_outputs"] and e["weight_dtype"] in precisions]
 
