@@ -42,9 +42,10 @@ class DecoderConfig:
     num_key_value_heads: int | None = None
     vocab_size: int | None = None
     sliding_window: int | None = None
+    context_length: int | None = None  # the longest sequence the model takes (its rotary caches' length)
 
     def __post_init__(self) -> None:
-        for name in ("head_size", "num_key_value_heads", "vocab_size", "sliding_window"):
+        for name in ("head_size", "num_key_value_heads", "vocab_size", "sliding_window", "context_length"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"DecoderConfig.{name} must be a positive integer, got {value!r}")
@@ -73,6 +74,7 @@ def read_genai_config(model_path: str | Path | None) -> DecoderConfig | None:
         num_key_value_heads=positive(decoder.get("num_key_value_heads")),
         vocab_size=positive(model.get("vocab_size")),
         sliding_window=positive(window.get("window_size") if isinstance(window, dict) else None),
+        context_length=positive(model.get("context_length")),
     )
 
 

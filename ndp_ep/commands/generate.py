@@ -1,13 +1,16 @@
 """``ndp-ep generate MODEL_DIR``: greedy generation with ONNX Runtime GenAI on the NDP provider, with reports.
 
 MODEL_DIR is an ONNX Runtime GenAI model folder (``genai_config.json`` + the decoder ONNX file), converted by
-``ndp-ep convert`` or not (then it is converted into a temporary folder first and itself serves as the
-reference). The library is registered with GenAI (``og.register_execution_provider_library``) and appended as
-its provider; a prompt of ``--prompt-tokens`` token ids (seeded, in the vocabulary) is followed by
-``--new-tokens`` greedy steps. The routing each step took, captured by the provider, is simulated in step order on
-one simulator (the prefetcher's state evolves across steps): the prefill report and per-token decode latency.
-With a reference (the unconverted folder, or ``--reference``), GenAI also generates without the provider and
-the tokens are compared.
+``ndp-ep convert`` or not (then it is converted into a temporary folder first, keeping the folder's layout, and
+itself serves as the reference; errors and ``--json`` still name MODEL_DIR). Every ``genai_config.json`` value
+read here is checked first (one-line :class:`ndp_ep.errors.ModelLoadError` naming the file and the field), the
+decoder with the checks ``ndp-ep run`` applies, and a prompt plus new tokens longer than the context length is
+refused saying which sizes fit (:class:`ndp_ep.errors.FeedError`). The library is registered with GenAI
+(``og.register_execution_provider_library``) and appended as its provider; a prompt of ``--prompt-tokens`` token
+ids (seeded, in the vocabulary) is followed by ``--new-tokens`` greedy steps. The routing each step took, captured
+by the provider, is simulated in step order on one simulator (the prefetcher's state evolves across steps): the
+prefill report and per-token decode latency. With a reference (the unconverted folder, or ``--reference``), GenAI
+also generates without the provider and the tokens are compared.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import argparse
 import json
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
+from typing import NoReturn
 
 HELP = "greedy generation of a GenAI model folder on the NDP provider, with prefill and per-token simulated latency"
+DEFAULT_TOKENS = 512  # --prompt-tokens and --new-tokens: the paper's workload
+GENAI_CONFIG = "genai_config.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="ONNX Runtime GenAI model folder (converted by ndp-ep convert, or not)")
     for flag, what in (("--prompt-tokens", "prompt length in tokens"), ("--new-tokens", "tokens to generate")):
         parser.add_argument(
-            flag, type=bounded_int(1, MAX_SEQ_LEN), default=512, metavar="N", help=f"{what}, 1-{MAX_SEQ_LEN:,}"
+            flag,
+            type=bounded_int(1, MAX_SEQ_LEN),
+            default=DEFAULT_TOKENS,
+            metavar="N",
+            help=f"{what}, 1-{MAX_SEQ_LEN:,}",
         )
     parser.add_argument("--reference", help="the unconverted GenAI folder to compare tokens with (no provider)")
     parser.add_argument("--no-check", action="store_true", help="do not generate the reference tokens")
@@ -54,41 +64,116 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise NdpEpError("ndp-ep generate needs onnxruntime-genai: pip install 'ndp-ep[genai]'") from None
     model_dir = Path(args.model_dir)
+    reference = Path(args.reference) if args.reference else None
     config = _genai_config(model_dir)
-    context = config["model"].get("context_length")
-    if isinstance(context, int) and args.prompt_tokens + args.new_tokens > context:
-        raise NdpEpError(
-            f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceed the model's context length "
-            f"{context}"
-        )
+    check_fits(model_dir, config, args.prompt_tokens, args.new_tokens)
+    reference_config = _genai_config(reference) if reference is not None else config
+    if reference is not None:  # checked before any work, as MODEL_DIR is
+        check_fits(reference, reference_config, args.prompt_tokens, args.new_tokens)
+        _load_decoder(reference, reference_config)
+    decoder = _load_decoder(model_dir, config)
+    converted = _is_converted(decoder)
     with tempfile.TemporaryDirectory(prefix="ndp-ep-generate-") as tmp:
-        reference = Path(args.reference) if args.reference else None
-        if not _is_converted(model_dir, config):
+        folder = model_dir
+        if not converted:
             reference = reference or model_dir
-            model_dir = _convert_folder(model_dir, config, Path(tmp) / "model", args)
-        if reference is not None:
-            _genai_config(reference)
-        result = _generate(og, model_dir, config, args)
+            folder = _convert_folder(model_dir, config, Path(tmp) / "model", args)
+            decoder = _load_decoder(folder, config, check=False)  # just written by the conversion
+        result = _generate(og, folder, config, decoder, args, shown=model_dir)
+        result["converted_in_memory"] = not converted
         if reference is not None and not args.no_check:
-            expected = _greedy(og, reference, result["prompt"], args.new_tokens, provider_options=None)
+            expected = _greedy(og, reference, reference_config, result["prompt"], args.new_tokens, None)
             result["reference_tokens_identical"] = expected == result["tokens"]
         _print(result, args)
         return 0 if result.get("reference_tokens_identical", True) else 1
 
 
+def check_fits(folder: Path, config: dict, prompt_tokens: int, new_tokens: int) -> None:
+    """:class:`ndp_ep.errors.FeedError` when the prompt and the new tokens exceed the config's context length,
+    naming the largest sizes that fit (GenAI would fail later, deep in an attention node's rotary cache)."""
+    from ndp_ep.errors import FeedError
+
+    context = config["model"].get("context_length")
+    total = prompt_tokens + new_tokens
+    if context is None or total <= context:
+        return
+    if context < 2:
+        advice = "no generation fits in it (a prompt and one new token need 2)"
+    else:
+        fits = [f"--prompt-tokens {context - context // 2} --new-tokens {context // 2}"]
+        if prompt_tokens < context:
+            fits.append(f"--new-tokens {context - prompt_tokens} to keep this prompt")
+        if new_tokens < context:
+            fits.append(f"--prompt-tokens {context - new_tokens} to keep these new tokens")
+        advice = f"pass sizes that add up to at most {context:,}: " + ", or ".join(fits)
+    if prompt_tokens == new_tokens == DEFAULT_TOKENS:
+        advice += f" (the defaults, {DEFAULT_TOKENS} each, are the paper's workload: they need a context of {total:,})"
+    raise FeedError(
+        f"--prompt-tokens {prompt_tokens} + --new-tokens {new_tokens} = {total:,} tokens exceed the context "
+        f"length {context:,} of {folder / GENAI_CONFIG} (model.context_length); {advice}"
+    )
+
+
 def _genai_config(folder: Path) -> dict:
+    """``folder``'s ``genai_config.json``, every value this command reads checked: :class:`ModelLoadError`
+    naming the file and the field otherwise (a bad value would fail later as a traceback, or read outside the
+    folder: a decoder ``filename`` must be a relative path inside it, as GenAI requires)."""
     from ndp_ep.errors import ModelLoadError
 
-    path = folder / "genai_config.json"
+    path = folder / GENAI_CONFIG
     if not path.is_file():
-        raise ModelLoadError(f"{folder} is not an ONNX Runtime GenAI model folder (no genai_config.json)")
+        raise ModelLoadError(f"{folder} is not an ONNX Runtime GenAI model folder (no {GENAI_CONFIG})")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-        decoder = config["model"]["decoder"]
-        if not (folder / decoder["filename"]).is_file():
-            raise ModelLoadError(f"{folder}: the decoder file {decoder['filename']} is missing")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{path}: not a GenAI config ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelLoadError(f"{path}: not a GenAI config (not JSON: {exc})") from None
+
+    def refuse(field: str, value: object, what: str) -> NoReturn:
+        shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ModelLoadError(f"{path}: {field} must be {what}, got {shown}")
+
+    def mapping(parent: dict, key: str, field: str, required: bool = True) -> dict:
+        value = parent.get(key)
+        if value is None and not required:
+            return {}
+        if key not in parent:
+            raise ModelLoadError(f"{path}: {field} is missing")
+        if not isinstance(value, dict):
+            refuse(field, value, "an object")
+        return value
+
+    def integer(parent: dict, key: str, field: str, minimum: int) -> None:
+        value = parent.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
+            refuse(field, value, "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: not a GenAI config (not a JSON object)")
+    model = mapping(config, "model", "model")
+    decoder = mapping(model, "decoder", "model.decoder")
+    integer(model, "context_length", "model.context_length", 1)
+    integer(model, "vocab_size", "model.vocab_size", 1)
+    integer(decoder, "head_size", "model.decoder.head_size", 1)
+    window = mapping(decoder, "sliding_window", "model.decoder.sliding_window", required=False)
+    integer(window, "window_size", "model.decoder.sliding_window.window_size", 1)
+    integer(window, "cache_slack", "model.decoder.sliding_window.cache_slack", 0)
+    names = mapping(decoder, "inputs", "model.decoder.inputs", required=False)
+    for key in ("past_key_names", "past_value_names"):
+        if key in names and not isinstance(names[key], str):
+            refuse(f"model.decoder.inputs.{key}", names[key], "a string")
+    filename = decoder.get("filename")
+    if "filename" not in decoder:
+        raise ModelLoadError(f"{path}: model.decoder.filename is missing")
+    if not isinstance(filename, str) or not filename.strip() or "\0" in filename:
+        refuse("model.decoder.filename", filename, "the decoder's file name")
+    parts = filename.replace("\\", "/").split("/")
+    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or ".." in parts:
+        refuse("model.decoder.filename", filename, "a path inside the model folder (relative, no '..')")
+    if not (folder / filename).is_file():
+        raise ModelLoadError(f"{path}: model.decoder.filename names {filename}, which is not a file in {folder}")
     return config
 
 
@@ -96,54 +181,75 @@ def _decoder(folder: Path, config: dict) -> Path:
     return folder / config["model"]["decoder"]["filename"]
 
 
-def _is_converted(folder: Path, config: dict) -> bool:
-    import onnx
+def _load_decoder(folder: Path, config: dict, check: bool = True):
+    """The decoder's graph (no weight bytes), checked as ``ndp-ep run`` checks a model: structure, tensor
+    headers, external data inside its folder (:func:`graph_passes.model_io.load_model`)."""
+    from graph_passes.model_io import load_model
+    from ndp_ep.errors import graph_pass_errors
 
+    with graph_pass_errors():
+        model, _ = load_model(_decoder(folder, config), check=check)
+    return model
+
+
+def _is_converted(model) -> bool:
     from ndp_ep.partition import is_ndp_supported
 
-    model = onnx.load(str(_decoder(folder, config)), load_external_data=False)
     return any(is_ndp_supported(n) for n in model.graph.node)
 
 
 def _convert_folder(source: Path, config: dict, target: Path, args) -> Path:
-    """A converted copy of a GenAI folder: the decoder rewritten, every other file copied."""
+    """A converted copy of a GenAI folder, its layout kept (the config names the decoder by its relative path):
+    the decoder rewritten, every other file copied."""
     from ndp_ep.convert import convert_model
     from ndp_ep.errors import ConversionError
 
     decoder = _decoder(source, config)
-    target.mkdir(parents=True)
-    for item in source.iterdir():
-        if item.is_file() and not item.name.startswith(decoder.name):
-            shutil.copy2(item, target / item.name)
-    result = convert_model(decoder, target / decoder.name, hw=args.hw, ndp_units=args.ndp_units, shards=args.shards)
+    for item in sorted(source.rglob("*")):
+        # regular files only (a named pipe would block the copy); not the decoder and its data files
+        # (model.onnx, model.onnx.data): the conversion writes its own
+        if item.is_file() and not (item.parent == decoder.parent and item.name.startswith(decoder.name)):
+            copy = target / item.relative_to(source)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item, copy)
+    converted = target / decoder.relative_to(source)
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    result = convert_model(decoder, converted, hw=args.hw, ndp_units=args.ndp_units, shards=args.shards)
     if not result.report.blocks:
         raise ConversionError(f"{source}: no MoE block converted ({len(result.report.skipped)} skipped)")
     return target
 
 
-def _greedy(og, folder: Path, prompt: list[int], new_tokens: int, provider_options: dict | None):
-    """Greedy tokens of a GenAI folder, on the provider when ``provider_options`` is given; and the model."""
+def _greedy(
+    og,
+    folder: Path,
+    config: dict,
+    prompt: list[int],
+    new_tokens: int,
+    provider_options: dict | None,
+    shown: Path | None = None,
+):
+    """Greedy tokens of a GenAI folder, on the provider when ``provider_options`` is given; and the model.
+    ``shown`` is the user's folder when ``folder`` is its converted copy in a temporary folder: errors name it."""
     import numpy as np
 
-    from graph_passes.feeds import GENAI_CONFIG, read_genai_config
     from ndp_ep.ep import EP_NAME
     from ndp_ep.errors import NdpEpError
 
+    window = (config["model"]["decoder"].get("sliding_window") or {}).get("window_size") or 0
     try:
-        config = og.Config(str(folder))
-        config.clear_providers()
+        settings = og.Config(str(folder))
+        settings.clear_providers()
         # ONNX Runtime's own log of a failing run stays off stderr (fatal only): the one-line error below says it
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"log_severity_level": 4}}}}))
+        settings.overlay(json.dumps({"model": {"decoder": {"session_options": {"log_severity_level": 4}}}}))
         if provider_options is not None:
-            config.append_provider(EP_NAME)
+            settings.append_provider(EP_NAME)
             for key, value in provider_options.items():
-                config.set_provider_option(EP_NAME, key, str(value))
-        model = og.Model(config)
+                settings.set_provider_option(EP_NAME, key, str(value))
+        model = og.Model(settings)
         params = og.GeneratorParams(model)
         # a sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window;
         # a longer one changes no token: the loop stops after new_tokens
-        decoder = read_genai_config(folder / GENAI_CONFIG)
-        window = decoder.sliding_window if decoder is not None and decoder.sliding_window is not None else 0
         params.set_search_options(max_length=max(len(prompt) + new_tokens, window), do_sample=False)
         generator = og.Generator(model, params)
         generator.append_tokens(np.asarray(prompt, dtype=np.int32))
@@ -153,17 +259,22 @@ def _greedy(og, folder: Path, prompt: list[int], new_tokens: int, provider_optio
             tokens.append(int(generator.get_next_tokens()[0]))
     except RuntimeError as exc:  # onnxruntime-genai reports every failure as RuntimeError
         lines = str(exc).strip().splitlines()
-        raise NdpEpError(f"onnxruntime-genai ({folder}): {lines[0] if lines else type(exc).__name__}") from None
+        line = lines[0] if lines else type(exc).__name__
+        where = str(folder)
+        if shown is not None and shown != folder:  # never the temporary folder, which is gone when this is read
+            line = line.replace(str(folder), str(shown))
+            where = f"{shown}, its decoder converted in memory"
+        raise NdpEpError(f"onnxruntime-genai ({where}): {line}") from None
     if provider_options is None:
         return tokens
     return tokens, model
 
 
-def _generate(og, folder: Path, config: dict, args) -> dict:
+def _generate(og, folder: Path, config: dict, graph_model, args, shown: Path) -> dict:
+    """Generation on the provider in ``folder`` (``graph_model``: its decoder's graph), with the reports."""
     import time
 
     import numpy as np
-    import onnx
 
     from hw_model.hardware import load_system
     from ndp_ep.cli import warn
@@ -172,13 +283,16 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     from ndp_ep.reporter import SessionReporter
 
     register()
-    og.register_execution_provider_library(EP_NAME, get_library_path())
+    try:
+        og.register_execution_provider_library(EP_NAME, get_library_path())
+    except RuntimeError as exc:  # by an earlier generation in this process: GenAI keeps it for the process
+        if "already registered" not in str(exc):
+            raise
     system = load_system(args.hw, args.ndp_units)
-    vocab = int(config["model"].get("vocab_size", 2))
+    vocab = config["model"].get("vocab_size", 2)
     prompt = np.random.default_rng(args.seed).integers(0, vocab, args.prompt_tokens).tolist()
     key = new_session_key()
     options = {"session_key": key, "hw": system.name, "ndp_units": system.num_ndp_units, "routing_capacity": 1 << 20}
-    graph_model = onnx.load(str(_decoder(folder, config)), load_external_data=False)
     shapes = _step_shapes(graph_model, len(prompt), config)
     reporter = SessionReporter(
         graph_model, system, key, policy=args.policy, report_ring=args.new_tokens + 1, untagged_shapes=shapes
@@ -187,14 +301,14 @@ def _generate(og, folder: Path, config: dict, args) -> dict:
     if mismatch:  # as ndp-ep run says it
         warn("generate", mismatch)
     start = time.perf_counter()
-    tokens, model = _greedy(og, folder, prompt, args.new_tokens, options)
+    tokens, model = _greedy(og, folder, config, prompt, args.new_tokens, options, shown=shown)
     wall_s = time.perf_counter() - start
     reports = reporter.reports  # read while the model (and the provider's routing log) is alive
     del model
     prefill, steps = (reports[0], reports[1:]) if reports else (None, [])
     decode_s = [r.simulated_latency_s for r in steps]
     return {
-        "model_dir": str(folder),
+        "model_dir": str(shown),
         "prompt": prompt,
         "tokens": tokens,
         "wall_s": wall_s,

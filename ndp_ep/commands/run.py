@@ -172,6 +172,17 @@ def _run(args: argparse.Namespace) -> int:
         from graph_passes.feeds import is_kv_cache_decoder, random_feeds, read_genai_config
 
         config = read_genai_config(args.model)
+        if config is not None and config.context_length is not None and args.seq_len > config.context_length:
+            from pathlib import Path
+
+            from graph_passes.feeds import GENAI_CONFIG
+            from ndp_ep.errors import FeedError
+
+            raise FeedError(  # ONNX Runtime would fail in an attention node ("cos_cache dimension 0 ...")
+                f"--seq-len {args.seq_len} exceeds the context length {config.context_length:,} of "
+                f"{Path(args.model).parent / GENAI_CONFIG} (model.context_length); pass --seq-len "
+                f"{config.context_length} or less"
+            )
         model = session.converted_model
         feeds = random_feeds(model, seed=args.seed, seq_len=args.seq_len, config=config)
         kind = "first-step decoder feeds (empty KV cache)" if is_kv_cache_decoder(model) else "feeds"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 FIXTURE = Path(__file__).resolve().parents[2] / "sample_models" / "genai" / "gpt_oss_fp32"
+INSIDE = "must be a path inside the model folder (relative, no '..')"
 
 
 def test_generate_rejects_a_folder_without_a_genai_config_in_one_line(cli, tmp_path):
@@ -89,3 +90,176 @@ def test_step_shapes_keep_a_conv_state_at_its_declared_size():
         "past.0.conv": (1, 64, 2),
         "past.2.conv": (1, 64, 2),
     }
+
+
+# -- bad input: one line naming the file and the field, exit 2 (in-process through ndp_ep.cli.main) -------------
+
+
+def _generate(*args: object, capsys) -> tuple[int, str, str]:
+    from ndp_ep.cli import main
+
+    capsys.readouterr()
+    code = main(["generate", *(str(a) for a in args)])
+    done = capsys.readouterr()
+    return code, done.out, done.err
+
+
+def _error_line(result: tuple[int, str, str]) -> str:
+    code, _out, err = result
+    assert code == 2, result
+    (line,) = err.strip().splitlines()
+    assert line.startswith("ndp-ep generate: error: ") and "Traceback" not in err
+    return line
+
+
+def _fixture_copy(tmp_path: Path, edit=None, name: str = "model") -> Path:
+    """A copy of the gpt_oss_fp32 GenAI folder, its genai_config.json changed by ``edit(config)``."""
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    folder = tmp_path / name
+    shutil.copytree(FIXTURE, folder)
+    if edit is not None:
+        config = json.loads((folder / "genai_config.json").read_text())
+        edit(config)
+        (folder / "genai_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _set(path: str, value):
+    def edit(config: dict) -> None:
+        *parents, key = path.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("model.vocab_size", 0, "must be a positive integer, got 0"),
+        ("model.vocab_size", "abc", "must be a positive integer, got 'abc'"),
+        ("model.context_length", True, "must be a positive integer, got true"),
+        ("model.decoder.head_size", "16", "must be a positive integer, got '16'"),
+        ("model.decoder.sliding_window.window_size", -1, "must be a positive integer, got -1"),
+        ("model.decoder.sliding_window.cache_slack", "0", "must be an integer >= 0, got '0'"),
+        ("model.decoder.inputs.past_key_names", 3, "must be a string, got 3"),
+        ("model.decoder.filename", "../outside/model.onnx", f"{INSIDE}, got '../outside/model.onnx'"),
+        ("model.decoder.filename", str(FIXTURE / "model.onnx"), f"{INSIDE}, got {str(FIXTURE / 'model.onnx')!r}"),
+    ],
+)
+def test_a_bad_genai_config_value_is_one_line_naming_the_file_and_the_field(tmp_path, capsys, field, value, says):
+    pytest.importorskip("onnxruntime_genai")
+    folder = _fixture_copy(tmp_path, _set(field, value))
+    shutil.copytree(FIXTURE, tmp_path / "outside")  # what a traversing filename would reach
+    before = sorted(tmp_path.rglob("*"))
+    line = _error_line(_generate(folder, "--prompt-tokens", "4", "--new-tokens", "2", capsys=capsys))
+    assert line.endswith(f"{folder / 'genai_config.json'}: {field} {says}")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_missing_decoder_section_is_named_as_the_missing_field(tmp_path, capsys):
+    pytest.importorskip("onnxruntime_genai")
+    folder = _fixture_copy(tmp_path, lambda config: config["model"].pop("decoder"))
+    line = _error_line(_generate(folder, "--prompt-tokens", "4", "--new-tokens", "2", capsys=capsys))
+    assert line.endswith(f"{folder / 'genai_config.json'}: model.decoder is missing")
+
+
+def test_a_decoder_that_is_not_onnx_is_refused_by_the_checked_loader_in_one_line(tmp_path, capsys):
+    pytest.importorskip("onnxruntime_genai")
+    folder = _fixture_copy(tmp_path)
+    (folder / "model.onnx").write_text("not a model\n")
+    line = _error_line(_generate(folder, "--prompt-tokens", "4", "--new-tokens", "2", capsys=capsys))
+    assert line.endswith(f"{folder / 'model.onnx'} is not an ONNX model (DecodeError)")
+
+
+def test_bad_input_from_the_api_is_a_typed_error(tmp_path):
+    pytest.importorskip("onnxruntime_genai")
+    from ndp_ep.cli import build_parser
+    from ndp_ep.commands import generate
+    from ndp_ep.errors import ModelLoadError
+
+    folder = _fixture_copy(tmp_path, _set("model.vocab_size", 0))
+    argv = ["generate", str(folder), "--prompt-tokens", "4", "--new-tokens", "2"]
+    with pytest.raises(ModelLoadError, match=r"model\.vocab_size must be a positive integer"):
+        generate.run(build_parser(argv).parse_args(argv))
+
+
+# -- the folder's layout, the names shown, the context length -----------------------------------------------------
+
+
+def test_a_decoder_in_a_subfolder_is_converted_in_place_and_generates(tmp_path, capsys):
+    pytest.importorskip("onnxruntime_genai")
+    folder = _fixture_copy(tmp_path, _set("model.decoder.filename", "sub/model.onnx"))
+    (folder / "sub").mkdir()
+    for name in ("model.onnx", "model.onnx.data"):
+        (folder / name).rename(folder / "sub" / name)
+    code, out, err = _generate(folder, "--prompt-tokens", "4", "--new-tokens", "2", "--json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["reference_tokens_identical"] is True
+
+
+def test_generation_runs_twice_in_one_process(capsys):
+    pytest.importorskip("onnxruntime_genai")
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    for _ in range(2):  # GenAI keeps the provider library registered for the process
+        code, _out, err = _generate(FIXTURE, "--prompt-tokens", "4", "--new-tokens", "2", "--no-check", capsys=capsys)
+        assert code == 0, err
+
+
+def test_json_names_the_users_folder_and_says_the_decoder_was_converted_in_memory(capsys):
+    pytest.importorskip("onnxruntime_genai")
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    code, out, err = _generate(FIXTURE, "--prompt-tokens", "4", "--new-tokens", "2", "--json", capsys=capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["model_dir"], data["converted_in_memory"]) == (str(FIXTURE), True)
+
+
+def test_a_genai_failure_names_the_users_folder_never_the_temporary_copy(tmp_path, capsys):
+    pytest.importorskip("onnxruntime_genai")
+    folder = _fixture_copy(tmp_path, _set("model.decoder.unknown_key", 1))  # GenAI's own parser refuses it
+    line = _error_line(_generate(folder, "--prompt-tokens", "4", "--new-tokens", "2", capsys=capsys))
+    assert line.startswith(f"ndp-ep generate: error: onnxruntime-genai ({folder}, its decoder converted in memory): ")
+    assert "ndp-ep-generate-" not in line and str(folder / "genai_config.json") in line
+
+
+def test_the_default_sizes_beyond_the_context_length_are_refused_saying_what_fits(capsys):
+    pytest.importorskip("onnxruntime_genai")
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    line = _error_line(_generate(FIXTURE, capsys=capsys))
+    assert line.endswith(
+        f"--prompt-tokens 512 + --new-tokens 512 = 1,024 tokens exceed the context length 128 of "
+        f"{FIXTURE / 'genai_config.json'} (model.context_length); pass sizes that add up to at most 128: "
+        f"--prompt-tokens 64 --new-tokens 64 (the defaults, 512 each, are the paper's workload: they need a "
+        f"context of 1,024)"
+    )
+
+
+def test_the_context_error_names_the_largest_new_tokens_for_this_prompt_and_prompt_for_these_new_tokens(capsys):
+    pytest.importorskip("onnxruntime_genai")
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    line = _error_line(_generate(FIXTURE, "--prompt-tokens", "100", "--new-tokens", "50", capsys=capsys))
+    assert line.endswith("--new-tokens 28 to keep this prompt, or --prompt-tokens 78 to keep these new tokens")
+
+
+def test_the_sizes_the_context_error_suggests_fill_the_context_and_run(capsys):
+    import re
+
+    pytest.importorskip("onnxruntime_genai")
+    if not FIXTURE.is_dir():
+        pytest.skip(f"{FIXTURE} is built by sample_models/build_genai.py")
+    suggested = re.search(
+        r"at most 128: (--prompt-tokens \d+ --new-tokens \d+)", _error_line(_generate(FIXTURE, capsys=capsys))
+    )
+    assert suggested, "no suggested sizes"
+    code, out, err = _generate(FIXTURE, *suggested.group(1).split(), "--json", capsys=capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["prompt"]) + len(data["tokens"]) == 128 and data["reference_tokens_identical"] is True

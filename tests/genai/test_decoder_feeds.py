@@ -39,10 +39,25 @@ def test_first_step_feeds_run_in_stock_onnxruntime(name, with_config):
 
 def test_the_genai_config_gives_the_decoder_facts():
     config = read_genai_config(GENAI_DIR / "gpt_oss_fp32" / "model.onnx")
-    assert config == DecoderConfig(head_size=16, num_key_value_heads=2, vocab_size=100, sliding_window=8)
+    assert config == DecoderConfig(
+        head_size=16, num_key_value_heads=2, vocab_size=100, sliding_window=8, context_length=128
+    )
     assert read_genai_config(GENAI_DIR.parent / "moe_block.onnx") is None
 
 
 def test_a_decoder_config_refuses_non_positive_sizes():
     with pytest.raises(ValueError, match="head_size"):
         DecoderConfig(head_size=0)
+
+
+def test_run_refuses_a_seq_len_beyond_the_genai_context_length_in_one_line(capsys):
+    from ndp_ep.cli import main
+
+    path = GENAI_DIR / "lfm2_moe_fp32" / "model.onnx"  # context_length 128
+    capsys.readouterr()
+    assert main(["run", str(path), "--seq-len", "129"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"ndp-ep run: error: --seq-len 129 exceeds the context length 128 of {path.parent / 'genai_config.json'} "
+        "(model.context_length); pass --seq-len 128 or less"
+    )
