@@ -3,7 +3,8 @@
 ``ndp_ep.InferenceSession`` has ONNX Runtime's session API; ``ndp_ep.convert_model`` rewrites a model's
 MoE blocks into sharded expert ops; ``ndp_ep.sample_path`` finds the bundled sample models. For a plain
 ``onnxruntime.InferenceSession``: ``register()``, ``devices()``, ``session_options()``,
-``last_report(session)``, ``get_library_path()``, ``get_ep_name()``. Heavy modules are imported on first use
+``last_report(session)``, ``get_library_path()``, ``get_ep_name()``; for ONNX Runtime GenAI's own generation
+loop, ``GenerationReports``. Heavy modules are imported on first use
 (``_LAZY``), so ``import ndp_ep`` and ``ndp-ep --help`` stay fast; ``dir(ndp_ep)`` lists the public API.
 """
 
@@ -11,6 +12,7 @@ from ndp_ep.errors import ConversionError, FeedError, ModelLoadError, NdpEpError
 
 # public name -> module that defines it, imported on first access
 _LAZY = {
+    "GenerationReports": "ndp_ep.genai",
     "InferenceSession": "ndp_ep.session",
     "convert_model": "ndp_ep.convert",
     "sample_path": "ndp_ep.samples",
@@ -25,6 +27,7 @@ _LAZY = {
 __all__ = [
     "ConversionError",
     "FeedError",
+    "GenerationReports",
     "InferenceSession",
     "ModelLoadError",
     "NdpEpError",

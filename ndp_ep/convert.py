@@ -17,7 +17,7 @@ import onnx
 from graph_passes.convert import BackgroundChecks, ConversionReport, convert
 from graph_passes.model_io import CommitRefused, output_files, save_rewritten
 from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
-from hw_model.hardware import SystemSpec, load_system
+from hw_model.hardware import SystemSpec
 from hw_model.policies import DEFAULT_POLICY
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
@@ -63,17 +63,12 @@ def convert_model(
     even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not ONNX and
     :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
     """
-    from ndp_ep.ep import check_ndp_units, check_positive
+    from ndp_ep.ep import check_positive, system_of
     from ndp_ep.session import model_source
 
     source = model_source(source)
-    if ndp_units is not None:
-        ndp_units = check_ndp_units(ndp_units)
+    system = system_of(hw, ndp_units)
     check_positive("shards", shards)
-    if isinstance(hw, SystemSpec):
-        system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
-    else:
-        system = load_system(hw, ndp_units)
     check_positive(
         f"num_ndp_units of {system.name!r} (conversion places the experts on the NDP units)", system.num_ndp_units
     )

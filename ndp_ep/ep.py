@@ -286,6 +286,17 @@ def check_ndp_units(value: object, option: str = "ndp_units") -> int:
         raise HardwareConfigError(f"{option}: {exc}") from None
 
 
+def system_of(hw: str | os.PathLike[str] | SystemSpec, ndp_units: object = None) -> SystemSpec:
+    """The simulated system an API call's ``hw`` (a preset name, a hardware TOML file or a :class:`SystemSpec`) and
+    ``ndp_units`` (checked by :func:`check_ndp_units`; None keeps the system's count) name."""
+    from hw_model.hardware import SystemSpec, load_system
+
+    units = check_ndp_units(ndp_units) if ndp_units is not None else None
+    if isinstance(hw, SystemSpec):
+        return hw.with_ndp_units(units) if units is not None else hw
+    return load_system(hw, units)
+
+
 def check_policy(name: str) -> str:
     """``name`` when it is a registered scheduling policy, else :class:`NdpEpError` listing the known ones."""
     from hw_model.policies import policy_names

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hw_model.hardware import SystemSpec, load_system
+from hw_model.hardware import SystemSpec
 from ndp_ep.ep import (
     EP_NAME,
     OPTION_PREFIX,
@@ -46,9 +46,9 @@ from ndp_ep.ep import (
     RUN_TAG_KEY,
     SESSION_KEY_OPTION,
     add_provider,
-    check_ndp_units,
     check_positive,
     new_session_key,
+    system_of,
 )
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
@@ -111,14 +111,9 @@ class InferenceSession:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
-        if ndp_units is not None:
-            ndp_units = check_ndp_units(ndp_units)
+        self.system = system_of(hw, ndp_units)
         check_positive("shards", shards)
         check_positive("routing_capacity", routing_capacity)
-        if isinstance(hw, SystemSpec):
-            self.system = hw.with_ndp_units(ndp_units) if ndp_units is not None else hw
-        else:
-            self.system = load_system(hw, ndp_units)
         self.dtype = dtype if dtype is not None else DEPLOYMENT_DTYPE  # what non-expert work is costed in
         proto, base_dir, source_path = _load(path_or_bytes)  # checked but for :func:`_finish_checks`
         claimed = _claim(proto)

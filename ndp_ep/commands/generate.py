@@ -19,12 +19,16 @@ import argparse
 import json
 import shutil
 import tempfile
-from pathlib import Path, PureWindowsPath
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ndp_ep.genai import GENAI_CONFIG, decoder_path, is_converted, load_decoder, read_config
+
+if TYPE_CHECKING:
+    from ndp_ep.genai import GenerationReports
 
 HELP = "greedy generation of a GenAI model folder on the NDP provider, with prefill and per-token simulated latency"
 DEFAULT_TOKENS = 512  # --prompt-tokens and --new-tokens: the paper's workload
-GENAI_CONFIG = "genai_config.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,20 +69,20 @@ def run(args: argparse.Namespace) -> int:
         raise NdpEpError("ndp-ep generate needs onnxruntime-genai: pip install 'ndp-ep[genai]'") from None
     model_dir = Path(args.model_dir)
     reference = Path(args.reference) if args.reference else None
-    config = _genai_config(model_dir)
+    config = read_config(model_dir)
     check_fits(model_dir, config, args.prompt_tokens, args.new_tokens)
-    reference_config = _genai_config(reference) if reference is not None else config
+    reference_config = read_config(reference) if reference is not None else config
     if reference is not None:  # checked before any work, as MODEL_DIR is
         check_fits(reference, reference_config, args.prompt_tokens, args.new_tokens)
-        _load_decoder(reference, reference_config)
-    decoder = _load_decoder(model_dir, config)
-    converted = _is_converted(decoder)
+        load_decoder(reference, reference_config)
+    decoder = load_decoder(model_dir, config)
+    converted = is_converted(decoder)
     with tempfile.TemporaryDirectory(prefix="ndp-ep-generate-") as tmp:
         folder = model_dir
         if not converted:
             reference = reference or model_dir
             folder = _convert_folder(model_dir, config, Path(tmp) / "model", args)
-            decoder = _load_decoder(folder, config, check=False)  # just written by the conversion
+            decoder = load_decoder(folder, config, check=False)  # just written by the conversion
         result = _generate(og, folder, config, decoder, args, shown=model_dir)
         result["converted_in_memory"] = not converted
         if reference is not None and not args.no_check:
@@ -114,97 +118,13 @@ def check_fits(folder: Path, config: dict, prompt_tokens: int, new_tokens: int) 
     )
 
 
-def _genai_config(folder: Path) -> dict:
-    """``folder``'s ``genai_config.json``, every value this command reads checked: :class:`ModelLoadError`
-    naming the file and the field otherwise (a bad value would fail later as a traceback, or read outside the
-    folder: a decoder ``filename`` must be a relative path inside it, as GenAI requires)."""
-    from ndp_ep.errors import ModelLoadError
-
-    path = folder / GENAI_CONFIG
-    if not path.is_file():
-        raise ModelLoadError(f"{folder} is not an ONNX Runtime GenAI model folder (no {GENAI_CONFIG})")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ModelLoadError(f"{path}: not a GenAI config (not JSON: {exc})") from None
-
-    def refuse(field: str, value: object, what: str) -> NoReturn:
-        shown = json.dumps(value) if not isinstance(value, str) else repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ModelLoadError(f"{path}: {field} must be {what}, got {shown}")
-
-    def mapping(parent: dict, key: str, field: str, required: bool = True) -> dict:
-        value = parent.get(key)
-        if value is None and not required:
-            return {}
-        if key not in parent:
-            raise ModelLoadError(f"{path}: {field} is missing")
-        if not isinstance(value, dict):
-            refuse(field, value, "an object")
-        return value
-
-    def integer(parent: dict, key: str, field: str, minimum: int) -> None:
-        value = parent.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
-            refuse(field, value, "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
-
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}: not a GenAI config (not a JSON object)")
-    model = mapping(config, "model", "model")
-    decoder = mapping(model, "decoder", "model.decoder")
-    integer(model, "context_length", "model.context_length", 1)
-    integer(model, "vocab_size", "model.vocab_size", 1)
-    integer(decoder, "head_size", "model.decoder.head_size", 1)
-    window = mapping(decoder, "sliding_window", "model.decoder.sliding_window", required=False)
-    integer(window, "window_size", "model.decoder.sliding_window.window_size", 1)
-    integer(window, "cache_slack", "model.decoder.sliding_window.cache_slack", 0)
-    names = mapping(decoder, "inputs", "model.decoder.inputs", required=False)
-    for key in ("past_key_names", "past_value_names"):
-        if key in names and not isinstance(names[key], str):
-            refuse(f"model.decoder.inputs.{key}", names[key], "a string")
-    filename = decoder.get("filename")
-    if "filename" not in decoder:
-        raise ModelLoadError(f"{path}: model.decoder.filename is missing")
-    if not isinstance(filename, str) or not filename.strip() or "\0" in filename:
-        refuse("model.decoder.filename", filename, "the decoder's file name")
-    parts = filename.replace("\\", "/").split("/")
-    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or ".." in parts:
-        refuse("model.decoder.filename", filename, "a path inside the model folder (relative, no '..')")
-    if not (folder / filename).is_file():
-        raise ModelLoadError(f"{path}: model.decoder.filename names {filename}, which is not a file in {folder}")
-    return config
-
-
-def _decoder(folder: Path, config: dict) -> Path:
-    return folder / config["model"]["decoder"]["filename"]
-
-
-def _load_decoder(folder: Path, config: dict, check: bool = True):
-    """The decoder's graph (no weight bytes), checked as ``ndp-ep run`` checks a model: structure, tensor
-    headers, external data inside its folder (:func:`graph_passes.model_io.load_model`)."""
-    from graph_passes.model_io import load_model
-    from ndp_ep.errors import graph_pass_errors
-
-    with graph_pass_errors():
-        model, _ = load_model(_decoder(folder, config), check=check)
-    return model
-
-
-def _is_converted(model) -> bool:
-    from ndp_ep.partition import is_ndp_supported
-
-    return any(is_ndp_supported(n) for n in model.graph.node)
-
-
 def _convert_folder(source: Path, config: dict, target: Path, args) -> Path:
     """A converted copy of a GenAI folder, its layout kept (the config names the decoder by its relative path):
     the decoder rewritten, every other file copied."""
     from ndp_ep.convert import convert_model
     from ndp_ep.errors import ConversionError
 
-    decoder = _decoder(source, config)
+    decoder = decoder_path(source, config)
     for item in sorted(source.rglob("*")):
         # regular files only (a named pipe would block the copy); not the decoder and its data files
         # (model.onnx, model.onnx.data): the conversion writes its own
@@ -226,14 +146,13 @@ def _greedy(
     config: dict,
     prompt: list[int],
     new_tokens: int,
-    provider_options: dict | None,
+    generation: GenerationReports | None,
     shown: Path | None = None,
 ):
-    """Greedy tokens of a GenAI folder, on the provider when ``provider_options`` is given; and the model.
+    """Greedy tokens of a GenAI folder, on the provider when ``generation`` (its reports) is given; and the model.
     ``shown`` is the user's folder when ``folder`` is its converted copy in a temporary folder: errors name it."""
     import numpy as np
 
-    from ndp_ep.ep import EP_NAME
     from ndp_ep.errors import NdpEpError
 
     window = (config["model"]["decoder"].get("sliding_window") or {}).get("window_size") or 0
@@ -242,10 +161,8 @@ def _greedy(
         settings.clear_providers()
         # ONNX Runtime's own log of a failing run stays off stderr (fatal only): the one-line error below says it
         settings.overlay(json.dumps({"model": {"decoder": {"session_options": {"log_severity_level": 4}}}}))
-        if provider_options is not None:
-            settings.append_provider(EP_NAME)
-            for key, value in provider_options.items():
-                settings.set_provider_option(EP_NAME, key, str(value))
+        if generation is not None:
+            generation.add_provider(settings)
         model = og.Model(settings)
         params = og.GeneratorParams(model)
         # a sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window;
@@ -265,7 +182,7 @@ def _greedy(
             line = line.replace(str(folder), str(shown))
             where = f"{shown}, its decoder converted in memory"
         raise NdpEpError(f"onnxruntime-genai ({where}): {line}") from None
-    if provider_options is None:
+    if generation is None:
         return tokens
     return tokens, model
 
@@ -279,29 +196,20 @@ def _generate(og, folder: Path, config: dict, graph_model, args, shown: Path) ->
     from hw_model.hardware import load_system
     from ndp_ep.cli import warn
     from ndp_ep.commands.run import shard_mismatch
-    from ndp_ep.ep import EP_NAME, get_library_path, new_session_key, register
-    from ndp_ep.reporter import SessionReporter
+    from ndp_ep.genai import GenerationReports
 
-    register()
-    try:
-        og.register_execution_provider_library(EP_NAME, get_library_path())
-    except RuntimeError as exc:  # by an earlier generation in this process: GenAI keeps it for the process
-        if "already registered" not in str(exc):
-            raise
-    system = load_system(args.hw, args.ndp_units)
     vocab = config["model"].get("vocab_size", 2)
     prompt = np.random.default_rng(args.seed).integers(0, vocab, args.prompt_tokens).tolist()
-    key = new_session_key()
-    options = {"session_key": key, "hw": system.name, "ndp_units": system.num_ndp_units, "routing_capacity": 1 << 20}
-    shapes = _step_shapes(graph_model, len(prompt), config)
-    reporter = SessionReporter(
-        graph_model, system, key, policy=args.policy, report_ring=args.new_tokens + 1, untagged_shapes=shapes
+    system = load_system(args.hw, args.ndp_units)
+    generation = GenerationReports.of_decoder(
+        graph_model, config, system, policy=args.policy, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
     )
+    reporter = generation.reporter
     mismatch = shard_mismatch((c.spec for c in reporter.claimed), system.num_ndp_units)
     if mismatch:  # as ndp-ep run says it
         warn("generate", mismatch)
     start = time.perf_counter()
-    tokens, model = _greedy(og, folder, config, prompt, args.new_tokens, options, shown=shown)
+    tokens, model = _greedy(og, folder, config, prompt, args.new_tokens, generation, shown=shown)
     wall_s = time.perf_counter() - start
     reports = reporter.reports  # read while the model (and the provider's routing log) is alive
     del model
@@ -322,59 +230,6 @@ def _generate(og, folder: Path, config: dict, graph_model, args, shown: Path) ->
         "simulator": reports[-1].simulator if reports else {},
         "notes": sorted({n for r in reports for n in r.notes}),
     }
-
-
-def _step_shapes(model, prompt_len: int, config: dict):
-    """Input shapes of generation step n (0 = prefill), from the decoder's symbolic input dims, as
-    :func:`graph_passes.feeds.random_feeds` names them: batch 1; a past length (``past_sequence_length``) the
-    tokens before the step, the total length those and the step's; a window cache (``past_sliding_length``) its
-    capacity, the config's window plus its cache slack; a KV cache's last dim the config's head size; any other
-    the step's tokens."""
-    import re
-
-    from graph_passes.feeds import BATCH_DIM_NAMES, PAST_LENGTH_DIMS, SLIDING_DIMS, TOTAL_LENGTH_DIMS
-
-    decoder = config["model"]["decoder"]
-    window = decoder.get("sliding_window") or {}
-    capacity = int(window.get("window_size", 0)) + int(window.get("cache_slack", 0))
-    names = decoder.get("inputs", {})
-    patterns = [names[key] for key in ("past_key_names", "past_value_names") if key in names]  # "past.%d.key"
-    cache = re.compile("|".join(re.escape(p).replace("%d", r"\d+") for p in patterns)) if patterns else None
-    inputs = [
-        (
-            i.name,
-            [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim],
-            bool(cache and cache.fullmatch(i.name)),
-        )
-        for i in model.graph.input
-    ]
-    head_size = decoder.get("head_size")
-
-    def shapes(step: int) -> dict[str, tuple[int, ...]]:
-        tokens = prompt_len if step == 0 else 1
-        past = 0 if step == 0 else prompt_len + step - 1
-        sizes = {
-            **dict.fromkeys(BATCH_DIM_NAMES, 1),
-            **dict.fromkeys(PAST_LENGTH_DIMS, past),
-            **dict.fromkeys(SLIDING_DIMS, capacity or past),
-            **dict.fromkeys(TOTAL_LENGTH_DIMS, past + tokens),
-        }
-        result = {}
-        for name, dims, is_cache in inputs:
-            shape = []
-            for position, d in enumerate(dims):
-                if isinstance(d, int) and d > 0:
-                    shape.append(d)
-                elif str(d).lower() in sizes:
-                    shape.append(sizes[str(d).lower()])
-                elif is_cache and position == len(dims) - 1 and isinstance(head_size, int):
-                    shape.append(head_size)
-                else:
-                    shape.append(tokens)
-            result[name] = tuple(shape)
-        return result
-
-    return shapes
 
 
 def _print(result: dict, args) -> None:

@@ -51,11 +51,11 @@ def test_generate_on_the_converted_folder_repeats_genai_tokens_and_reports_every
 def _step_shapes_of(fixture: str, prompt_tokens: int):
     import onnx
 
-    from ndp_ep.commands.generate import _step_shapes
+    from ndp_ep.genai import step_shapes
 
     folder = FIXTURE.parent / fixture
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-    return _step_shapes(model, prompt_tokens, json.loads((folder / "genai_config.json").read_text()))
+    return step_shapes(model, prompt_tokens, json.loads((folder / "genai_config.json").read_text()))
 
 
 def test_step_shapes_grow_the_past_a_token_a_step_with_the_configs_head_size_and_window():
@@ -263,3 +263,33 @@ def test_the_sizes_the_context_error_suggests_fill_the_context_and_run(capsys):
     assert code == 0, err
     data = json.loads(out)
     assert len(data["prompt"]) + len(data["tokens"]) == 128 and data["reference_tokens_identical"] is True
+
+
+def test_generation_reports_follow_genais_own_loop_step_by_step(tmp_path, capsys):
+    og = pytest.importorskip("onnxruntime_genai")
+    import numpy as np
+
+    import ndp_ep
+    from ndp_ep.cli import main
+
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    assert main(["convert", str(FIXTURE / "model.onnx"), "-o", str(converted / "model.onnx"), "--json"]) == 0
+    capsys.readouterr()
+    prompt = [5, 17, 3, 9, 30, 2]
+    reports = ndp_ep.GenerationReports(converted, hw="paper", ndp_units=4, prompt_tokens=len(prompt))
+    config = og.Config(str(converted))
+    config.clear_providers()
+    reports.add_provider(config)
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 3, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    runs = reports.reports  # the prefill, then one decode step per token after the first
+    assert [(r.phase, r.tokens) for r in runs] == [("prefill", 6), ("decode", 1), ("decode", 1)]
+    assert all(r.non_expert_gpu_s > 0 for r in runs)  # each step costed at its shapes
+    with pytest.raises(ndp_ep.NdpEpError, match="is not converted: run ndp-ep convert on it first"):
+        ndp_ep.GenerationReports(FIXTURE)

@@ -12,8 +12,8 @@ import pytest
 import ndp_ep
 from graph_passes.feeds import random_feeds, read_genai_config
 from hw_model.hardware import load_system
-from ndp_ep.commands.generate import _step_shapes
 from ndp_ep.costing import FREE_OPS, NonExpertCoster
+from ndp_ep.genai import step_shapes
 from tests.genai.conftest import GENAI_DIR, manifest
 
 FIXTURES = sorted(manifest())
@@ -93,7 +93,7 @@ def test_decode_steps_equal_shape_inference_while_a_sliding_window_fills_up():
     # gpt-oss layer 0 attends the last 8 keys: a step's cost bends when its past reaches 7 tokens
     model = _decoder("gpt_oss_fp32")
     config = json.loads((GENAI_DIR / "gpt_oss_fp32" / "genai_config.json").read_text())
-    shapes = _step_shapes(model, 3, config)
+    shapes = step_shapes(model, 3, config)
     coster = NonExpertCoster(model, load_system("h200"), "bf16")
     inferred = []
     real = coster._work

@@ -1,0 +1,291 @@
+"""ONNX Runtime GenAI model folders on the provider: their ``genai_config.json``, checked; the input shapes of each
+generation step; and :class:`GenerationReports`, the simulated-latency reports of a generation that GenAI runs in
+its own loop (``ndp-ep generate`` is one such loop).
+
+    import onnxruntime_genai as og, ndp_ep
+
+    reports = ndp_ep.GenerationReports("model_dir", hw="paper", ndp_units=4, prompt_tokens=len(prompt))
+    config = og.Config("model_dir")           # a folder converted by ndp-ep convert
+    reports.add_provider(config)              # the library registered with GenAI, the provider appended
+    model = og.Model(config)
+    ...                                       # GenAI's generator loop
+    prefill, *decode = reports.reports        # read while the model is alive (its routing lives with it)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path, PureWindowsPath
+from typing import TYPE_CHECKING, NoReturn
+
+from ndp_ep.reporter import DEFAULT_REPORT_RING
+
+if TYPE_CHECKING:
+    from hw_model.hardware import SystemSpec
+    from ndp_ep.report import RunReport
+
+GENAI_CONFIG = "genai_config.json"
+# routing records kept while no report is read: a whole 512 + 512 generation of a 48-layer model, and more
+DEFAULT_ROUTING_CAPACITY = 1 << 20
+
+
+def read_config(folder: Path) -> dict:
+    """``folder``'s ``genai_config.json``, every value ndp-ep reads checked: :class:`ModelLoadError`
+    naming the file and the field otherwise (a bad value would fail later as a traceback, or read outside the
+    folder: a decoder ``filename`` must be a relative path inside it, as GenAI requires)."""
+    from ndp_ep.errors import ModelLoadError
+
+    path = folder / GENAI_CONFIG
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} is not an ONNX Runtime GenAI model folder (no {GENAI_CONFIG})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelLoadError(f"{path}: not a GenAI config (not JSON: {exc})") from None
+
+    def refuse(field: str, value: object, what: str) -> NoReturn:
+        shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ModelLoadError(f"{path}: {field} must be {what}, got {shown}")
+
+    def mapping(parent: dict, key: str, field: str, required: bool = True) -> dict:
+        value = parent.get(key)
+        if value is None and not required:
+            return {}
+        if key not in parent:
+            raise ModelLoadError(f"{path}: {field} is missing")
+        if not isinstance(value, dict):
+            refuse(field, value, "an object")
+        return value
+
+    def integer(parent: dict, key: str, field: str, minimum: int) -> None:
+        value = parent.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
+            refuse(field, value, "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: not a GenAI config (not a JSON object)")
+    model = mapping(config, "model", "model")
+    decoder = mapping(model, "decoder", "model.decoder")
+    integer(model, "context_length", "model.context_length", 1)
+    integer(model, "vocab_size", "model.vocab_size", 1)
+    integer(decoder, "head_size", "model.decoder.head_size", 1)
+    window = mapping(decoder, "sliding_window", "model.decoder.sliding_window", required=False)
+    integer(window, "window_size", "model.decoder.sliding_window.window_size", 1)
+    integer(window, "cache_slack", "model.decoder.sliding_window.cache_slack", 0)
+    names = mapping(decoder, "inputs", "model.decoder.inputs", required=False)
+    for key in ("past_key_names", "past_value_names"):
+        if key in names and not isinstance(names[key], str):
+            refuse(f"model.decoder.inputs.{key}", names[key], "a string")
+    filename = decoder.get("filename")
+    if "filename" not in decoder:
+        raise ModelLoadError(f"{path}: model.decoder.filename is missing")
+    if not isinstance(filename, str) or not filename.strip() or "\0" in filename:
+        refuse("model.decoder.filename", filename, "the decoder's file name")
+    parts = filename.replace("\\", "/").split("/")
+    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or ".." in parts:
+        refuse("model.decoder.filename", filename, "a path inside the model folder (relative, no '..')")
+    if not (folder / filename).is_file():
+        raise ModelLoadError(f"{path}: model.decoder.filename names {filename}, which is not a file in {folder}")
+    return config
+
+
+def decoder_path(folder: Path, config: dict) -> Path:
+    return folder / config["model"]["decoder"]["filename"]
+
+
+def load_decoder(folder: Path, config: dict, check: bool = True):
+    """The decoder's graph (no weight bytes), checked as ``ndp-ep run`` checks a model: structure, tensor
+    headers, external data inside its folder (:func:`graph_passes.model_io.load_model`)."""
+    from graph_passes.model_io import load_model
+    from ndp_ep.errors import graph_pass_errors
+
+    with graph_pass_errors():
+        model, _ = load_model(decoder_path(folder, config), check=check)
+    return model
+
+
+def is_converted(model) -> bool:
+    """Whether a decoder graph has nodes the provider runs (converted by ``ndp-ep convert``)."""
+    from ndp_ep.partition import is_ndp_supported
+
+    return any(is_ndp_supported(n) for n in model.graph.node)
+
+
+def register_with_genai(og) -> None:
+    """The provider's library registered with ONNX Runtime and with GenAI (``og``), once per process."""
+    from ndp_ep.ep import EP_NAME, get_library_path, register
+
+    register()
+    try:
+        og.register_execution_provider_library(EP_NAME, get_library_path())
+    except RuntimeError as exc:  # by an earlier generation in this process: GenAI keeps it for the process
+        if "already registered" not in str(exc):
+            raise
+
+
+def step_shapes(model, prompt_len: int, config: dict) -> Callable[[int], dict[str, tuple[int, ...]]]:
+    """Input shapes of generation step n (0 = prefill), from the decoder's symbolic input dims, as
+    :func:`graph_passes.feeds.random_feeds` names them: batch 1; a past length (``past_sequence_length``) the
+    tokens before the step, the total length those and the step's; a window cache (``past_sliding_length``) its
+    capacity, the config's window plus its cache slack; a KV cache's last dim the config's head size; any other
+    the step's tokens."""
+    import re
+
+    from graph_passes.feeds import BATCH_DIM_NAMES, PAST_LENGTH_DIMS, SLIDING_DIMS, TOTAL_LENGTH_DIMS
+
+    decoder = config["model"]["decoder"]
+    window = decoder.get("sliding_window") or {}
+    capacity = int(window.get("window_size", 0)) + int(window.get("cache_slack", 0))
+    names = decoder.get("inputs", {})
+    patterns = [names[key] for key in ("past_key_names", "past_value_names") if key in names]  # "past.%d.key"
+    cache = re.compile("|".join(re.escape(p).replace("%d", r"\d+") for p in patterns)) if patterns else None
+    inputs = [
+        (
+            i.name,
+            [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim],
+            bool(cache and cache.fullmatch(i.name)),
+        )
+        for i in model.graph.input
+    ]
+    head_size = decoder.get("head_size")
+
+    def shapes(step: int) -> dict[str, tuple[int, ...]]:
+        tokens = prompt_len if step == 0 else 1
+        past = 0 if step == 0 else prompt_len + step - 1
+        sizes = {
+            **dict.fromkeys(BATCH_DIM_NAMES, 1),
+            **dict.fromkeys(PAST_LENGTH_DIMS, past),
+            **dict.fromkeys(SLIDING_DIMS, capacity or past),
+            **dict.fromkeys(TOTAL_LENGTH_DIMS, past + tokens),
+        }
+        result = {}
+        for name, dims, is_cache in inputs:
+            shape = []
+            for position, d in enumerate(dims):
+                if isinstance(d, int) and d > 0:
+                    shape.append(d)
+                elif str(d).lower() in sizes:
+                    shape.append(sizes[str(d).lower()])
+                elif is_cache and position == len(dims) - 1 and isinstance(head_size, int):
+                    shape.append(head_size)
+                else:
+                    shape.append(tokens)
+            result[name] = tuple(shape)
+        return result
+
+    return shapes
+
+
+class GenerationReports:
+    """The reports of a generation that ONNX Runtime GenAI runs on the provider (see the module docstring).
+
+    ``model_dir``: a GenAI folder whose decoder ``ndp-ep convert`` converted; ``hw`` (a preset, a TOML file or a
+    :class:`SystemSpec`), ``ndp_units``, ``policy`` as for :class:`ndp_ep.InferenceSession`. With ``prompt_tokens``
+    (one generation of batch 1 whose prompt has that many tokens) each step's non-expert work is costed at its
+    shapes (step 0 the prompt, step n one token after ``prompt_tokens + n - 1``); without, reports cost the expert
+    side only and say so. ``routing_capacity``: routing records kept while no report is read. Bad input raises
+    :class:`ndp_ep.ModelLoadError` (the folder, its config, its decoder), :class:`ndp_ep.NdpEpError` (an
+    unconverted decoder, a bad option) or :class:`hw_model.HardwareConfigError`.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        hw: str | Path | SystemSpec = "paper",
+        ndp_units: int | None = None,
+        policy: str | None = None,
+        prompt_tokens: int | None = None,
+        report_ring: int = DEFAULT_REPORT_RING,
+        routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
+    ) -> None:
+        from ndp_ep.ep import system_of
+        from ndp_ep.errors import NdpEpError
+
+        system = system_of(hw, ndp_units)
+        folder = Path(model_dir)
+        config = read_config(folder)
+        decoder = load_decoder(folder, config)
+        if not is_converted(decoder):
+            raise NdpEpError(f"{decoder_path(folder, config)} is not converted: run ndp-ep convert on it first")
+        self._set_up(decoder, config, system, policy, prompt_tokens, report_ring, routing_capacity)
+
+    @classmethod
+    def of_decoder(
+        cls,
+        decoder,
+        config: dict,
+        system: SystemSpec,
+        *,
+        policy: str | None = None,
+        prompt_tokens: int | None = None,
+        report_ring: int = DEFAULT_REPORT_RING,
+        routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
+    ) -> GenerationReports:
+        """The reports of a converted decoder graph whose folder's config was read already (:func:`read_config`)."""
+        reports = cls.__new__(cls)
+        reports._set_up(decoder, config, system, policy, prompt_tokens, report_ring, routing_capacity)
+        return reports
+
+    def _set_up(
+        self,
+        decoder,
+        config: dict,
+        system: SystemSpec,
+        policy: str | None,
+        prompt_tokens: int | None,
+        report_ring: int,
+        routing_capacity: int,
+    ) -> None:
+        from ndp_ep.ep import check_positive, new_session_key
+        from ndp_ep.reporter import SessionReporter
+
+        check_positive("prompt_tokens", prompt_tokens)
+        check_positive("routing_capacity", routing_capacity)
+        self.system = system
+        self.session_key = new_session_key()
+        self._routing_capacity = routing_capacity
+        shapes = step_shapes(decoder, prompt_tokens, config) if prompt_tokens is not None else None
+        self.reporter = SessionReporter(
+            decoder, system, self.session_key, policy=policy, report_ring=report_ring, untagged_shapes=shapes
+        )
+
+    @property
+    def provider_options(self) -> dict[str, str]:
+        """The provider options GenAI's config needs (``set_provider_option``), the session key among them."""
+        return {
+            "session_key": self.session_key,
+            "hw": self.system.name,
+            "ndp_units": str(self.system.num_ndp_units),
+            "policy": self.reporter.policy,
+            "routing_capacity": str(self._routing_capacity),
+        }
+
+    def add_provider(self, config) -> None:
+        """Register the library with GenAI (once per process) and append the provider, with
+        :attr:`provider_options`, to ``config`` (an ``onnxruntime_genai.Config``)."""
+        import onnxruntime_genai as og
+
+        from ndp_ep.ep import EP_NAME
+
+        register_with_genai(og)
+        config.append_provider(EP_NAME)
+        for key, value in self.provider_options.items():
+            config.set_provider_option(EP_NAME, key, value)
+
+    @property
+    def reports(self) -> list[RunReport]:
+        """The newest reports (at most ``report_ring``), one per decoder run in order: the prefill, then each
+        decode step. Read them while GenAI's model is alive: the routing not read yet goes with it."""
+        return self.reporter.reports
+
+    @property
+    def last_report(self) -> RunReport | None:
+        return self.reporter.last_report
+
+
+__all__ = ["GENAI_CONFIG", "GenerationReports", "read_config", "load_decoder", "step_shapes"]
