@@ -55,7 +55,7 @@ from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import LIST_KEPT_CELLS, ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
-from hw_model.scheduler import ItemMode, PlacementProblem, best_prefix, makespan_modes_s, makespan_s, pack
+from hw_model.scheduler import ItemMode, PlacementProblem, best_prefix_lists, makespan_s, pack, span_terms_s
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
 
@@ -78,6 +78,8 @@ class ExpertCosts:
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
         self._pairs: dict[tuple, tuple[float, float]] = {}  # ndp_pair: keys also in _memo (shapes kept alive)
         self._shards: dict[tuple, ExpertShard] = {}  # (id(expert), device kind, shards) -> its terms (see ndp_s)
+        # _split_part_costs: (id(expert), tokens, k, units, sources) -> its four terms (shape kept in _shapes)
+        self.split_parts: dict[tuple, tuple[float, float, float, float]] = {}
 
     def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
         self._shapes[id(expert)] = expert
@@ -565,7 +567,10 @@ class _Balanced(Policy):
             items = out.item_lists(ids, tokens, resident)
             started = time.perf_counter()
             order = _load_aware_order(items["ndp"], tokens, resident, units)
-            k = best_prefix(_placement_problem(ctx, out, out.as_arrays(items)), order)
+            result_s, result_pcie_s = out.result_s()
+            # best_prefix of _placement_problem's problem, on the lists (same answer, no numpy per-call cost)
+            base = [out.activation_s()] * units
+            k = best_prefix_lists(items, order, base, ctx.staging_cap_bytes, result_s, result_pcie_s, True, True)
             state.decision_times_s.append(time.perf_counter() - started)
             chosen = {ids[i] for i in order[:k]}
             moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
@@ -788,11 +793,18 @@ def _split_part_costs(out: InvocationLayout, tokens: int, k: int) -> tuple[float
     units: (each unit's kernel seconds for the rest, each unit's DRAM seconds for the rest and for reading the
     part's copy, PCIe seconds of that copy, GPU seconds), as :meth:`InvocationLayout.lay_out` lays it out."""
     costs, expert, sources = out.costs, out.expert, out.sources
+    key = (id(expert), tokens, k, out.units, sources)
+    memo = costs.split_parts.get(key)
+    if memo is not None:
+        return memo
+    costs._shapes[id(expert)] = expert
     rest = out.units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
     kernels, dram = costs.ndp_pair(expert, tokens, rest)
     transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
     gpu_part = expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k)
-    return max(kernels, dram), dram + costs.copy_read_s(expert, sources) / k, transfer_part, gpu_part
+    value = (max(kernels, dram), dram + costs.copy_read_s(expert, sources) / k, transfer_part, gpu_part)
+    costs.split_parts[key] = value
+    return value
 
 
 def _split_mode(out: InvocationLayout, tokens: list[int], k: int) -> ItemMode:
@@ -816,16 +828,44 @@ def _best_split(
     if not on_ndp:
         return None
     hot = max(on_ndp, key=lambda i: (tokens[i], -active[i]))
-    problem = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident))
-    choice = np.where(np.asarray(on_gpu, dtype=bool), -1, 0)
-    current = makespan_modes_s(problem, (), choice)
-    modes = [_split_mode(out, [tokens[hot]] * len(active), k) for k in SPLIT_PARTS]
+    # The packer's objective (makespan_modes_s over the placement problem, every other expert as placed) of the
+    # placement itself (row 0) and with the hot expert split 1/k (row m for the m-th k), as one batch: each row's
+    # loads are summed as makespan_modes_s sums them, so the spans are the same to the last bit.
+    items = out.as_arrays(out.item_lists(active, tokens, resident))
+    gpu_mask = np.asarray(on_gpu, dtype=bool)
+    rows = len(SPLIT_PARTS) + 1
+    pcie = np.repeat(np.where(gpu_mask, items["transfer"], 0.0)[None, :], rows, axis=0)
+    gpu = np.repeat(np.where(gpu_mask, items["gpu"], 0.0)[None, :], rows, axis=0)
+    kernels = np.repeat(np.where(gpu_mask[:, None], 0.0, items["ndp"])[None], rows, axis=0)
+    dram = np.repeat(np.where(gpu_mask[:, None], items["copy"], items["dram"])[None], rows, axis=0)
+    for m in range(1, rows):
+        part = _split_part_costs(out, tokens[hot], SPLIT_PARTS[m - 1])
+        kernels[m, hot] = part[0]
+        dram[m, hot] = part[1]
+        pcie[m, hot] = part[2]
+        gpu[m, hot] = part[3]
+    result_s, result_pcie_s = out.result_s()
+    spans = span_terms_s(
+        0.0,
+        0.0,
+        np.full(out.units, out.activation_s()),
+        result_s,
+        result_pcie_s,
+        True,
+        True,
+        pcie.sum(axis=1),
+        gpu.sum(axis=1),
+        kernels.sum(axis=1),
+        dram.sum(axis=1),
+        np.where(pcie > 0, gpu, np.inf).min(axis=1),
+        np.ones(rows, dtype=bool),  # the hot expert stays on the units in every row
+    ).tolist()
+    current = spans[0]
     best: tuple[float, int] | None = None
-    for m, k in enumerate(SPLIT_PARTS, 1):
-        choice[hot] = m
-        span = makespan_modes_s(problem, modes, choice)
+    for m in range(1, rows):
+        span = spans[m]
         if span < current * (1 - 1e-9) and (best is None or span < best[0]):
-            best = (span, k)
+            best = (span, SPLIT_PARTS[m - 1])
     return None if best is None else (hot, best[1])
 
 
@@ -1151,7 +1191,6 @@ __all__ = [
     "Policy",
     "PolicyState",
     "RunContext",
-    "best_prefix",
     "get_policy",
     "gpu_expert_slots",
     "load_aware_order",

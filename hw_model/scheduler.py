@@ -33,6 +33,7 @@ that of the richer problem (other ways to run an item, :class:`ItemMode`). All o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,13 +128,47 @@ def span_s(
     each unit's kernel and DRAM bins, all without the problem's bases; ``tail_s`` the shortest GPU work of a copied
     item (``inf``: nothing copied); ``on_ndp`` whether any item stays on the units."""
     p = problem
-    paid = np.asarray(on_ndp) | (not p.ndp_optional)  # whether the units' start-up and the way back are paid
-    after = np.where(np.isinf(tail_s), 0.0, tail_s) if p.copy_tail else 0.0
-    after = np.maximum(after, np.where(paid, p.result_pcie_s, 0.0))
-    pcie = p.pcie_base_s + pcie_s + after
-    gpu = p.gpu_base_s + gpu_s
-    if p.num_units:
-        start = np.where(paid[..., None], p.unit_base_s + p.result_s, 0.0)
+    return span_terms_s(
+        p.pcie_base_s,
+        p.gpu_base_s,
+        p.unit_base_s,
+        p.result_s,
+        p.result_pcie_s,
+        p.ndp_optional,
+        p.copy_tail,
+        pcie_s,
+        gpu_s,
+        kernels_s,
+        dram_s,
+        tail_s,
+        on_ndp,
+    )
+
+
+def span_terms_s(
+    pcie_base_s: float,
+    gpu_base_s: float,
+    unit_base_s: np.ndarray,
+    result_s: float,
+    result_pcie_s: float,
+    ndp_optional: bool,
+    copy_tail: bool,
+    pcie_s: np.ndarray | float,
+    gpu_s: np.ndarray | float,
+    kernels_s: np.ndarray,
+    dram_s: np.ndarray,
+    tail_s: np.ndarray | float,
+    on_ndp: np.ndarray | bool,
+) -> np.ndarray:
+    """:func:`span_s` with the problem's terms given one by one (for callers that have them without building a
+    :class:`PlacementProblem`)."""
+    paid = np.asarray(on_ndp) | (not ndp_optional)  # whether the units' start-up and the way back are paid
+    after = np.where(np.isinf(tail_s), 0.0, tail_s) if copy_tail else 0.0
+    after = np.maximum(after, np.where(paid, result_pcie_s, 0.0))
+    pcie = pcie_base_s + pcie_s + after
+    gpu = gpu_base_s + gpu_s
+    if len(unit_base_s):
+        start = np.where(paid[..., None], unit_base_s + result_s, 0.0)
         unit = (start + np.maximum(kernels_s, dram_s)).max(axis=-1)
     else:
         unit = 0.0
@@ -178,10 +213,12 @@ class _Moves:
         k_ndp, d_ndp, k_gpu, d_gpu = problem.unit_bins()
         base = problem.unit_base_s
         even = k_ndp.shape[1] > 1 and all((a == a[:, :1]).all() for a in (k_ndp, d_ndp, k_gpu, d_gpu))
-        if even and (base == base[0]).all():
-            problem = _with_units(problem, 1)
+        if even and (base == base[0]).all():  # the problem's terms with only its first unit
+            base = base[:1]
             k_ndp, d_ndp, k_gpu, d_gpu = k_ndp[:, :1], d_ndp[:, :1], k_gpu[:, :1], d_gpu[:, :1]
         self.problem = problem
+        self.unit_base_s = base
+        self.unit_base_list: list[float] = base.tolist()
         self.kernels = k_ndp.sum(axis=0)  # every item on the units
         self.dram = d_ndp.sum(axis=0)
         self.dk = k_ndp - k_gpu  # what moving an item to the GPU takes off each bin
@@ -192,26 +229,32 @@ class _Moves:
         self.tail = _copied_gpu_s(problem)
         self.cap = problem.staging_cap_bytes * (1 + 1e-9)
 
-
-def _with_units(problem: PlacementProblem, units: int) -> PlacementProblem:
-    """``problem`` with only its first ``units`` units (the lockstep reduction of :class:`_Moves`)."""
-    dram = problem.ndp_dram_s
-    return PlacementProblem(
-        problem.ndp_time_s[:, :units],
-        problem.gpu_compute_s,
-        problem.transfer_s,
-        problem.transfer_bytes,
-        problem.staging_cap_bytes,
-        problem.unit_base_s[:units],
-        problem.gpu_base_s,
-        problem.pcie_base_s,
-        problem.copy_unit_s[:, :units],
-        None if dram is None else dram[:, :units],
-        problem.result_s,
-        problem.result_pcie_s,
-        problem.ndp_optional,
-        problem.copy_tail,
-    )
+    def span(
+        self,
+        pcie_s: np.ndarray | float,
+        gpu_s: np.ndarray | float,
+        kernels_s: np.ndarray,
+        dram_s: np.ndarray,
+        tail_s: np.ndarray | float,
+        on_ndp: np.ndarray | bool,
+    ) -> np.ndarray:
+        """:func:`span_s` over the (possibly reduced) units."""
+        p = self.problem
+        return span_terms_s(
+            p.pcie_base_s,
+            p.gpu_base_s,
+            self.unit_base_s,
+            p.result_s,
+            p.result_pcie_s,
+            p.ndp_optional,
+            p.copy_tail,
+            pcie_s,
+            gpu_s,
+            kernels_s,
+            dram_s,
+            tail_s,
+            on_ndp,
+        )
 
 
 def _prefix_spans(moves: _Moves, orders: np.ndarray) -> np.ndarray:
@@ -227,7 +270,7 @@ def _prefix_spans(moves: _Moves, orders: np.ndarray) -> np.ndarray:
     dram = moves.dram - np.concatenate((zeros, np.cumsum(moves.dd[orders], axis=1)), axis=1)
     tail = np.concatenate((np.full((rows, 1), np.inf), np.minimum.accumulate(moves.tail[orders], axis=1)), axis=1)
     on_ndp = np.arange(n + 1) < n
-    spans = span_s(moves.problem, pcie, gpu, kernels, dram, tail, np.broadcast_to(on_ndp, (rows, n + 1)))
+    spans = moves.span(pcie, gpu, kernels, dram, tail, np.broadcast_to(on_ndp, (rows, n + 1)))
     staged = np.concatenate((zero, np.cumsum(moves.b[orders], axis=1)), axis=1)
     spans[staged > moves.cap] = np.inf
     return spans
@@ -243,6 +286,122 @@ def best_prefix(problem: PlacementProblem, order: Sequence[int]) -> int:
     if not np.isfinite(spans).any():
         return n if problem.num_units == 0 else 0
     return int(np.argmin(spans))
+
+
+def _column_totals(rows: list[list[float]], columns: int) -> list[float]:
+    """``np.asarray(rows)[:, :columns].sum(axis=0)`` to the last bit: numpy adds the rows in order where there are
+    two or more columns, and one column pairwise (in order below 8 rows), so only that case goes to numpy."""
+    n = len(rows)
+    if columns == 1 and n >= 8:
+        return [float(np.sum(np.array([row[0] for row in rows])))]
+    totals = [0.0] * columns
+    for i in range(n):
+        row = rows[i]
+        for u in range(columns):
+            totals[u] += row[u]
+    return totals
+
+
+def _span_one(
+    pcie_base_s: float,
+    gpu_base_s: float,
+    unit_base_s: list[float],
+    result_s: float,
+    result_pcie_s: float,
+    ndp_optional: bool,
+    copy_tail: bool,
+    pcie_s: float,
+    gpu_s: float,
+    kernels_s: list[float],
+    dram_s: list[float],
+    tail_s: float,
+    on_ndp: bool,
+) -> float:
+    """:func:`span_terms_s` of one placement in plain floats (the same operations in the same order, so the same
+    bits; ``tests/hw_model/test_scheduler.py`` checks it)."""
+    paid = on_ndp or not ndp_optional
+    after = (0.0 if math.isinf(tail_s) else tail_s) if copy_tail else 0.0
+    after = max(after, result_pcie_s if paid else 0.0)
+    span = max(pcie_base_s + pcie_s + after, gpu_base_s + gpu_s)
+    for u in range(len(unit_base_s)):
+        start = unit_base_s[u] + result_s if paid else 0.0
+        span = max(span, start + max(kernels_s[u], dram_s[u]))
+    return span
+
+
+def best_prefix_lists(
+    items: dict[str, list],
+    order: list[int],
+    unit_base_s: list[float],
+    staging_cap_bytes: float,
+    result_s: float,
+    result_pcie_s: float,
+    ndp_optional: bool,
+    copy_tail: bool,
+) -> int:
+    """:func:`best_prefix` of the problem over :meth:`hw_model.layout.InvocationLayout.item_lists` ``items`` (its
+    ``ndp``, ``dram``, ``copy``, ``transfer``, ``gpu`` and ``staged``; no GPU or PCIe base) with the other terms
+    given, in plain Python (the balancing rule's few experts; numpy's per-call cost would dominate): the same
+    answer to the last bit (``tests/hw_model/test_scheduler.py``)."""
+    ndp: list[list[float]] = items["ndp"]
+    dram: list[list[float]] = items["dram"]
+    copy: list[list[float]] = items["copy"]
+    transfer: list[float] = items["transfer"]
+    gpu: list[float] = items["gpu"]
+    staged: list[float] = items["staged"]
+    n = len(order)
+    units = len(unit_base_s)
+    columns = units
+    if units > 1:  # lockstep (every row even over the units, equal bases): one unit stands for all, as in _Moves
+        even = unit_base_s.count(unit_base_s[0]) == units
+        for rows in (ndp, dram, copy):
+            for i in range(len(rows)):
+                row = rows[i]
+                if even and row.count(row[0]) != units:
+                    even = False
+        if even:
+            columns = 1
+    base = unit_base_s[:columns]
+    kernels = _column_totals(ndp, columns)
+    drams = _column_totals(dram, columns)
+    moved_k = [0.0] * columns
+    moved_d = [0.0] * columns
+    limit = staging_cap_bytes * (1 + 1e-9)
+    pcie = on_gpu = stage = 0.0
+    tail = math.inf
+    best = (
+        math.inf
+        if units == 0
+        else _span_one(
+            0.0, 0.0, base, result_s, result_pcie_s, ndp_optional, copy_tail, 0.0, 0.0, kernels, drams, tail, n > 0
+        )
+    )
+    best_k = 0 if best < math.inf else -1
+    left_k = [0.0] * columns
+    left_d = [0.0] * columns
+    for k in range(1, n + 1):
+        i = order[k - 1]
+        pcie += transfer[i]
+        on_gpu += gpu[i]
+        stage += staged[i]
+        if transfer[i] > 0 and gpu[i] < tail:
+            tail = gpu[i]
+        row_k, row_d, row_c = ndp[i], dram[i], copy[i]
+        for u in range(columns):
+            moved_k[u] += row_k[u] - 0.0
+            moved_d[u] += row_d[u] - row_c[u]
+            left_k[u] = kernels[u] - moved_k[u]
+            left_d[u] = drams[u] - moved_d[u]
+        if stage > limit:
+            continue
+        span = _span_one(
+            0.0, 0.0, base, result_s, result_pcie_s, ndp_optional, copy_tail, pcie, on_gpu, left_k, left_d, tail, k < n
+        )
+        if span < best:
+            best, best_k = span, k
+    if best_k < 0:
+        return n if units == 0 else 0
+    return best_k
 
 
 def pack(problem: PlacementProblem) -> np.ndarray:
@@ -275,12 +434,26 @@ def pack(problem: PlacementProblem) -> np.ndarray:
         tails = np.sort(m.tail[on_gpu])
         tail, tail2 = (tails[0] if tails.size else np.inf), (tails[1] if tails.size > 1 else np.inf)
         left = n - int(on_gpu.sum())
-        current = float(span_s(m.problem, pcie, gpu, kernels, dram, tail, left > 0))
+        p = m.problem
+        current = _span_one(
+            p.pcie_base_s,
+            p.gpu_base_s,
+            m.unit_base_list,
+            p.result_s,
+            p.result_pcie_s,
+            p.ndp_optional,
+            p.copy_tail,
+            pcie,
+            gpu,
+            kernels.tolist(),
+            dram.tolist(),
+            float(tail),
+            left > 0,
+        )
         # single moves: +1 brings an item to the GPU, -1 sends it home
         sign = np.where(on_gpu, -1.0, 1.0)
         tail_without = np.where(m.tail == tail, tail2, tail)
-        flip = span_s(
-            m.problem,
+        flip = m.span(
             pcie + sign * t,
             gpu + sign * g,
             kernels - sign[:, None] * m.dk,
@@ -297,8 +470,7 @@ def pack(problem: PlacementProblem) -> np.ndarray:
             # swaps between the GPU items cheapest to send home and the NDP items cheapest to bring in
             back = in_idx[np.argsort(-ratio[in_idx], kind="stable")[:_SWAP_CANDIDATES]]
             come = out_idx[np.argsort(ratio[out_idx], kind="stable")[:_SWAP_CANDIDATES]]
-            swap = span_s(
-                m.problem,
+            swap = m.span(
                 pcie - t[back][:, None] + t[come],
                 gpu - g[back][:, None] + g[come],
                 kernels + m.dk[back][:, None, :] - m.dk[come][None, :, :],

@@ -5,6 +5,7 @@ out here from the timeline's rules), and the inversions a faster PCIe link used 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -20,12 +21,16 @@ from hw_model.policies import richer_problem
 from hw_model.scheduler import (
     ItemMode,
     PlacementProblem,
+    _span_one,
+    best_prefix,
+    best_prefix_lists,
     is_feasible,
     makespan_modes_s,
     makespan_s,
     pack,
     solve_exact,
     solve_exact_modes,
+    span_s,
     staged_bytes_of,
 )
 from hw_model.simulator import MoESimulator
@@ -235,3 +240,55 @@ def test_packer_is_within_2_percent_median_and_10_percent_p99_of_milp_on_the_tim
     assert ratios.min() >= 1 - 1e-9
     assert np.median(ratios) <= 1.02
     assert np.percentile(ratios, 99) <= 1.10
+
+
+def _list_problem(rng: np.random.Generator) -> PlacementProblem:
+    """A :func:`timeline_problem` without a PCIe base (as the policies build them), up to 40 items, a third of them
+    made even over the units (the lockstep case, where numpy sums one column pairwise)."""
+    p = timeline_problem(rng, 40, 6)
+    if rng.random() < 0.35:
+        even = {name: np.repeat(getattr(p, name)[:, :1], p.num_units, axis=1) for name in ("ndp_time_s", "ndp_dram_s")}
+        p = dataclasses.replace(p, copy_unit_s=np.repeat(p.copy_unit_s[:, :1], p.num_units, axis=1), **even)
+    return dataclasses.replace(p, pcie_base_s=0.0)
+
+
+def test_the_list_paths_give_the_array_paths_bits():
+    """best_prefix_lists (MoNDE's prefix step on plain lists) picks what best_prefix picks, and _span_one (one
+    placement in plain floats) is span_s to the last bit, on problems with and without lockstep units."""
+    rng = np.random.default_rng(2031)
+    for _ in range(400):
+        p = _list_problem(rng)
+        items = {
+            "ndp": p.ndp_time_s.tolist(),
+            "dram": p.ndp_dram_s.tolist(),
+            "copy": p.copy_unit_s.tolist(),
+            "transfer": p.transfer_s.tolist(),
+            "gpu": p.gpu_compute_s.tolist(),
+            "staged": p.transfer_bytes.tolist(),
+        }
+        order = rng.permutation(p.num_items).tolist()
+        terms = (p.unit_base_s.tolist(), p.staging_cap_bytes, p.result_s, p.result_pcie_s)
+        assert best_prefix_lists(items, order, *terms, p.ndp_optional, p.copy_tail) == best_prefix(p, order)
+        on_gpu = rng.random(p.num_items) < 0.5
+        kernels = p.ndp_time_s[~on_gpu].sum(axis=0)
+        dram = p.ndp_dram_s[~on_gpu].sum(axis=0) + p.copy_unit_s[on_gpu].sum(axis=0)
+        pcie, gpu = float(p.transfer_s[on_gpu].sum()), float(p.gpu_compute_s[on_gpu].sum())
+        tail = float(np.where(p.transfer_s > 0, p.gpu_compute_s, np.inf)[on_gpu].min(initial=np.inf))
+        left = bool((~on_gpu).any())
+        expected = float(span_s(p, pcie, gpu, kernels, dram, tail, left))
+        got = _span_one(
+            p.pcie_base_s,
+            p.gpu_base_s,
+            p.unit_base_s.tolist(),
+            p.result_s,
+            p.result_pcie_s,
+            p.ndp_optional,
+            p.copy_tail,
+            pcie,
+            gpu,
+            kernels.tolist(),
+            dram.tolist(),
+            tail,
+            left,
+        )
+        assert got == expected
