@@ -365,7 +365,8 @@ class InvocationLayout:
         self, ids: list[int], tokens: list[int], resident: Flags, whole: Flags | None = None
     ) -> dict[str, list]:
         """Per active expert ``ids[i]`` (``tokens[i]`` tokens): NDP time per unit (``ndp``, one list of
-        ``units`` floats per expert), DRAM time a copy takes per unit (``copy``, likewise), copy time
+        ``units`` floats per expert), the DRAM time of that NDP work per unit (``dram``, likewise), DRAM time a copy
+        takes per unit (``copy``, likewise), copy time
         (``transfer``), GPU time (``gpu``), bytes (``staged``), as plain lists (the balancing rule runs on a
         handful of experts, where numpy's per-call cost dominates). ``whole[i]`` (dual layout) runs expert
         ``i`` whole on its home unit instead of sliced."""
@@ -376,22 +377,29 @@ class InvocationLayout:
         weight_bytes = expert.weight_bytes()
         ndp: list[list[float]] = []
         copy: list[list[float]] = []
+        dram: list[list[float]] = []
         transfer: list[float] = []
         gpu: list[float] = []
         staged: list[float] = []
-        per_tokens: dict[tuple[int, bool], tuple[float, float]] = {}  # (tokens, sliced) -> (NDP s, GPU s)
+        # (tokens, sliced) -> (NDP s, GPU s, NDP DRAM s)
+        per_tokens: dict[tuple[int, bool], tuple[float, float, float]] = {}
         for i, (e, c) in enumerate(zip(ids, tokens, strict=True)):
             spread = sliced and not (whole is not None and whole[i])
             times = per_tokens.get((c, spread))
             if times is None:
                 shards = units if spread else 1
-                times = per_tokens[c, spread] = (max(costs.ndp_pair(expert, c, shards)), costs.gpu_s(expert, c))
+                pair = costs.ndp_pair(expert, c, shards)
+                times = per_tokens[c, spread] = (max(pair), costs.gpu_s(expert, c), pair[1])
             if spread:
                 ndp.append([times[0]] * units)
+                dram.append([times[2]] * units)
             else:
                 row = [0.0] * units
                 row[e % units] = times[0]
                 ndp.append(row)
+                row = [0.0] * units
+                row[e % units] = times[2]
+                dram.append(row)
             gpu.append(times[1])
             row = [0.0] * units
             if resident[i]:
@@ -405,18 +413,35 @@ class InvocationLayout:
                 transfer.append(transfer_s)
                 staged.append(weight_bytes)
             copy.append(row)
-        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged}
+        return {"ndp": ndp, "copy": copy, "transfer": transfer, "gpu": gpu, "staged": staged, "dram": dram}
 
     def item_arrays(
         self, ids: list[int], tokens: list[int], resident: Flags, whole: Flags | None = None
     ) -> dict[str, np.ndarray]:
-        """:meth:`item_lists` as arrays (``ndp`` and ``copy``: experts x units), for the packer."""
-        items = self.item_lists(ids, tokens, resident, whole)
-        shape = (len(ids), self.units)
+        """:meth:`item_lists` as arrays (``ndp``, ``dram`` and ``copy``: experts x units), for the packer."""
+        return self.as_arrays(self.item_lists(ids, tokens, resident, whole))
+
+    def as_arrays(self, items: dict[str, list]) -> dict[str, np.ndarray]:
+        """:meth:`item_lists`' result as :meth:`item_arrays` has it."""
+        shape = (len(items["gpu"]), self.units)
         arrays = {key: np.array(values, dtype=np.float64) for key, values in items.items()}
-        arrays["ndp"] = arrays["ndp"].reshape(shape)
-        arrays["copy"] = arrays["copy"].reshape(shape)
+        for key in ("ndp", "dram", "copy"):
+            arrays[key] = arrays[key].reshape(shape)
         return arrays
+
+    def result_s(self) -> tuple[float, float]:
+        """The NDP units' outputs' way to the GPU after the last unit ends, as the timeline takes it with every unit
+        busy: one PCIe copy per unit, or (partial sums of sliced experts) a reduction over the DIMM-link and one
+        copy where that is sooner. Returns (its time, its PCIe part)."""
+        system = self.ctx.system
+        row_bytes = self.tokens * self.expert.hidden * self.expert.dtype_bytes
+        one = system.host_link.transfer_time_s(row_bytes)
+        each = max(self.units, 1) * one
+        if self.tensor_parallel and self.units > 1:
+            reduce_s = (self.units - 1) * system.ndp_link.transfer_time_s(row_bytes)
+            if reduce_s + one < each:
+                return reduce_s + one, one
+        return each, each
 
     def activation_s(self) -> float:
         return self.ctx.system.host_link.transfer_time_s(self.tokens * self.expert.hidden * self.expert.dtype_bytes)

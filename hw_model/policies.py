@@ -55,7 +55,7 @@ from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import LIST_KEPT_CELLS, ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
-from hw_model.scheduler import ItemMode, PlacementProblem, makespan_s, pack
+from hw_model.scheduler import ItemMode, PlacementProblem, best_prefix_lists, makespan_s, pack, span_terms_s
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.workload import ExpertShape, MoELayerShape
 
@@ -78,6 +78,8 @@ class ExpertCosts:
         self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
         self._pairs: dict[tuple, tuple[float, float]] = {}  # ndp_pair: keys also in _memo (shapes kept alive)
         self._shards: dict[tuple, ExpertShard] = {}  # (id(expert), device kind, shards) -> its terms (see ndp_s)
+        # _split_part_costs: (id(expert), tokens, k, units, sources) -> its four terms (shape kept in _shapes)
+        self.split_parts: dict[tuple, tuple[float, float, float, float]] = {}
 
     def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
         self._shapes[id(expert)] = expert
@@ -467,44 +469,6 @@ def _load_aware_order(loads: list[list[float]], heat: list[int], res: list[bool]
     return order
 
 
-def best_prefix(items: dict[str, np.ndarray], order: np.ndarray, base_s: float, staging_cap_bytes: float) -> int:
-    """How many experts of ``order`` to move to the GPU: the prefix with the shortest makespan (the first
-    minimum, so the fewest moves), within the staging cap. ``items`` is :meth:`InvocationLayout.item_arrays`."""
-    lists = {key: values.tolist() for key, values in items.items()}
-    return _best_prefix(lists, order.tolist(), items["ndp"].shape[1], base_s, staging_cap_bytes)
-
-
-def _best_prefix(items: dict[str, list], order: list[int], units: int, base_s: float, staging_cap_bytes: float) -> int:
-    """:func:`best_prefix` over :meth:`InvocationLayout.item_lists` (see :func:`_load_aware_order`). A prefix's
-    makespan is the latest of its copies over PCIe, its GPU work and the busiest unit's remaining NDP work
-    (``base_s`` plus every expert's NDP time, less the moved experts' NDP time plus their copies' DRAM time);
-    sums run in index order, cumulative sums in ``order``."""
-    ndp, copy, transfer, gpu, staged = (items[key] for key in ("ndp", "copy", "transfer", "gpu", "staged"))
-    total = [0.0] * units
-    for row in ndp:
-        total = list(map(add, total, row))
-    total = [base_s + t for t in total]
-    moved = [0.0] * units  # per unit: cumulative NDP time less copy DRAM time of the moved experts
-    limit = staging_cap_bytes * (1 + 1e-9)
-    pcie = on_gpu = stage = 0.0
-    # with no units nothing can stay in memory: moving no expert is not an option
-    best, best_k = (max(0.0, max(total)), 0) if units and stage <= limit else (np.inf, -1)
-    for k, i in enumerate(order, 1):
-        pcie += transfer[i]
-        on_gpu += gpu[i]
-        stage += staged[i]
-        if units:
-            moved = list(map(add, moved, map(sub, ndp[i], copy[i])))
-            span = max(pcie, on_gpu, max(map(sub, total, moved)))
-        else:
-            span = max(pcie, on_gpu, 0.0)
-        if span < best and stage <= limit:
-            best, best_k = span, k
-    if best_k < 0:  # no prefix is feasible
-        return len(order) if units == 0 else 0
-    return best_k
-
-
 # -- the policies ---------------------------------------------------------------------------------------
 
 
@@ -603,7 +567,10 @@ class _Balanced(Policy):
             items = out.item_lists(ids, tokens, resident)
             started = time.perf_counter()
             order = _load_aware_order(items["ndp"], tokens, resident, units)
-            k = _best_prefix(items, order, units, out.activation_s(), ctx.staging_cap_bytes)
+            result_s, result_pcie_s = out.result_s()
+            # best_prefix of _placement_problem's problem, on the lists (same answer, no numpy per-call cost)
+            base = [out.activation_s()] * units
+            k = best_prefix_lists(items, order, base, ctx.staging_cap_bytes, result_s, result_pcie_s, True, True)
             state.decision_times_s.append(time.perf_counter() - started)
             chosen = {ids[i] for i in order[:k]}
             moved = {group: sum(e in chosen for e in members) for group, members in groups.items()}
@@ -783,17 +750,13 @@ class OursSplit(Ours):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         gpu_flags, planned = _scheduled_gpu_set(ctx, state, out, resident, phase)
-        # the GPU set as earlier versions built it: _best_split sums over it in its iteration order
         on_gpu = set(planned) if planned is not None else {e for e, g in zip(out.active, gpu_flags, strict=True) if g}
-        tokens_of = dict(zip(out.active, out.active_tokens, strict=True))
-        resident_of = dict(zip(out.active, resident, strict=True))
-        on_ndp = [e for e in out.active if e not in on_gpu]
-        split = _best_split(out, tokens_of, resident_of, on_gpu, on_ndp) if on_ndp else None
+        split = _best_split(ctx, out, resident, [e in on_gpu for e in out.active])
         for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in on_gpu:
                 out.to_gpu(e, tokens, res)
                 _keep_copies(state, layer_index, [(e, res)], ctx.expert_bytes[layer_index])
-            elif split is not None and e == split[0]:
+            elif split is not None and e == out.active[split[0]]:
                 out.split(e, tokens, split[1])
             else:
                 out.sliced([e], [tokens])
@@ -827,62 +790,91 @@ SPLIT_PARTS = range(2, 9)  # k: 1/k of an expert's FFN columns on the GPU
 
 def _split_part_costs(out: InvocationLayout, tokens: int, k: int) -> tuple[float, float, float, float]:
     """Running 1/``k`` of an expert's FFN columns (``tokens`` tokens) on the GPU and the rest sliced over the
-    units: (each unit's NDP seconds for the rest, each unit's DRAM seconds reading the part's copy, PCIe seconds
-    of that copy, GPU seconds)."""
+    units: (each unit's kernel seconds for the rest, each unit's DRAM seconds for the rest and for reading the
+    part's copy, PCIe seconds of that copy, GPU seconds), as :meth:`InvocationLayout.lay_out` lays it out."""
     costs, expert, sources = out.costs, out.expert, out.sources
+    key = (id(expert), tokens, k, out.units, sources)
+    memo = costs.split_parts.get(key)
+    if memo is not None:
+        return memo
+    costs._shapes[id(expert)] = expert
     rest = out.units * k / (k - 1)  # the remaining (k-1)/k of the width, sliced over the units
-    ndp_part = max(costs.ndp_s(expert, tokens, rest), costs.ndp_dram_s(expert, tokens, rest))
-    copy_part = costs.copy_read_s(expert, sources) / k
+    kernels, dram = costs.ndp_pair(expert, tokens, rest)
     transfer_part = out.ctx.system.host_link.latency_s + expert.weight_bytes() / k / costs.copy_bandwidth(sources)
-    return ndp_part, copy_part, transfer_part, expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k)
+    gpu_part = expert_shard_time_s(out.ctx.system.gpu, expert, tokens, k)
+    value = (max(kernels, dram), dram + costs.copy_read_s(expert, sources) / k, transfer_part, gpu_part)
+    costs.split_parts[key] = value
+    return value
+
+
+def _split_mode(out: InvocationLayout, tokens: list[int], k: int) -> ItemMode:
+    """Every active expert (``tokens[i]`` tokens each) split with 1/``k`` on the GPU, as a mode of the packer's
+    problem."""
+    parts = [_split_part_costs(out, t, k) for t in tokens]
+    kernels = np.repeat([[p[0]] for p in parts], out.units, axis=1)
+    dram = np.repeat([[p[1]] for p in parts], out.units, axis=1)
+    weight_bytes = out.expert.weight_bytes()
+    staged = np.full(len(tokens), weight_bytes / k)
+    return ItemMode(kernels, [p[2] for p in parts], [p[3] for p in parts], staged, dram)
 
 
 def _best_split(
-    out: InvocationLayout,
-    tokens_of: dict[int, int],
-    resident_of: dict[int, bool],
-    on_gpu: set[int],
-    on_ndp: list[int],
+    ctx: RunContext, out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool]
 ) -> tuple[int, int] | None:
-    """(expert, k) when running 1/k of the hottest NDP expert on the GPU shortens the layer, else None."""
-    costs, expert, units = out.costs, out.expert, out.units
-    sources = out.sources
-    unit = out.activation_s()
-    pcie = gpu = 0.0
-    for e in on_gpu:
-        tokens = tokens_of[e]
-        gpu += costs.gpu_s(expert, tokens)
-        if not resident_of[e]:
-            pcie += costs.transfer_s(expert, sources)
-            unit += costs.copy_read_s(expert, sources)
-    for e in on_ndp:
-        tokens = tokens_of[e]
-        unit += max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
-    current = max(unit, pcie, gpu)
-    hot = max(on_ndp, key=lambda e: (tokens_of[e], -e))
-    tokens = tokens_of[hot]
-    whole_ndp = max(costs.ndp_s(expert, tokens, units), costs.ndp_dram_s(expert, tokens, units))
+    """(position in ``out.active`` of the expert split, k) when running 1/k of the hottest NDP expert on the GPU
+    (k in :data:`SPLIT_PARTS`) lowers the packer's objective, else None."""
+    active, tokens = out.active, out.active_tokens
+    on_ndp = [i for i in range(len(active)) if not on_gpu[i]]
+    if not on_ndp:
+        return None
+    hot = max(on_ndp, key=lambda i: (tokens[i], -active[i]))
+    # The packer's objective (makespan_modes_s over the placement problem, every other expert as placed) of the
+    # placement itself (row 0) and with the hot expert split 1/k (row m for the m-th k), as one batch: each row's
+    # loads are summed as makespan_modes_s sums them, so the spans are the same to the last bit.
+    items = out.as_arrays(out.item_lists(active, tokens, resident))
+    gpu_mask = np.asarray(on_gpu, dtype=bool)
+    rows = len(SPLIT_PARTS) + 1
+    pcie = np.repeat(np.where(gpu_mask, items["transfer"], 0.0)[None, :], rows, axis=0)
+    gpu = np.repeat(np.where(gpu_mask, items["gpu"], 0.0)[None, :], rows, axis=0)
+    kernels = np.repeat(np.where(gpu_mask[:, None], 0.0, items["ndp"])[None], rows, axis=0)
+    dram = np.repeat(np.where(gpu_mask[:, None], items["copy"], items["dram"])[None], rows, axis=0)
+    for m in range(1, rows):
+        part = _split_part_costs(out, tokens[hot], SPLIT_PARTS[m - 1])
+        kernels[m, hot] = part[0]
+        dram[m, hot] = part[1]
+        pcie[m, hot] = part[2]
+        gpu[m, hot] = part[3]
+    result_s, result_pcie_s = out.result_s()
+    spans = span_terms_s(
+        0.0,
+        0.0,
+        np.full(out.units, out.activation_s()),
+        result_s,
+        result_pcie_s,
+        True,
+        True,
+        pcie.sum(axis=1),
+        gpu.sum(axis=1),
+        kernels.sum(axis=1),
+        dram.sum(axis=1),
+        np.where(pcie > 0, gpu, np.inf).min(axis=1),
+        np.ones(rows, dtype=bool),  # the hot expert stays on the units in every row
+    ).tolist()
+    current = spans[0]
     best: tuple[float, int] | None = None
-    for k in SPLIT_PARTS:
-        ndp_part, copy_part, transfer_part, gpu_part = _split_part_costs(out, tokens, k)
-        span = max(unit - whole_ndp + ndp_part + copy_part, pcie + transfer_part, gpu + gpu_part)
+    for m in range(1, rows):
+        span = spans[m]
         if span < current * (1 - 1e-9) and (best is None or span < best[0]):
-            best = (span, k)
+            best = (span, SPLIT_PARTS[m - 1])
     return None if best is None else (hot, best[1])
 
 
 def split_choice(
-    out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool] | np.ndarray
+    ctx: RunContext, out: InvocationLayout, resident: list[bool], on_gpu: Sequence[bool] | np.ndarray
 ) -> tuple[int, int] | None:
     """``tp+lb+prefetch+split``'s choice after the packer put active expert ``i`` on the GPU where ``on_gpu[i]``:
     (position in ``out.active`` of the expert split, k), or None."""
-    gpu_set = {e for e, g in zip(out.active, on_gpu, strict=True) if g}
-    on_ndp = [e for e in out.active if e not in gpu_set]
-    if not on_ndp:
-        return None
-    tokens_of = dict(zip(out.active, out.active_tokens, strict=True))
-    split = _best_split(out, tokens_of, dict(zip(out.active, resident, strict=True)), gpu_set, on_ndp)
-    return None if split is None else (out.active.index(split[0]), split[1])
+    return _best_split(ctx, out, resident, [bool(g) for g in on_gpu])
 
 
 class OursVariableDegree(Ours):
@@ -955,14 +947,9 @@ def richer_problem(
     :func:`split_choice` splits one expert)."""
     active, tokens = out.active, out.active_tokens
     problem = _placement_problem(ctx, out, out.item_arrays(active, tokens, resident))
-    modes = [ItemMode(out.item_arrays(active, tokens, resident, [True] * len(active))["ndp"])]
-    weight_bytes = out.expert.weight_bytes()
-    for k in SPLIT_PARTS:
-        parts = [_split_part_costs(out, t, k) for t in tokens]
-        unit = np.repeat([[ndp + copy] for ndp, copy, _, _ in parts], out.units, axis=1)
-        modes.append(
-            ItemMode(unit, [p[2] for p in parts], [p[3] for p in parts], np.full(len(active), weight_bytes / k))
-        )
+    whole = out.item_arrays(active, tokens, resident, [True] * len(active))
+    modes = [ItemMode(whole["ndp"], dram_s=whole["dram"])]
+    modes += [_split_mode(out, tokens, k) for k in SPLIT_PARTS]
     return problem, modes
 
 
@@ -976,7 +963,7 @@ def richer_choices(
     ours = np.where(packed, -1, 0)
     on_gpu, whole = variable_degree_choice(ctx, out, resident)
     split = ours.copy()
-    chosen = split_choice(out, resident, packed)
+    chosen = split_choice(ctx, out, resident, packed)
     if chosen is not None:
         split[chosen[0]] = chosen[1]  # richer_problem's modes: whole first, then k = 2, 3, ...: mode k is 1/k
     return {
@@ -1102,7 +1089,9 @@ def _scheduled_gpu_set(
 
 def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, np.ndarray]) -> PlacementProblem:
     """The packer's problem for the invocation ``out`` over the per-item arrays ``items`` (see
-    :meth:`InvocationLayout.item_arrays`): every unit starts busy with the activation copy."""
+    :meth:`InvocationLayout.item_arrays`): every unit starts busy with the activation copy, its NDP work and
+    copy reads are costed as the timeline does (kernels and DRAM, the outputs' way back, copy before compute)."""
+    result_s, result_pcie_s = out.result_s()
     return PlacementProblem(
         ndp_time_s=items["ndp"],
         gpu_compute_s=items["gpu"],
@@ -1111,6 +1100,11 @@ def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, 
         staging_cap_bytes=ctx.staging_cap_bytes,
         unit_base_s=np.full(out.units, out.activation_s()),
         copy_unit_s=items["copy"],
+        ndp_dram_s=items["dram"],
+        result_s=result_s,
+        result_pcie_s=result_pcie_s,
+        ndp_optional=True,
+        copy_tail=True,
     )
 
 
@@ -1197,7 +1191,6 @@ __all__ = [
     "Policy",
     "PolicyState",
     "RunContext",
-    "best_prefix",
     "get_policy",
     "gpu_expert_slots",
     "load_aware_order",
