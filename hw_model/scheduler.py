@@ -601,7 +601,7 @@ def solve_exact_modes(problem: PlacementProblem, modes: Sequence[ItemMode], time
     width = ic + 1
     # in units of the largest time: the solver's tolerances are absolute (~1e-7), and layer times are microseconds
     times = [problem.pcie_base_s, problem.gpu_base_s, problem.result_s, problem.result_pcie_s, *problem.unit_base_s]
-    times += [float(a.max()) for m in all_modes for a in (m.pcie_s, m.gpu_s, m.unit_s, m.dram_s) if a.size]
+    times += [float(np.max(a)) for m in all_modes for a in (m.pcie_s, m.gpu_s, m.unit_s, m.dram_s) if np.size(a)]
     scale = max(times) or 1.0
     rows, lower, upper = [], [], []
 
