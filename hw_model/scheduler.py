@@ -206,73 +206,124 @@ def is_feasible(problem: PlacementProblem, on_gpu: np.ndarray) -> bool:
 
 
 class _Moves:
-    """What moving each item from the NDP units to the GPU changes (the packer's incremental view), with the
-    units reduced to one where every item is sliced evenly over identical units (they move in lockstep)."""
+    """What moving each item from the NDP units to the GPU changes (the packer's incremental view). Where every
+    item is sliced evenly over identical units (they move in lockstep), or there is one unit, one unit stands for
+    all and the per-unit arrays drop the units axis (``[items]``, a float per placement; the maximum over one unit
+    is that unit, so the objective is the same to the last bit)."""
 
     def __init__(self, problem: PlacementProblem) -> None:
-        k_ndp, d_ndp, k_gpu, d_gpu = problem.unit_bins()
-        base = problem.unit_base_s
-        even = k_ndp.shape[1] > 1 and all((a == a[:, :1]).all() for a in (k_ndp, d_ndp, k_gpu, d_gpu))
-        if even and (base == base[0]).all():  # the problem's terms with only its first unit
+        p = problem
+        ndp, copy, dram = p.ndp_time_s, p.copy_unit_s, p.ndp_dram_s
+        base = p.unit_base_s
+        units = ndp.shape[1]
+        self.problem = p
+        self.units = units
+        self.cap = p.staging_cap_bytes * (1 + 1e-9)
+        # without ndp_dram_s every DRAM bin stays exactly 0.0 (sums and differences of zeros): None stands for it
+        bins = (ndp, copy) if dram is None else (ndp, copy, dram)
+        base_list = base.tolist()
+        self.lockstep = units == 1 or (
+            units > 1
+            and base_list.count(base_list[0]) == units
+            and not any(np.count_nonzero(a != a[:, :1]) for a in bins)
+        )
+        t, g, b = p.transfer_s, p.gpu_compute_s, p.transfer_bytes
+        # rows: transfer, GPU, staged bytes, then in lockstep dk(, dd): one gather and one cumsum in _prefix_spans
+        stack = np.empty((3 + (self.lockstep and (1 if dram is None else 2)), len(t)))
+        stack[0], stack[1], stack[2] = t, g, b
+        self.stack = stack
+        # dk / dd: what moving an item to the GPU takes off each kernel / DRAM bin (ndp - 0.0 is ndp, exactly)
+        if self.lockstep:
             base = base[:1]
-            k_ndp, d_ndp, k_gpu, d_gpu = k_ndp[:, :1], d_ndp[:, :1], k_gpu[:, :1], d_gpu[:, :1]
-        self.problem = problem
-        self.unit_base_s = base
-        self.unit_base_list: list[float] = base.tolist()
-        self.kernels = k_ndp.sum(axis=0)  # every item on the units
-        self.dram = d_ndp.sum(axis=0)
-        self.dk = k_ndp - k_gpu  # what moving an item to the GPU takes off each bin
-        self.dd = d_ndp - d_gpu
-        self.t = problem.transfer_s
-        self.g = problem.gpu_compute_s
-        self.b = problem.transfer_bytes
-        self.tail = _copied_gpu_s(problem)
-        self.cap = problem.staging_cap_bytes * (1 + 1e-9)
+            ndp, copy = ndp[:, 0], copy[:, 0]
+            if dram is None:
+                np.subtract(ndp, copy, out=stack[3])
+            else:
+                stack[3] = ndp
+                np.subtract(dram[:, 0], copy, out=stack[4])
+            self.dk, self.dd = stack[3], (None if dram is None else stack[4])
+            self.kernels = np.add.reduce(ndp)  # every item on the units
+            self.dram = None if dram is None else np.add.reduce(dram[:, 0])
+            self.unit_rows = stack[3:]
+            self.unit_totals = np.array((self.kernels,) if dram is None else (self.kernels, self.dram))
+        else:
+            self.dk = ndp - copy if dram is None else ndp
+            self.dd = None if dram is None else dram - copy
+            # [dk(, dd), units, items]: the units first, so the maximum over them is a few long ops
+            self.unit_rows = np.empty((1 if dram is None else 2, units, len(t)))
+            self.unit_rows[0] = self.dk.T
+            if self.dd is not None:
+                self.unit_rows[1] = self.dd.T
+            self.kernels = ndp.sum(axis=0)
+            self.dram = None if dram is None else dram.sum(axis=0)
+            self.unit_totals = self.kernels[None] if dram is None else np.array((self.kernels, self.dram))
+        self.t, self.g, self.b = self.stack[0], self.stack[1], self.stack[2]
+        self.unit_base_list: list[float] = base_list[: len(base)]
+        self.zero_list = [0.0] * len(self.unit_base_list)
+        self.start = base + p.result_s  # [units]; in lockstep [1], and start_one its float
+        self.start_one = float(base[0]) + p.result_s if self.lockstep else 0.0
+        self.after = max(0.0, p.result_pcie_s)  # np.maximum(0.0, result_pcie_s): where the way back is always paid
+        self.tail = _copied_gpu_s(problem) if p.copy_tail else np.empty(0)  # read only with copy_tail
 
     def span(
         self,
         pcie_s: np.ndarray | float,
         gpu_s: np.ndarray | float,
-        kernels_s: np.ndarray,
-        dram_s: np.ndarray,
+        kernels_s: np.ndarray | float,
+        dram_s: np.ndarray | float | None,
         tail_s: np.ndarray | float,
-        on_ndp: np.ndarray | bool,
+        on_ndp: np.ndarray | bool | None,
     ) -> np.ndarray:
-        """:func:`span_s` over the (possibly reduced) units."""
+        """:func:`span_s` over the (possibly reduced) units: :func:`span_terms_s`'s operations on the same values,
+        less those that cannot change them. ``dram_s`` None: every DRAM bin 0.0; ``tail_s`` is read only with
+        ``copy_tail``, ``on_ndp`` only with ``ndp_optional``."""
         p = self.problem
-        return span_terms_s(
-            p.pcie_base_s,
-            p.gpu_base_s,
-            self.unit_base_s,
-            p.result_s,
-            p.result_pcie_s,
-            p.ndp_optional,
-            p.copy_tail,
-            pcie_s,
-            gpu_s,
-            kernels_s,
-            dram_s,
-            tail_s,
-            on_ndp,
-        )
+        paid = np.asarray(on_ndp) if p.ndp_optional else None
+        result_pcie = p.result_pcie_s if paid is None else np.where(paid, p.result_pcie_s, 0.0)
+        after: np.ndarray | float
+        if p.copy_tail:
+            after = np.maximum(np.where(np.isinf(tail_s), 0.0, tail_s), result_pcie)
+        else:
+            after = self.after if paid is None else np.maximum(0.0, result_pcie)
+        span = np.maximum(p.pcie_base_s + pcie_s + after, p.gpu_base_s + gpu_s)
+        if not self.units:
+            return np.maximum(span, 0.0)
+        bins = np.maximum(kernels_s, 0.0 if dram_s is None else dram_s)
+        if self.lockstep:
+            start = self.start_one if paid is None else np.where(paid, self.start_one, 0.0)
+            return np.maximum(span, start + bins)
+        start = self.start.reshape(self.start.shape + (1,) * (bins.ndim - 1))  # per-unit arrays are [units, ...]
+        if paid is not None:
+            start = np.where(paid, start, 0.0)
+        return np.maximum(span, np.maximum.reduce(start + bins, axis=0))
 
 
 def _prefix_spans(moves: _Moves, orders: np.ndarray) -> np.ndarray:
     """``[orders, items + 1]``: the objective after moving the first ``k`` items of each order to the GPU
     (``k`` = 0..items), ``inf`` where the staged bytes exceed the cap."""
+    m = moves
+    p = m.problem
     rows, n = orders.shape
-    zero = np.zeros((rows, 1))
-    pcie = np.concatenate((zero, np.cumsum(moves.t[orders], axis=1)), axis=1)
-    gpu = np.concatenate((zero, np.cumsum(moves.g[orders], axis=1)), axis=1)
-    units = moves.dk.shape[1]
-    zeros = np.zeros((rows, 1, units))
-    kernels = moves.kernels - np.concatenate((zeros, np.cumsum(moves.dk[orders], axis=1)), axis=1)
-    dram = moves.dram - np.concatenate((zeros, np.cumsum(moves.dd[orders], axis=1)), axis=1)
-    tail = np.concatenate((np.full((rows, 1), np.inf), np.minimum.accumulate(moves.tail[orders], axis=1)), axis=1)
-    on_ndp = np.arange(n + 1) < n
-    spans = moves.span(pcie, gpu, kernels, dram, tail, np.broadcast_to(on_ndp, (rows, n + 1)))
-    staged = np.concatenate((zero, np.cumsum(moves.b[orders], axis=1)), axis=1)
-    spans[staged > moves.cap] = np.inf
+    sums = np.zeros((len(m.stack), rows, n + 1))
+    np.cumsum(m.stack[:, orders], axis=2, out=sums[:, :, 1:])
+    if m.lockstep:
+        kernels = m.kernels - sums[3]
+        dram = None if m.dram is None else m.dram - sums[4]
+    else:
+        unit_sums = np.zeros((*m.unit_rows.shape[:2], rows, n + 1))  # [dk(, dd), units, orders, items + 1]
+        np.cumsum(m.unit_rows[:, :, orders], axis=3, out=unit_sums[..., 1:])
+        kernels = m.kernels[:, None, None] - unit_sums[0]
+        dram = None if m.dram is None else m.dram[:, None, None] - unit_sums[1]
+    tail: np.ndarray | float = np.inf  # read only with copy_tail
+    if p.copy_tail:
+        tail = np.empty((rows, n + 1))
+        tail[:, 0] = np.inf
+        np.minimum.accumulate(m.tail[orders], axis=1, out=tail[:, 1:])
+    on_ndp = np.arange(n + 1) < n if p.ndp_optional else None
+    spans = m.span(sums[0], sums[1], kernels, dram, tail, on_ndp)
+    staged = sums[2]
+    if staged[:, -1].max() > m.cap:  # the staged bytes only grow along an order
+        spans[staged > m.cap] = np.inf
     return spans
 
 
@@ -323,9 +374,11 @@ def _span_one(
     after = (0.0 if math.isinf(tail_s) else tail_s) if copy_tail else 0.0
     after = max(after, result_pcie_s if paid else 0.0)
     span = max(pcie_base_s + pcie_s + after, gpu_base_s + gpu_s)
-    for u in range(len(unit_base_s)):
-        start = unit_base_s[u] + result_s if paid else 0.0
-        span = max(span, start + max(kernels_s[u], dram_s[u]))
+    # max(a, b) is a unless b > a: the same comparisons, without the calls
+    for base, kernels, dram in zip(unit_base_s, kernels_s, dram_s, strict=True):
+        unit = (base + result_s if paid else 0.0) + (dram if dram > kernels else kernels)
+        if unit > span:
+            span = unit
     return span
 
 
@@ -410,14 +463,25 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=bool)
     m = _Moves(problem)
-    t, g, b = m.t, m.g, m.b
-    bins = np.maximum(m.dk, m.dd)
-    saved = np.maximum(bins.max(axis=1), 0.0) + 1e-30 if bins.size else np.full(n, 1e-30)
+    p = problem
+    t, g, stack = m.t, m.g, m.stack
+    if not m.units:
+        saved = np.full(n, 1e-30)
+    else:
+        bins = np.maximum(m.dk, 0.0 if m.dd is None else m.dd)
+        if m.lockstep and m.dd is None:  # max(max(dk, 0.0), 0.0) is max(dk, 0.0)
+            saved = bins + 1e-30
+        else:
+            saved = np.maximum(bins if m.lockstep else np.maximum.reduce(bins, axis=1), 0.0) + 1e-30
 
     # Phase 1: fill the GPU in order of cost per NDP second saved; keep the best prefix over three orderings
     # (by the GPU side's bottleneck, its total, its compute), evaluated together as one [3, n + 1] batch.
-    costs = np.stack((np.maximum(t, g), t + g, g))
-    orders = np.argsort(costs / saved, axis=1, kind="stable")
+    ratios = np.empty((3, n))
+    np.maximum(t, g, out=ratios[0])
+    np.add(t, g, out=ratios[1])
+    ratios[2] = g
+    ratios /= saved
+    orders = np.argsort(ratios, axis=1, kind="stable")
     spans = _prefix_spans(m, orders)
     on_gpu = np.zeros(n, dtype=bool)
     which, k = divmod(int(np.argmin(spans)), n + 1)
@@ -425,16 +489,38 @@ def pack(problem: PlacementProblem) -> np.ndarray:
         on_gpu[orders[which, :k]] = True
 
     # Phase 2: a few single moves (any item, either way) and swaps, each step the one that lowers the objective
-    # most, while one does.
-    ratio = np.maximum(t, g) / saved
+    # most, while one does. The moves and swaps are one batch: [moves, then swaps as back x come].
+    # the swap candidates in the order a stable argsort of the ratio over the GPU's (NDP's) items gives them
+    cheapest = orders[0]
+    dearest = np.argsort(-ratios[0], kind="stable") if n > 1 else cheapest
+    unit_rows = m.unit_rows  # [dk(, dd), (units,) items]
+    # [items, dk(, dd) of each unit] for the sums over the GPU's items (numpy adds the items in order over 2+ columns);
+    # in lockstep those sums are rows of stack
+    unit_items = m.dk if m.lockstep or m.dd is None else np.concatenate((m.dk, m.dd), axis=1)
+    # a move or swap can exceed the cap only if the staged bytes plus the largest item's do (rounding is monotonic)
+    b_max = float(np.maximum.reduce(m.b)) if m.cap < math.inf else 0.0
+    tail = tail2 = math.inf
+    tails_b: np.ndarray | float = math.inf  # read only with copy_tail
+    on_ndp: np.ndarray | None = None  # read only with ndp_optional
     for _ in range(_IMPROVEMENT_STEPS):
-        kernels = m.kernels - m.dk[on_gpu].sum(axis=0)
-        dram = m.dram - m.dd[on_gpu].sum(axis=0)
-        pcie, gpu, staged = float(t[on_gpu].sum()), float(g[on_gpu].sum()), float(b[on_gpu].sum())
-        tails = np.sort(m.tail[on_gpu])
-        tail, tail2 = (tails[0] if tails.size else np.inf), (tails[1] if tails.size > 1 else np.inf)
-        left = n - int(on_gpu.sum())
-        p = m.problem
+        in_idx = on_gpu.nonzero()[0]
+        moved = stack[:, in_idx]
+        # each row on its own: a [rows, k] reduction along k does not add in numpy's 1-D (pairwise) order
+        pcie, gpu, staged = [float(np.add.reduce(row)) for row in moved[:3]]
+        left = n - in_idx.size
+        if m.lockstep:
+            bins_now = m.unit_totals - np.array([np.add.reduce(row) for row in moved[3:]])  # [kernels(, dram)]
+            kernels_list = bins_now[:1].tolist()
+            dram_list = m.zero_list if m.dram is None else bins_now[1:].tolist()
+        else:
+            moved_units = np.add.reduce(unit_items[in_idx], axis=0).reshape(m.unit_totals.shape)
+            bins_now = m.unit_totals - moved_units  # [kernels(, dram), units]
+            kernels_list = bins_now[0].tolist()
+            dram_list = m.zero_list if m.dram is None else bins_now[1].tolist()
+        if p.copy_tail:
+            tails = np.sort(m.tail[in_idx])
+            tail = float(tails[0]) if tails.size else math.inf
+            tail2 = float(tails[1]) if tails.size > 1 else math.inf
         current = _span_one(
             p.pcie_base_s,
             p.gpu_base_s,
@@ -445,49 +531,61 @@ def pack(problem: PlacementProblem) -> np.ndarray:
             p.copy_tail,
             pcie,
             gpu,
-            kernels.tolist(),
-            dram.tolist(),
-            float(tail),
+            kernels_list,
+            dram_list,
+            tail,
             left > 0,
         )
+        if in_idx.size and left:
+            # swaps between the GPU items cheapest to send home and the NDP items cheapest to bring in
+            back = dearest[on_gpu[dearest]][:_SWAP_CANDIDATES]
+            come = cheapest[~on_gpu[cheapest]][:_SWAP_CANDIDATES]
+        else:
+            back = come = in_idx[:0]
+        nb, nc = back.size, come.size
+        size = n + nb * nc
         # single moves: +1 brings an item to the GPU, -1 sends it home
         sign = np.where(on_gpu, -1.0, 1.0)
-        tail_without = np.where(m.tail == tail, tail2, tail)
-        flip = m.span(
-            pcie + sign * t,
-            gpu + sign * g,
-            kernels - sign[:, None] * m.dk,
-            dram - sign[:, None] * m.dd,
-            np.where(on_gpu, tail_without, np.minimum(tail, m.tail)),
-            left - sign > 0,
-        )
-        flip[staged + sign * b > m.cap] = np.inf
-        best_flip = int(np.argmin(flip))
-        best = (float(flip[best_flip]), best_flip, -1)
-        in_idx = np.flatnonzero(on_gpu)
-        out_idx = np.flatnonzero(~on_gpu)
-        if in_idx.size and out_idx.size:
-            # swaps between the GPU items cheapest to send home and the NDP items cheapest to bring in
-            back = in_idx[np.argsort(-ratio[in_idx], kind="stable")[:_SWAP_CANDIDATES]]
-            come = out_idx[np.argsort(ratio[out_idx], kind="stable")[:_SWAP_CANDIDATES]]
-            swap = m.span(
-                pcie - t[back][:, None] + t[come],
-                gpu - g[back][:, None] + g[come],
-                kernels + m.dk[back][:, None, :] - m.dk[come][None, :, :],
-                dram + m.dd[back][:, None, :] - m.dd[come][None, :, :],
-                np.minimum(tail_without[back][:, None], m.tail[come][None, :]),
-                np.full((back.size, come.size), left > 0),
+        step = stack * sign  # sign * t, sign * g, sign * b(, sign * dk(, sign * dd))
+        unit_step = step[3:] if m.lockstep else unit_rows * sign
+        sums = np.empty((3, size))  # PCIe, GPU, staged bytes
+        bins = np.empty((*bins_now.shape, size))  # kernel(, DRAM) bins (per unit)
+        now = np.array((pcie, gpu, staged))
+        np.add(now[:, None], step[:3], out=sums[:, :n])
+        np.subtract(bins_now[..., None], unit_step, out=bins[..., :n])
+        if nb:
+            # pcie - t[back] + t[come], kernels + dk[back] - dk[come] (and the others alike) as [.., back, come]; the
+            # moves home of back are the first terms already (x + -1.0 * y is x - y, x - -1.0 * y is x + y)
+            np.add(sums[:, back][:, :, None], stack[:3, None, come], out=sums[:, n:].reshape(3, nb, nc))
+            np.subtract(
+                bins[..., back][..., None],
+                unit_rows[..., None, come],
+                out=bins[..., n:].reshape((*bins_now.shape, nb, nc)),
             )
-            swap[staged - b[back][:, None] + b[come] > m.cap] = np.inf
-            s = int(np.argmin(swap))
-            if swap.flat[s] < best[0]:
-                r, c = np.unravel_index(s, swap.shape)
-                best = (float(swap.flat[s]), int(back[r]), int(come[c]))
-        if not best[0] < current * (1 - 1e-12):
+        if p.copy_tail:
+            tails_b = np.empty(size)
+            tail_without = np.where(m.tail == tail, tail2, tail)
+            np.copyto(tails_b[:n], np.where(on_gpu, tail_without, np.minimum(tail, m.tail)))
+            if nb:
+                np.minimum(tail_without[back][:, None], m.tail[come][None, :], out=tails_b[n:].reshape(nb, nc))
+        if p.ndp_optional:
+            on_ndp = np.empty(size, dtype=bool)
+            np.greater(left - sign, 0, out=on_ndp[:n])
+            on_ndp[n:] = left > 0
+        spans = m.span(sums[0], sums[1], bins[0], None if m.dram is None else bins[1], tails_b, on_ndp)
+        if staged + b_max > m.cap:  # else no move or swap can exceed the cap (rounding is monotonic)
+            spans[sums[2] > m.cap] = np.inf
+        # the first minimum: a move before any swap as good
+        j = int(spans.argmin())
+        value = float(spans[j])
+        if not value < current * (1 - 1e-12):
             break
-        on_gpu[best[1]] = not on_gpu[best[1]]
-        if best[2] >= 0:
-            on_gpu[best[2]] = True
+        if j < n:
+            on_gpu[j] = not on_gpu[j]
+        else:
+            r, c = divmod(j - n, nc)
+            on_gpu[back[r]] = False
+            on_gpu[come[c]] = True
     return on_gpu
 
 
