@@ -288,11 +288,8 @@ def check_schemas(model: onnx.ModelProto) -> None:
         # declare shapes its inference disagrees with); ONNX Runtime checks shapes when it loads the model
         onnx.checker.check_model(stub, full_check=False)
     except Exception as exc:  # noqa: BLE001 - ValidationError, InferenceError, UnicodeDecodeError...: all "invalid"
-        import textwrap
-
-        # the checker's message spans several lines: one, cut at a word
-        text = textwrap.shorten(str(exc), 300, placeholder=" ...") or type(exc).__name__
-        raise InvalidModelError(f"not a valid ONNX model: {text}") from None
+        text = " ".join(str(exc).split()) or type(exc).__name__  # the checker's message spans several lines
+        raise InvalidModelError(f"not a valid ONNX model: {text if len(text) <= 300 else text[:297] + '...'}") from None
 
 
 @functools.lru_cache(maxsize=1)

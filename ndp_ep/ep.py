@@ -168,6 +168,8 @@ def native() -> ctypes.CDLL:
         lib.ndp_ep_routing_take.restype = i64
         lib.ndp_ep_routing_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p, i64]
         lib.ndp_ep_routing_layers.restype = i64
+        lib.ndp_ep_tag_next_run.argtypes = [i64]
+        lib.ndp_ep_tag_next_run.restype = None
         lib.ndp_ep_factory_api_version.restype = ctypes.c_int
         lib.ndp_ep_version.restype = ctypes.c_char_p
         _native = lib

@@ -187,9 +187,10 @@ class GenerationReports:
     :class:`SystemSpec`), ``ndp_units``, ``policy`` as for :class:`ndp_ep.InferenceSession`. With ``prompt_tokens``
     (one generation of batch 1 whose prompt has that many tokens) each step's non-expert work is costed at its
     shapes (step 0 the prompt, step n one token after ``prompt_tokens + n - 1``); without, reports cost the expert
-    side only and say so. ``routing_capacity``: routing records kept while no report is read. Bad input raises
-    :class:`ndp_ep.ModelLoadError` (the folder, its config, its decoder), :class:`ndp_ep.NdpEpError` (an
-    unconverted decoder, a bad option) or :class:`hw_model.HardwareConfigError`.
+    side only and say so. ``report_ring``: reports kept (default: every run of one generation, the config's
+    context length + 1, at least 256). ``routing_capacity``: routing records kept while no report is read. Bad
+    input raises :class:`ndp_ep.ModelLoadError` (the folder, its config, its decoder), :class:`ndp_ep.NdpEpError`
+    (an unconverted decoder, a bad option) or :class:`hw_model.HardwareConfigError`.
     """
 
     def __init__(
@@ -200,7 +201,7 @@ class GenerationReports:
         ndp_units: int | None = None,
         policy: str | None = None,
         prompt_tokens: int | None = None,
-        report_ring: int = DEFAULT_REPORT_RING,
+        report_ring: int | None = None,
         routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
     ) -> None:
         from ndp_ep.ep import system_of
@@ -223,7 +224,7 @@ class GenerationReports:
         *,
         policy: str | None = None,
         prompt_tokens: int | None = None,
-        report_ring: int = DEFAULT_REPORT_RING,
+        report_ring: int | None = None,
         routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
     ) -> GenerationReports:
         """The reports of a converted decoder graph whose folder's config was read already (:func:`read_config`)."""
@@ -238,7 +239,7 @@ class GenerationReports:
         system: SystemSpec,
         policy: str | None,
         prompt_tokens: int | None,
-        report_ring: int,
+        report_ring: int | None,
         routing_capacity: int,
     ) -> None:
         from ndp_ep.ep import check_positive, new_session_key
@@ -249,6 +250,8 @@ class GenerationReports:
         self.system = system
         self.session_key = new_session_key()
         self._routing_capacity = routing_capacity
+        if report_ring is None:  # every run of one generation: a prefill and at most context_length - 1 steps
+            report_ring = max(int(config["model"].get("context_length") or 0) + 1, DEFAULT_REPORT_RING)
         shapes = step_shapes(decoder, prompt_tokens, config) if prompt_tokens is not None else None
         self.reporter = SessionReporter(
             decoder, system, self.session_key, policy=policy, report_ring=report_ring, untagged_shapes=shapes
@@ -266,13 +269,15 @@ class GenerationReports:
         }
 
     def add_provider(self, config) -> None:
-        """Register the library with GenAI (once per process) and append the provider, with
-        :attr:`provider_options`, to ``config`` (an ``onnxruntime_genai.Config``)."""
+        """Register the library with GenAI (once per process) and make the provider, with :attr:`provider_options`,
+        ``config``'s only one (an ``onnxruntime_genai.Config``: the providers its genai_config.json lists, such as a
+        model builder's ``cuda``, are cleared first; ONNX Runtime's CPU provider runs the other nodes)."""
         import onnxruntime_genai as og
 
         from ndp_ep.ep import EP_NAME
 
         register_with_genai(og)
+        config.clear_providers()
         config.append_provider(EP_NAME)
         for key, value in self.provider_options.items():
             config.set_provider_option(EP_NAME, key, value)

@@ -47,6 +47,7 @@ from ndp_ep.ep import (
     SESSION_KEY_OPTION,
     add_provider,
     check_positive,
+    native,
     new_session_key,
     system_of,
 )
@@ -111,6 +112,8 @@ class InferenceSession:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **kwargs,
     ) -> None:
+        _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
+        _check_requested_providers(providers, provider_options)
         self.system = system_of(hw, ndp_units)
         check_positive("shards", shards)
         check_positive("routing_capacity", routing_capacity)
@@ -146,8 +149,6 @@ class InferenceSession:
         )
         self.requested_providers = list(providers or [])
         self.requested_provider_options = list(provider_options or [])
-        _warn_ignored_providers(self.requested_providers)
-        _check_no_provider_added(sess_options)
         # ONNX Runtime builds the session without holding the GIL: the reports' side is set up meanwhile
         creating = _SessionCreation(ort_model, options, kwargs)
         try:
@@ -222,9 +223,13 @@ class InferenceSession:
 
         with self._tag_lock:
             tag = next(self._tags)
-        # a RunOptions of its own: the caller's may be reused or shared by threads (and would warn at a second tag)
-        options = ort.RunOptions() if run_options is None else _copy_run_options(run_options)
-        options.add_run_config_entry(RUN_TAG_KEY, str(tag))
+        if run_options is None:  # a RunOptions of its own carries the tag
+            options = ort.RunOptions()
+            options.add_run_config_entry(RUN_TAG_KEY, str(tag))
+        else:  # the caller's own, whose terminate flag ONNX Runtime watches; the tag goes to this thread's next run
+            options = run_options
+            tag_next_run = native().ndp_ep_tag_next_run
+            tag_next_run(tag)
         has_moe = self._has_moe
         if has_moe:
             self.reporter.tag_run(tag, shapes)
@@ -234,6 +239,8 @@ class InferenceSession:
             self._check_feeds({name: signature(name, value) for name, value in feeds.items()})
             raise _run_error(exc) from None
         finally:  # its report waits for this (or for all its layers) while other threads' runs are reported
+            if options is run_options:
+                tag_next_run(0)  # a run refused before it started leaves the tag unused
             if has_moe:
                 self._run_finished(tag)
         if not has_moe:
@@ -348,9 +355,8 @@ def _ort_value_signature(name: str, value: Any) -> tuple[np.dtype | str, tuple[i
 
 
 def _run_error(exc: BaseException) -> RunError:
-    import textwrap
-
-    return RunError(f"the model failed while running: {textwrap.shorten(str(exc), 300, placeholder=' ...')}")
+    text = " ".join(str(exc).split())
+    return RunError(f"the model failed while running: {text if len(text) <= 300 else text[:297] + '...'}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -394,10 +400,20 @@ def _serialize(proto, base_dir) -> bytes:
     return proto.SerializeToString()
 
 
-def _warn_ignored_providers(providers: Sequence[Any]) -> None:
-    """A warning naming the requested providers the session does not use (it runs on the NDP provider and ONNX
-    Runtime's CPU one), as ONNX Runtime warns about a provider it does not have."""
+def _check_requested_providers(providers: Sequence[Any] | None, provider_options: Sequence[Any] | None) -> None:
+    """:class:`NdpEpError` for options given to ``NdpExecutionProvider`` in ``providers`` / ``provider_options``
+    (the session takes ``hw``, ``ndp_units``, ``policy``... as keyword arguments: silently ignoring them would
+    report other hardware); a warning naming the requested providers the session does not use (it runs on the
+    NDP provider and ONNX Runtime's CPU one), as ONNX Runtime warns about a provider it does not have."""
+    providers = list(providers or [])
     names = [p[0] if isinstance(p, tuple) and p else p for p in providers]
+    given = [p[1] for p in providers if isinstance(p, tuple) and len(p) > 1 and p[0] == EP_NAME]
+    given += [o for name, o in zip(names, provider_options or [], strict=False) if name == EP_NAME]
+    if any(given):
+        raise NdpEpError(
+            f"options for {EP_NAME} in providers/provider_options are not used by ndp_ep.InferenceSession: give "
+            "hw=, ndp_units=, policy=, dtype= as keyword arguments"
+        )
     ignored = [str(name) for name in names if name not in (EP_NAME, "CPUExecutionProvider")]
     if ignored:
         import warnings
@@ -412,24 +428,23 @@ def _warn_ignored_providers(providers: Sequence[Any]) -> None:
 def _check_no_provider_added(options) -> None:
     """:class:`NdpEpError` for options that already carry this provider (``ndp_ep.session_options()``), whose
     ``hw``, ``ndp_units``... the session would silently ignore; a warning for other providers added to them, which
-    the copy (:func:`_copy_session_options`) does not keep."""
-    has_providers = getattr(options, "has_providers", None)  # onnxruntime >= 1.24
-    if options is None or (has_providers is not None and not has_providers()):
+    the copy (:func:`_copy_session_options`) does not keep. Before onnxruntime 1.24 options cannot tell."""
+    has_providers = getattr(options, "has_providers", None)
+    if options is None or has_providers is None or not has_providers():
         return
     if _config_entry(options.get_session_config_entry, OPTION_PREFIX + SESSION_KEY_OPTION) is not None:
         raise NdpEpError(
             f"sess_options already has {EP_NAME} added (by ndp_ep.session_options()): ndp_ep.InferenceSession adds it "
             "itself; pass a SessionOptions without it and give hw=, ndp_units=, policy=, dtype= as keyword arguments"
         )
-    if has_providers is not None:
-        import warnings
+    import warnings
 
-        warnings.warn(
-            f"ndp_ep.InferenceSession runs on {EP_NAME} and CPUExecutionProvider; the providers added to sess_options "
-            "are not used",
-            UserWarning,
-            stacklevel=3,
-        )
+    warnings.warn(
+        f"ndp_ep.InferenceSession runs on {EP_NAME} and CPUExecutionProvider; the providers added to sess_options "
+        "are not used",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _load(source) -> tuple[Any, Path | None, Path | None]:
@@ -486,8 +501,9 @@ def _finish_checks(model) -> None:
         check_runnable(model)
 
 
-# the session config keys ONNX Runtime defines (onnxruntime_session_options_config_keys.h, 1.27). ONNX Runtime lists
-# no entries of a SessionOptions, so a copy can only ask for known keys, one call each (~40 us when absent)
+# the session config keys ONNX Runtime defines (all 67 of onnxruntime_session_options_config_keys.h, 1.27). ONNX
+# Runtime lists no entries of a SessionOptions, so a copy can only ask for known keys, one call each (~40 us when
+# absent)
 _SESSION_CONFIG_KEYS = (
     "session.disable_prepacking",
     "session.use_env_allocators",
@@ -495,6 +511,7 @@ _SESSION_CONFIG_KEYS = (
     "session.save_model_format",
     "session.set_denormal_as_zero",
     "session.disable_quant_qdq",
+    "session.disable_qdq_constant_folding",
     "session.disable_double_qdq_remover",
     "session.enable_quant_qdq_cleanup",
     "optimization.enable_gelu_approximation",
@@ -503,6 +520,7 @@ _SESSION_CONFIG_KEYS = (
     "optimization.memory_optimizer_config",
     "optimization.enable_memory_probe_recompute_config",
     "optimization.disable_specified_optimizers",
+    "optimization.constant_folding_max_output_size_in_bytes",
     "session.graph_optimizations_loop_level",
     "session.use_device_allocator_for_initializers",
     "session.inter_op.allow_spinning",
@@ -512,9 +530,12 @@ _SESSION_CONFIG_KEYS = (
     "session.intra_op.spin_backoff_max",
     "session.inter_op.spin_backoff_max",
     "session.use_ort_model_bytes_directly",
+    "session.use_ort_model_bytes_for_initializers",
     "session.use_memory_mapped_ort_model",
     "session.qdqisint8allowed",
     "session.x64quantprecision",
+    "optimization.minimal_build_optimizations",
+    "ep.nnapi.partitioning_stop_ops",
     "session.dynamic_block_base",
     "session.force_spinning_stop",
     "session.strict_shape_type_inference",
@@ -523,7 +544,12 @@ _SESSION_CONFIG_KEYS = (
     "session.intra_op_thread_affinities",
     "session.debug_layout_transformation",
     "session.disable_cpu_ep_fallback",
+    "session.optimized_model_external_initializers_file_name",
+    "session.optimized_model_external_initializers_min_size_in_bytes",
+    "session.model_external_initializers_file_folder_path",
+    "session.save_external_prepacked_constant_initializers",
     "session.collect_node_memory_stats_to_file",
+    "session.resource_cuda_partitioning_settings",
     "session.layer_assignment_settings",
     "ep.context_enable",
     "ep.context_file_path",
@@ -531,6 +557,7 @@ _SESSION_CONFIG_KEYS = (
     "ep.context_node_name_prefix",
     "ep.share_ep_contexts",
     "ep.stop_share_ep_contexts",
+    "ep.context_model_external_initializers_file_name",
     "session.compile_only",
     "mlas.enable_gemm_fastmath_arm64_bfloat16",
     "mlas.use_lut_gemm",
@@ -539,7 +566,10 @@ _SESSION_CONFIG_KEYS = (
     "session.qdq_matmulnbits_accuracy_level",
     "session.qdq_matmulnbits_block_size",
     "session.enable_dq_matmulnbits_fusion",
+    "ep.dynamic.workload_type",
     "session.disable_model_compile",
+    "session.fail_on_suboptimal_compiled_model",
+    "ep.dynamic.qnn_htp_performance_mode",
     "session.record_ep_graph_assignment_info",
     "ep.enable_weightless_ep_context_nodes",
 )
@@ -577,7 +607,10 @@ def _copy_session_options(options):
     fresh.log_severity_level = 3
     if options is not None:
         for name in _settable_attributes(ort.SessionOptions):
-            setattr(fresh, name, getattr(options, name))
+            value = getattr(options, name)
+            if name == "log_severity_level" and value < 0:  # ONNX Runtime's default, not the caller's choice
+                continue
+            setattr(fresh, name, value)
         entries = _entries_set.get(options)
         if entries is None:
             get = options.get_session_config_entry
@@ -588,45 +621,16 @@ def _copy_session_options(options):
 
 
 def _config_entry(get: Callable[[str], str], key: str) -> str | None:
-    """The config entry ``key`` that ``get`` (a SessionOptions' or RunOptions' getter) reads, or None when absent."""
+    """The config entry ``key`` that ``get`` (a SessionOptions' getter) reads, or None when absent."""
     try:
         return get(key)
     except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
         return None
 
 
-# the run config entries ONNX Runtime defines (onnxruntime_run_options_config_keys.h, up to 1.32) that act on this
-# session's providers (the NDP one and the CPU one): the others configure CUDA graphs, QNN and device streams. ONNX
-# Runtime lists no entries, so only known keys can be read back
-_COPIED_RUN_CONFIG_ENTRIES = ("memory.enable_memory_arena_shrinkage",)
-# a caller's RunOptions -> the entries of _COPIED_RUN_CONFIG_ENTRIES it held when first seen: ONNX Runtime tells a
-# missing entry only by raising, ~40 us a key
-_entries_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _copy_run_options(options):
-    """A new RunOptions with the settings of the caller's ``options``: every settable attribute (log levels,
-    ``logid``, ``terminate``, ``only_execute_path_to_fetches``...) as it is now, and the values of the config
-    entries of :data:`_COPIED_RUN_CONFIG_ENTRIES` it held the first time it was passed. What cannot be read back is
-    not copied (active LoRA adapters, entries of other keys), and ``terminate`` set during a run does not reach it."""
-    import onnxruntime as ort
-
-    copy = ort.RunOptions()
-    for name in _settable_attributes(ort.RunOptions):
-        setattr(copy, name, getattr(options, name))
-    keys = _entries_held.get(options)
-    if keys is None:
-        keys = _entries_held[options] = tuple(
-            key for key in _COPIED_RUN_CONFIG_ENTRIES if _config_entry(options.get_run_config_entry, key) is not None
-        )
-    for key in keys:
-        copy.add_run_config_entry(key, options.get_run_config_entry(key))
-    return copy
-
-
 @functools.cache
 def _settable_attributes(options_class: type) -> tuple[str, ...]:
-    """The settable attributes of ONNX Runtime's SessionOptions or RunOptions (read once per class)."""
+    """The settable attributes of ONNX Runtime's SessionOptions (read once per class)."""
     return tuple(
         sorted(
             name

@@ -13,6 +13,7 @@ std::mutex g_registry_mutex;
 std::map<std::string, std::vector<std::weak_ptr<RoutingLog>>> g_registry;
 std::atomic<int64_t> g_next_run_id{kUntaggedRunBase};
 thread_local int64_t t_run_id = 0;
+thread_local int64_t t_next_tag = 0;  // ndp_ep_tag_next_run: the tag of this thread's next run without one
 }  // namespace
 
 int32_t RoutingLog::AddLayer(const std::string& node_name) {
@@ -88,7 +89,12 @@ std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key, bool* shared)
 }
 
 int64_t CurrentRunId() { return t_run_id; }
-void BeginRun(int64_t tag) { t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(1); }
+void BeginRun(int64_t tag) {
+  if (tag <= 0) tag = t_next_tag;
+  t_next_tag = 0;
+  t_run_id = tag > 0 ? tag : g_next_run_id.fetch_add(1);
+}
+void TagNextRun(int64_t tag) { t_next_tag = tag > 0 ? tag : 0; }
 
 }  // namespace ndp
 
@@ -125,3 +131,8 @@ NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t 
   }
   return static_cast<int64_t>(text.size() + 1);
 }
+
+// The tag of the calling thread's next run whose RunOptions carry none (ONNX Runtime starts a run on the calling
+// thread): a caller that must hand ONNX Runtime its user's own RunOptions (their `terminate` flag is watched on
+// that object) tags the run this way; 0 clears it.
+NDP_EXPORT void ndp_ep_tag_next_run(int64_t tag) { ndp::TagNextRun(tag); }

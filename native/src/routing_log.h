@@ -64,6 +64,7 @@ std::shared_ptr<RoutingLog> FindRoutingLog(const std::string& key, bool* shared)
 // runs, a process-wide counter starting at kUntaggedRunBase.
 constexpr int64_t kUntaggedRunBase = int64_t{1} << 40;
 int64_t CurrentRunId();
-void BeginRun(int64_t tag);
+void BeginRun(int64_t tag);  // tag <= 0: the one TagNextRun left for this thread, if any, else a new untagged id
+void TagNextRun(int64_t tag);
 
 }  // namespace ndp

@@ -47,8 +47,12 @@ def test_the_callers_session_settings_and_config_entries_reach_the_session_and_s
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # a key the header defines over two lines (the first list missed every one of those)
+    options.add_session_config_entry("session.disable_qdq_constant_folding", "1")
     session = ndp_ep.InferenceSession(block, options)
     copied = session.get_session_options()
+    assert copied.get_session_config_entry("session.disable_qdq_constant_folding") == "1"
+    assert copied.log_severity_level == 3  # the caller left ONNX Runtime's default: kept quiet, as without options
     assert copied.intra_op_num_threads == 1
     assert copied.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert copied.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -158,6 +162,12 @@ def test_a_requested_provider_the_session_does_not_use_is_named_in_a_warning(blo
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ndp_ep.InferenceSession(block, None, ["NdpExecutionProvider", "CPUExecutionProvider"])
+    # options given to the NDP provider there would be dropped (the session takes them as keyword arguments)
+    providers = ["NdpExecutionProvider", "CPUExecutionProvider"]
+    with pytest.raises(ndp_ep.NdpEpError, match="hw=, ndp_units=, policy=, dtype= as keyword arguments"):
+        ndp_ep.InferenceSession(block, None, providers, [{"hw": "edge", "ndp_units": "2"}, {}])
+    with pytest.raises(ndp_ep.NdpEpError, match="as keyword arguments"):
+        ndp_ep.InferenceSession(block, None, [("NdpExecutionProvider", {"policy": "monde"}), "CPUExecutionProvider"])
 
 
 def test_a_zero_token_run_gets_a_report_of_its_own_without_expert_work(block):
@@ -639,18 +649,40 @@ def test_a_reused_run_options_is_left_as_it_was_and_runs_without_warnings(sample
     assert all(r.non_expert_gpu_s > 0 and not r.notes for r in session.reports)
 
 
-def test_a_run_carries_the_callers_run_settings_on_options_of_its_own():
-    from ndp_ep.session import _copy_run_options
+def test_setting_terminate_on_the_callers_run_options_cancels_a_run_in_progress(tmp_path):
+    import threading
+    import time
 
-    options = ort.RunOptions()
-    options.log_severity_level, options.log_verbosity_level, options.logid = 3, 1, "caller"
-    options.only_execute_path_to_fetches = True
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    copy = _copy_run_options(options)
-    assert copy is not options
-    assert (copy.log_severity_level, copy.log_verbosity_level, copy.logid) == (3, 1, "caller")
-    assert copy.only_execute_path_to_fetches and not copy.terminate
-    assert copy.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((512, 512)) / 23).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", [f"h{i}", "w"], [f"h{i + 1}"]) for i in range(100)]  # ~0.3 s on one core
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("h0", TensorProto.FLOAT, [256, 512])],
+        [helper.make_tensor_value_info("h100", TensorProto.FLOAT, [256, 512])],
+        [weight],
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ndp_ep.InferenceSession(path, options)
+    feeds = {"h0": np.ones((256, 512), np.float32)}
+    for run in (session.run, lambda names, feed, o: session.run_with_ort_values(names, _ort_values(feed), o)):
+        run_options = ort.RunOptions()
+        threading.Timer(0.03, lambda o=run_options: setattr(o, "terminate", True)).start()
+        started = time.perf_counter()
+        with pytest.raises(ndp_ep.RunError, match="terminate"):  # ONNX Runtime watches the caller's own object
+            run(None, feeds, run_options)
+        assert time.perf_counter() - started < 5
+
+
+def _ort_values(feeds):
+    return {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in feeds.items()}
 
 
 def test_a_terminated_run_options_still_stops_the_run(samples_dir):

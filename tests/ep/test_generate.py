@@ -276,10 +276,14 @@ def test_generation_reports_follow_genais_own_loop_step_by_step(tmp_path, capsys
     converted.mkdir()
     assert main(["convert", str(FIXTURE / "model.onnx"), "-o", str(converted / "model.onnx"), "--json"]) == 0
     capsys.readouterr()
+    # as a model builder writes it for a GPU: the provider becomes the config's only one, so this runs on a CPU
+    settings = json.loads((converted / "genai_config.json").read_text())
+    settings["model"]["decoder"]["session_options"]["provider_options"] = [{"cuda": {"enable_cuda_graph": "0"}}]
+    settings["model"]["context_length"] = 1000  # every run of a generation this long fits the reports kept
+    (converted / "genai_config.json").write_text(json.dumps(settings))
     prompt = [5, 17, 3, 9, 30, 2]
     reports = ndp_ep.GenerationReports(converted, hw="paper", ndp_units=4, prompt_tokens=len(prompt))
     config = og.Config(str(converted))
-    config.clear_providers()
     reports.add_provider(config)
     model = og.Model(config)
     params = og.GeneratorParams(model)
@@ -290,6 +294,7 @@ def test_generation_reports_follow_genais_own_loop_step_by_step(tmp_path, capsys
         generator.generate_next_token()
     runs = reports.reports  # the prefill, then one decode step per token after the first
     assert [(r.phase, r.tokens) for r in runs] == [("prefill", 6), ("decode", 1), ("decode", 1)]
+    assert reports.reporter.report_ring == 1001
     assert all(r.non_expert_gpu_s > 0 for r in runs)  # each step costed at its shapes
     with pytest.raises(ndp_ep.NdpEpError, match="is not converted: run ndp-ep convert on it first"):
         ndp_ep.GenerationReports(FIXTURE)
