@@ -12,8 +12,9 @@ given a converted one it hands it to ONNX Runtime as is. Underneath is a real ``
 whose options add ``NdpExecutionProvider`` (:func:`ndp_ep.ep.add_provider`): the provider runs the sharded expert
 nodes natively and records their routing; ONNX Runtime's CPU provider runs the rest. Every method of ONNX Runtime's
 session is available (delegated); ``run`` and ``run_with_ort_values`` additionally tag the run with its input
-shapes so its report can cost the non-expert GPU work (on a RunOptions of its own carrying the caller's settings:
-the caller's is left as it is). ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
+shapes so its report can cost the non-expert GPU work (a RunOptions of its own carries the tag; a caller's goes to
+ONNX Runtime untouched, so setting its ``terminate`` cancels the run, and the tag goes to the calling thread's next
+run). ``run`` and ``run_with_ort_values`` raise :class:`FeedError` for feeds that do not
 fit the inputs and :class:`RunError` for a run that fails, where ONNX Runtime raises its own errors;
 ``run_with_iobinding`` is ONNX Runtime's as it is (an ``IOBinding``'s inputs cannot be read back to be checked,
 and its report costs the expert side only).
