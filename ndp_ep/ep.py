@@ -318,13 +318,17 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def session_option(options, key: str) -> str | None:
-    """The provider option ``key`` of a SessionOptions, or None."""
+def config_entry(options, key: str) -> str | None:
+    """The session config entry ``key`` of a SessionOptions as it is, or None when it has none."""
     try:
-        value = options.get_session_config_entry(OPTION_PREFIX + key)
-    except Exception:  # ORT raises when the entry is absent
+        return options.get_session_config_entry(key)
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
         return None
-    return value or None
+
+
+def session_option(options, key: str) -> str | None:
+    """The provider option ``key`` of a SessionOptions, or None (also when empty)."""
+    return config_entry(options, OPTION_PREFIX + key) or None
 
 
 ROUTING_META = 4  # values per record the take call writes (native/src/routing_log.h kRoutingMeta)

@@ -33,7 +33,7 @@ import functools
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from ndp_ep.ep import (
     SESSION_KEY_OPTION,
     add_provider,
     check_positive,
+    config_entry,
     native,
     new_session_key,
     system_of,
@@ -433,7 +434,7 @@ def _check_no_provider_added(options) -> None:
     has_providers = getattr(options, "has_providers", None)
     if options is None or has_providers is None or not has_providers():
         return
-    if _config_entry(options.get_session_config_entry, OPTION_PREFIX + SESSION_KEY_OPTION) is not None:
+    if config_entry(options, OPTION_PREFIX + SESSION_KEY_OPTION) is not None:
         raise NdpEpError(
             f"sess_options already has {EP_NAME} added (by ndp_ep.session_options()): ndp_ep.InferenceSession adds it "
             "itself; pass a SessionOptions without it and give hw=, ndp_units=, policy=, dtype= as keyword arguments"
@@ -607,35 +608,28 @@ def _copy_session_options(options):
     # ONNX Runtime warns on every session that some nodes (the non-expert ones) are not on the first provider
     fresh.log_severity_level = 3
     if options is not None:
-        for name in _settable_attributes(ort.SessionOptions):
+        for name in _settable_attributes():
             value = getattr(options, name)
             if name == "log_severity_level" and value < 0:  # ONNX Runtime's default, not the caller's choice
                 continue
             setattr(fresh, name, value)
         entries = _entries_set.get(options)
         if entries is None:
-            get = options.get_session_config_entry
-            entries = {key: value for key in _SESSION_CONFIG_KEYS if (value := _config_entry(get, key)) is not None}
+            entries = {key: value for key in _SESSION_CONFIG_KEYS if (value := config_entry(options, key)) is not None}
         for key, value in entries.items():
             fresh.add_session_config_entry(key, value)
     return fresh
 
 
-def _config_entry(get: Callable[[str], str], key: str) -> str | None:
-    """The config entry ``key`` that ``get`` (a SessionOptions' getter) reads, or None when absent."""
-    try:
-        return get(key)
-    except Exception:  # noqa: BLE001 - ONNX Runtime raises when the entry is absent
-        return None
-
-
 @functools.cache
-def _settable_attributes(options_class: type) -> tuple[str, ...]:
-    """The settable attributes of ONNX Runtime's SessionOptions (read once per class)."""
+def _settable_attributes() -> tuple[str, ...]:
+    """The settable attributes of ONNX Runtime's SessionOptions (read once)."""
+    import onnxruntime as ort
+
     return tuple(
         sorted(
             name
-            for name, value in vars(options_class).items()
+            for name, value in vars(ort.SessionOptions).items()
             if isinstance(value, property) and value.fset is not None and not name.startswith("_")
         )
     )
