@@ -158,11 +158,12 @@ def _greedy(
     window = (config["model"]["decoder"].get("sliding_window") or {}).get("window_size") or 0
     try:
         settings = og.Config(str(folder))
-        settings.clear_providers()
         # ONNX Runtime's own log of a failing run stays off stderr (fatal only): the one-line error below says it
         settings.overlay(json.dumps({"model": {"decoder": {"session_options": {"log_severity_level": 4}}}}))
         if generation is not None:
-            generation.add_provider(settings)
+            generation.add_provider(settings)  # the provider, the config's only one
+        else:  # ONNX Runtime's CPU provider only, whatever the config lists (a model builder's cuda)
+            settings.clear_providers()
         model = og.Model(settings)
         params = og.GeneratorParams(model)
         # a sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window;
