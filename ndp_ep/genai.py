@@ -48,7 +48,7 @@ def read_config(folder: Path) -> dict:
 
     def refuse(field: str, value: object, what: str) -> NoReturn:
         shown = json.dumps(value) if not isinstance(value, str) else repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."  # a path is shown whole; a pasted blob is not
         raise ModelLoadError(f"{path}: {field} must be {what}, got {shown}")
 
     def mapping(parent: dict, key: str, field: str, required: bool = True) -> dict:

@@ -147,11 +147,15 @@ def _set(path: str, value):
         ("model.decoder.sliding_window.cache_slack", "0", "must be an integer >= 0, got '0'"),
         ("model.decoder.inputs.past_key_names", 3, "must be a string, got 3"),
         ("model.decoder.filename", "../outside/model.onnx", f"{INSIDE}, got '../outside/model.onnx'"),
-        ("model.decoder.filename", str(FIXTURE / "model.onnx"), f"{INSIDE}, got {str(FIXTURE / 'model.onnx')!r}"),
+        ("model.vocab_size", "7" * 300, f"must be a positive integer, got '{'7' * 196}..."),  # a blob is cut
+        ("model.decoder.filename", "<outside>", INSIDE),  # an absolute path to a real model outside the folder
     ],
 )
 def test_a_bad_genai_config_value_is_one_line_naming_the_file_and_the_field(tmp_path, capsys, field, value, says):
     pytest.importorskip("onnxruntime_genai")
+    if value == "<outside>":
+        value = str(tmp_path / "outside" / "model.onnx")
+        says = f"{says}, got {value!r}"
     folder = _fixture_copy(tmp_path, _set(field, value))
     shutil.copytree(FIXTURE, tmp_path / "outside")  # what a traversing filename would reach
     before = sorted(tmp_path.rglob("*"))
