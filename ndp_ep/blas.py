@@ -1,12 +1,11 @@
-"""Loading a library that carries OpenBLAS with one BLAS thread (``OPENBLAS_NUM_THREADS=1`` while it loads).
+"""Loading numpy's OpenBLAS with one BLAS thread (``OPENBLAS_NUM_THREADS=1`` while it loads).
 
 OpenBLAS starts one worker thread per core when its library is loaded; the workers spin before they sleep, so
 on a busy two-core machine they take tens of milliseconds of CPU from a short program. OpenBLAS reads the
 variable only when it loads, so the caller's value is restored right after and nothing else changes. Used for
-the provider library's BLAS (:func:`ndp_ep.ep.register`: the library sets one BLAS thread itself, parallelism
-comes from ONNX Runtime's intra-op pool) and for numpy's in ``ndp-ep run``, which multiplies no matrices in
-Python (:mod:`ndp_ep.commands.run`). This module imports neither numpy nor ONNX Runtime.
-"""
+numpy's in ``ndp-ep run``, which multiplies no matrices in Python (:mod:`ndp_ep.commands.run`); the provider
+library has no BLAS (its matrix kernels are its own, native/src/panel_gemm.h). This module imports neither numpy
+nor ONNX Runtime."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ndp_ep.blas import single_threaded_blas_load
 from ndp_ep.errors import NdpEpError
 
 if TYPE_CHECKING:
@@ -119,8 +118,7 @@ def register() -> str:
             )
         path = get_library_path()
         try:
-            with single_threaded_blas_load():  # the library's OpenBLAS starts no idle workers
-                ort.register_execution_provider_library(EP_NAME, path)
+            ort.register_execution_provider_library(EP_NAME, path)
         except Exception as exc:  # ORT raises its own Fail/InvalidArgument types
             if "already" not in str(exc).lower():
                 raise LibraryNotFoundError(f"onnxruntime could not load {path}: {exc}") from None

@@ -29,8 +29,6 @@
 #define NDP_EP_VERSION "0.0.0"
 #endif
 
-extern "C" void scipy_openblas_set_num_threads(int);  // scipy-openblas32 (declared in its openblas_config.h)
-
 namespace ndp {
 namespace {
 
@@ -407,7 +405,10 @@ struct NdpEp : OrtEp {
         std::string problem =
             QuantComputeFor(spec, g_ort_major, g_ort_minor, std::getenv(kQMoEQNBitGemmEnv), &compute);
         if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, spec.layer + ": " + problem);
-        problem = compiled->kernel.Load(spec, weights, compute);
+        PanelIsa isa;
+        problem = ChoosePanelIsa(std::getenv(kKernelIsaEnv), &isa);
+        if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, problem);
+        problem = compiled->kernel.Load(spec, weights, compute, isa);
         if (!problem.empty()) return Error(ORT_INVALID_GRAPH, problem);
         const char* name = nullptr;
         NDP_RETURN_IF_ERROR(g_api->Node_GetName(node, &name));
@@ -616,7 +617,6 @@ bool InitApi(const OrtApiBase* base) {
     g_ort_major = g_ort_minor = 0;  // unknown: taken as older than any QMoE behaviour QuantComputeFor knows
   g_api = api;
   g_ep_api = api->GetEpApi();
-  scipy_openblas_set_num_threads(1);  // parallelism comes from ONNX Runtime's intra-op pool
   return g_ep_api != nullptr;
 }
 

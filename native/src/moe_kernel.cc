@@ -1,8 +1,6 @@
 // The sharded MoE expert kernel (see moe_kernel.h and graph_passes/sharded_op.py).
 #include "moe_kernel.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -159,8 +157,8 @@ size_t RawTensor::element_count() const {
   return n;
 }
 
-std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights,
-                            QuantCompute compute) {
+std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
+                            PanelIsa isa) {
   std::string error = spec.Validate();
   if (!error.empty()) return error;
   if (weights.size() != spec.weight_input_count())
@@ -168,6 +166,7 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
            std::to_string(weights.size());
   spec_ = spec;
   compute_ = spec.quantized() ? compute : QuantCompute::kFloat;
+  isa_ = isa;
   const int64_t E = spec.num_experts, S = spec.shards, H = spec.hidden, Is = spec.shard_width();
   const int64_t Fs = spec.first_width();
   const int bits = QuantBits(spec.weight_dtype);
@@ -217,16 +216,16 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
   };
 
   experts_.assign(static_cast<size_t>(E), ExpertWeights{});
+  std::vector<float> first_rows(static_cast<size_t>(S * H * Fs)), down_rows(static_cast<size_t>(Is * H));
   for (int64_t e = 0; e < E; ++e) {
     ExpertWeights& w = experts_[static_cast<size_t>(e)];
-    w.first.resize(static_cast<size_t>(S * H * Fs));
-    w.down.resize(static_cast<size_t>(S * Is * H));
+    w.down.resize(static_cast<size_t>(S));
     if (first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
     for (int64_t s = 0; s < S; ++s) {
       const size_t i = static_cast<size_t>(e * S + s);
-      float* first_out = w.first.data() + s * Fs;  // columns s*Fs.. of the [H, S*Fs] matrix
+      float* first_out = first_rows.data() + s * Fs;  // columns s*Fs.. of the row-major [H, S*Fs] matrix
       const int64_t first_stride = S * Fs;
-      float* down_out = w.down.data() + s * Is * H;
+      float* down_out = down_rows.data();
       if (bits) {
         const int64_t blocks_first = H / spec.quant_block_size, blocks_down = Is / spec.quant_block_size;
         for (auto [t, what, shape, quant] : {std::make_tuple(first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
@@ -258,12 +257,14 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
           for (int64_t j = 0; j < H; ++j)
             down_out[r * H + j] = ReadFloat(down[i], static_cast<size_t>(down_t ? j * Is + r : r * H + j));
       }
+      w.down[static_cast<size_t>(s)].Pack(down_out, Is, H, H);
       if (first_bias) {
         error = check(first_bias[i], "first_bias", {Fs}, false);
         if (!error.empty()) return error;
         for (int64_t j = 0; j < Fs; ++j) w.first_bias[static_cast<size_t>(s * Fs + j)] = ReadFloat(first_bias[i], j);
       }
     }
+    w.first.Pack(first_rows.data(), H, S * Fs, S * Fs);
     if (down_bias) {
       error = check(down_bias[e], "down_bias", {H}, false);
       if (!error.empty()) return error;
@@ -272,12 +273,6 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     }
   }
   return "";
-}
-
-size_t MoEKernel::weight_bytes() const {
-  size_t floats = 0;
-  for (const auto& w : experts_) floats += w.first.size() + w.down.size() + w.first_bias.size() + w.down_bias.size();
-  return floats * sizeof(float);
 }
 
 // In place: h holds rows of F/S values (gate then up) ``stride`` apart; row r's activation goes to h[r, 0:I/S].
@@ -305,12 +300,7 @@ void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y
     QuantizeActivations(quantized.data(), rows, H, H, spec_.quant_block_size);
     x = quantized.data();
   }
-  if (rows == 1) {
-    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, H, width, 1.0f, w.first.data(), width, x, 1, 0.0f, h.data(), 1);
-  } else {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, width, H, 1.0f, x, H, w.first.data(), width,
-                      0.0f, h.data(), width);
-  }
+  PanelGemm(isa_, rows, x, H, w.first, h.data(), width, false);
   if (!w.first_bias.empty()) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < width; ++j) h[static_cast<size_t>(r * width + j)] += w.first_bias[static_cast<size_t>(j)];
@@ -319,14 +309,7 @@ void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y
     float* act = h.data() + s * Fs;  // shard s's activations: rows of I/S values, ``width`` apart
     Activate(act, rows, width);
     if (int8_activations) QuantizeActivations(act, rows, width, Is, spec_.quant_block_size);
-    const float* down = w.down.data() + s * Is * H;
-    const float beta = s == 0 ? 0.0f : 1.0f;  // shard partial sums reduced in shard order
-    if (rows == 1) {
-      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, Is, H, 1.0f, down, H, act, 1, beta, y, 1);
-    } else {
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, Is, 1.0f, act, width, down, H, beta, y,
-                        H);
-    }
+    PanelGemm(isa_, rows, act, width, w.down[static_cast<size_t>(s)], y, H, s > 0);  // shard sums reduced in order
   }
   if (!w.down_bias.empty()) {
     for (int64_t r = 0; r < rows; ++r)

@@ -4,9 +4,9 @@
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
 // Weights of every precision and layout of the contract are converted to float32 once, when the node is
 // compiled, into the x @ W layout ([in, out]; an out_in float shard is transposed then, so the compute and
-// its rounding do not depend on the layout); the compute groups tokens by expert, computes only the routed
-// tokens, runs each shard's gate/up columns and down rows with cblas_sgemm and reduces the shards' partial
-// sums in shard order.
+// its rounding do not depend on the layout) and packed into column panels (panel_gemm.h); the compute groups
+// tokens by expert, computes only the routed tokens, runs each shard's gate/up columns and down rows with
+// PanelGemm and reduces the shards' partial sums in shard order.
 // Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
 // their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
 #pragma once
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "activations_gen.h"
+#include "panel_gemm.h"
 
 namespace ndp {
 
@@ -101,10 +102,10 @@ struct RawTensor {
   size_t element_count() const;
 };
 
-// One expert's weights as float32 in x @ W layout, shard-major.
+// One expert's weights as float32 in x @ W layout, packed into column panels.
 struct ExpertWeights {
-  std::vector<float> first;       // [H][S*F/S]: per shard s, columns s*F/S.. (gate columns then up columns)
-  std::vector<float> down;        // [S][I/S][H]
+  PackedMatrix first;              // [H, S*F/S]: per shard s, columns s*F/S.. (gate columns then up columns)
+  std::vector<PackedMatrix> down;  // per shard [I/S, H]
   std::vector<float> first_bias;  // [S][F/S] or empty
   std::vector<float> down_bias;   // [H] or empty
 };
@@ -115,13 +116,11 @@ using ParallelFor = std::function<void(size_t n, const std::function<void(size_t
 class MoEKernel {
  public:
   // Builds the kernel from the node's weight inputs (in contract order); returns an error message or "".
-  // `compute` says how quantized projections multiply (ignored for float weights).
-  std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights,
-                   QuantCompute compute = QuantCompute::kFloat);
+  // `compute` says how quantized projections multiply (ignored for float weights); `isa` which matrix kernel runs.
+  std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
+                   PanelIsa isa);
 
   const MoESpec& spec() const { return spec_; }
-  // Bytes of float32 weights the kernel holds (the cost of converting fp16/bf16/int8/int4 at compile time).
-  size_t weight_bytes() const;
 
   // x: [tokens, H] float32; ids: [tokens, K]; w: [tokens, K] float32; out: [tokens, H] float32.
   // Returns an error message or "". Deterministic: the result does not depend on how parallel_for schedules.
@@ -134,6 +133,7 @@ class MoEKernel {
 
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;
+  PanelIsa isa_ = PanelIsa::kPortable;
   std::vector<ExpertWeights> experts_;
 };
 

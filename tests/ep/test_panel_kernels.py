@@ -1,0 +1,76 @@
+"""The provider's matrix kernels (native/src/panel_gemm.h), each instruction set picked with NDP_EP_KERNEL_ISA:
+every one matches stock ONNX Runtime's fused MoE at shapes that cross every blocking edge of the kernels, the two
+FMA kernels agree bit for bit, and a name the CPU cannot run is refused naming the variable."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import ndp_ep
+from sample_models.build_fused_moe import FusedCase, build_case
+
+ISA_ENV = "NDP_EP_KERNEL_ISA"
+FP32_RTOL = 1e-5
+# hidden 300: the gate/up product's depth crosses the kernels' 256-deep k slices and the down product ends in a
+# 12-column part panel; 2 shards of FFN 1200: down depth 600 (three slices); 56 tokens top-2 over 4 experts give
+# ~28 rows per expert (several row blocks and a short last one), 1 and 5 tokens a single short block.
+TOKENS = (1, 5, 56)
+
+
+def _case(tokens: int) -> FusedCase:
+    return FusedCase(
+        "kernel_edges", "swiglu", top_k=2, normalize=True, biases=True, num_experts=4, hidden=300, ffn=1200,
+        tokens=tokens, seed=7,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict[int, tuple[str, str, dict[str, np.ndarray]]]:
+    folder = tmp_path_factory.mktemp("kernels")
+    cases = {}
+    for tokens in TOKENS:
+        model, feeds, _ = build_case(_case(tokens))
+        original, target = folder / f"t{tokens}.onnx", folder / f"t{tokens}.ndp.onnx"
+        original.write_bytes(model.SerializeToString())
+        assert ndp_ep.convert_model(original, target, shards=2).report.blocks
+        cases[tokens] = (str(original), str(target), feeds)
+    return cases
+
+
+def _run_on(isa: str, model: str, feeds, monkeypatch) -> np.ndarray:
+    monkeypatch.setenv(ISA_ENV, isa)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model, ndp_ep.session_options(options))
+    except Exception as exc:
+        if "this CPU cannot run it" in str(exc):
+            pytest.skip(f"this CPU has no {isa}")
+        raise
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("isa", ["avx512f", "avx2", "portable"])
+def test_each_kernel_matches_stock_onnx_runtime_across_its_blocking_edges(
+    isa, tokens, converted, monkeypatch, relative_error
+):
+    original, target, feeds = converted[tokens]
+    stock = ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert relative_error(_run_on(isa, target, feeds, monkeypatch), stock) <= FP32_RTOL
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_the_avx512_and_avx2_kernels_give_bit_identical_outputs(tokens, converted, monkeypatch):
+    _, target, feeds = converted[tokens]
+    wide = _run_on("avx512f", target, feeds, monkeypatch)
+    assert np.array_equal(wide, _run_on("avx2", target, feeds, monkeypatch))
+
+
+def test_an_unknown_kernel_name_fails_the_session_naming_the_variable(converted, monkeypatch):
+    _, target, _ = converted[TOKENS[0]]
+    monkeypatch.setenv(ISA_ENV, "sse9")
+    with pytest.raises(Exception, match=f"{ISA_ENV} must be avx512f, avx2 or portable, got 'sse9'"):
+        ort.InferenceSession(target, ndp_ep.session_options())
