@@ -78,8 +78,9 @@ def parity(name: str, setting: str | None, feeds: int, tmp: Path) -> str:
     from ndp_ep.cli import main
 
     source = GENAI_DIR / name / "model.onnx"
-    converted = tmp / f"{name}.onnx"
+    converted = tmp / name / "model.onnx"  # a folder each: converting a GenAI model writes its genai_config.json
     if not converted.is_file():  # converted under the default setting (convert proves int8-activation readings)
+        converted.parent.mkdir(exist_ok=True)
         with contextlib.redirect_stdout(io.StringIO()):
             assert main(["convert", str(source), "-o", str(converted), "--strict"]) == 0
     with _setting(setting):
