@@ -13,8 +13,6 @@ constexpr int32_t kUint8 = 2;
 constexpr int32_t kFloat16 = 10;
 constexpr int32_t kBFloat16 = 16;
 
-thread_local std::vector<float> t_hidden_buffer;  // per-thread scratch of RunExpert: [rows, F/S]
-thread_local std::vector<float> t_quantized_input;  // per-thread scratch of RunExpert: [rows, H]
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -197,37 +195,43 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
       return spec.layer + ": " + what + (quantized_data ? " must be uint8" : " must be a float tensor");
     return std::string();
   };
-  // Dequantizes a [rows, cols*bits/8] weight (rows = output features) into out[col * stride + row] (x @ W).
-  auto dequantize = [&](const RawTensor& q, const RawTensor& scales, const RawTensor* zp, int64_t rows,
-                        int64_t cols, float* out, int64_t stride) {
-    const int64_t block = spec.quant_block_size, blocks = cols / block;
-    const int64_t row_bytes = cols * bits / 8, zp_row_bytes = (blocks * bits + 7) / 8;
-    const auto* data = static_cast<const uint8_t*>(q.data);
-    const auto* zp_data = zp ? static_cast<const uint8_t*>(zp->data) : nullptr;
-    const int default_zp = 1 << (bits - 1);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const float scale = ReadFloat(scales, static_cast<size_t>(r * blocks + b));
-        const int zero = zp_data ? Unpack(zp_data + r * zp_row_bytes, b, bits) : default_zp;
-        for (int64_t c = b * block; c < (b + 1) * block; ++c)
-          out[c * stride + r] = static_cast<float>(Unpack(data + r * row_bytes, c, bits) - zero) * scale;
-      }
+  // The K x N (x @ W) matrices are packed straight from the tensors, in their stored precision. Element (i, j) of
+  // a float shard sits at i * N + j (in_out) or j * K + i (out_in); a quantized shard is [N, K * bits / 8] (row =
+  // output feature j, packed along the input i) with scales and zero points [N, K / block].
+  const int64_t block = spec.quant_block_size;
+  const int default_zero = bits ? 1 << (bits - 1) : 0;
+  auto pack_float = [&](PackedMatrix& out, const RawTensor& t, int64_t k, int64_t n, bool out_in) {
+    auto index = [&](int64_t i, int64_t j) { return static_cast<size_t>(out_in ? j * k + i : i * n + j); };
+    if (t.elem_type == kFloat16 || t.elem_type == kBFloat16) {
+      const auto* raw = static_cast<const uint16_t*>(t.data);
+      out.PackFloat(t.elem_type == kFloat16 ? PanelFormat::kFloat16 : PanelFormat::kBFloat16, k, n,
+                    [&](int64_t i, int64_t j) { return raw[index(i, j)]; });
+    } else {
+      out.PackFloat(PanelFormat::kFloat32, k, n, [&](int64_t i, int64_t j) { return ReadFloat(t, index(i, j)); });
     }
+  };
+  auto pack_quantized = [&](PackedMatrix& out, const RawTensor& codes, const RawTensor& scales,
+                            const RawTensor* zeros, int64_t k, int64_t n) {
+    const int64_t row_bytes = k * bits / 8, blocks = k / block, zero_row_bytes = (blocks * bits + 7) / 8;
+    const auto* code_data = static_cast<const uint8_t*>(codes.data);
+    const auto* zero_data = zeros ? static_cast<const uint8_t*>(zeros->data) : nullptr;
+    out.PackQuantized(
+        bits, block, k, n, [&](int64_t i, int64_t j) { return Unpack(code_data + j * row_bytes, i, bits); },
+        [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
+        [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; });
   };
 
   experts_.assign(static_cast<size_t>(E), ExpertWeights{});
-  std::vector<float> first_rows(static_cast<size_t>(S * H * Fs)), down_rows(static_cast<size_t>(Is * H));
   for (int64_t e = 0; e < E; ++e) {
     ExpertWeights& w = experts_[static_cast<size_t>(e)];
+    w.first.resize(static_cast<size_t>(S));
     w.down.resize(static_cast<size_t>(S));
     if (first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
     for (int64_t s = 0; s < S; ++s) {
       const size_t i = static_cast<size_t>(e * S + s);
-      float* first_out = first_rows.data() + s * Fs;  // columns s*Fs.. of the row-major [H, S*Fs] matrix
-      const int64_t first_stride = S * Fs;
-      float* down_out = down_rows.data();
+      PackedMatrix &first_out = w.first[static_cast<size_t>(s)], &down_out = w.down[static_cast<size_t>(s)];
       if (bits) {
-        const int64_t blocks_first = H / spec.quant_block_size, blocks_down = Is / spec.quant_block_size;
+        const int64_t blocks_first = H / block, blocks_down = Is / block;
         for (auto [t, what, shape, quant] : {std::make_tuple(first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
                                              std::make_tuple(down + i, "down", std::vector<int64_t>{H, Is * bits / 8}, true),
                                              std::make_tuple(first_scales + i, "first_scales", std::vector<int64_t>{Fs, blocks_first}, false),
@@ -240,31 +244,23 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
           if (error.empty()) error = check(down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
           if (!error.empty()) return error;
         }
-        dequantize(first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, Fs, H, first_out, first_stride);
-        dequantize(down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, H, Is, down_out, H);
+        pack_quantized(first_out, first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, H, Fs);
+        pack_quantized(down_out, down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, Is, H);
       } else {
         const bool first_t = spec.first_out_in, down_t = spec.down_out_in;
         error = check(first[i], "first", first_t ? std::vector<int64_t>{Fs, H} : std::vector<int64_t>{H, Fs}, false);
         if (error.empty())
           error = check(down[i], "down", down_t ? std::vector<int64_t>{H, Is} : std::vector<int64_t>{Is, H}, false);
         if (!error.empty()) return error;
-        // element (r, j) of the x @ W matrix sits at r * cols + j (in_out) or j * rows + r (out_in)
-        for (int64_t r = 0; r < H; ++r)
-          for (int64_t j = 0; j < Fs; ++j)
-            first_out[r * first_stride + j] =
-                ReadFloat(first[i], static_cast<size_t>(first_t ? j * H + r : r * Fs + j));
-        for (int64_t r = 0; r < Is; ++r)
-          for (int64_t j = 0; j < H; ++j)
-            down_out[r * H + j] = ReadFloat(down[i], static_cast<size_t>(down_t ? j * Is + r : r * H + j));
+        pack_float(first_out, first[i], H, Fs, first_t);
+        pack_float(down_out, down[i], Is, H, down_t);
       }
-      w.down[static_cast<size_t>(s)].Pack(down_out, Is, H, H);
       if (first_bias) {
         error = check(first_bias[i], "first_bias", {Fs}, false);
         if (!error.empty()) return error;
         for (int64_t j = 0; j < Fs; ++j) w.first_bias[static_cast<size_t>(s * Fs + j)] = ReadFloat(first_bias[i], j);
       }
     }
-    w.first.Pack(first_rows.data(), H, S * Fs, S * Fs);
     if (down_bias) {
       error = check(down_bias[e], "down_bias", {H}, false);
       if (!error.empty()) return error;
@@ -275,59 +271,28 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
   return "";
 }
 
-// In place: h holds rows of F/S values (gate then up) ``stride`` apart; row r's activation goes to h[r, 0:I/S].
-void MoEKernel::Activate(float* h, int64_t rows, int64_t stride) const {
-  const int64_t Is = spec_.shard_width();
-  for (int64_t r = 0; r < rows; ++r)
-    ApplyActivation(spec_.activation, h + r * stride, Is, spec_.alpha, spec_.limit, spec_.beta);
-}
-
-// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias. The first
-// projections of all shards are one product (their columns sit side by side); the down projections are one
-// product per shard, accumulated into y in shard order. A kInt8Activations projection first quantizes its input
-// rows: x per block of H, a shard's activations per block of I/S, which are ONNX Runtime's blocks of I since
-// shards are cut on block boundaries.
-void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
-  const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
-  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
-  const int64_t width = S * Fs;
-  std::vector<float>& h = t_hidden_buffer;
-  if (h.size() < static_cast<size_t>(rows * width)) h.resize(static_cast<size_t>(rows * width));
-  const bool int8_activations = compute_ == QuantCompute::kInt8Activations;
-  if (int8_activations) {
-    std::vector<float>& quantized = t_quantized_input;
-    quantized.assign(x, x + rows * H);
-    QuantizeActivations(quantized.data(), rows, H, H, spec_.quant_block_size);
-    x = quantized.data();
-  }
-  PanelGemm(isa_, rows, x, H, w.first, h.data(), width, false);
-  if (!w.first_bias.empty()) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < width; ++j) h[static_cast<size_t>(r * width + j)] += w.first_bias[static_cast<size_t>(j)];
-  }
-  for (int64_t s = 0; s < S; ++s) {
-    float* act = h.data() + s * Fs;  // shard s's activations: rows of I/S values, ``width`` apart
-    Activate(act, rows, width);
-    if (int8_activations) QuantizeActivations(act, rows, width, Is, spec_.quant_block_size);
-    PanelGemm(isa_, rows, act, width, w.down[static_cast<size_t>(s)], y, H, s > 0);  // shard sums reduced in order
-  }
-  if (!w.down_bias.empty()) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
-  }
-}
-
 namespace {
 struct CallScratch {
   std::vector<int64_t> counts, offsets, fill, slot_row, active;
-  std::vector<float> xg, yg;
+  std::vector<float> xg, hg, yg;
 };
 thread_local CallScratch t_call;
+
+// Columns of the down products one task computes: 4 panels, so a decode step of a few experts still gives every
+// thread of ONNX Runtime's pool work (the tasks write disjoint columns; each sums its shards in shard order).
+constexpr int64_t kDownPanelsPerTask = 4;
 }  // namespace
 
+// For each routed expert e with its rows x_e (grouped by expert) and each shard s, in two parallel phases:
+//   1. (expert, shard) tasks: h_{e,s} = act(x_e @ First_{e,s} + b_{e,s});
+//   2. (expert, column range) tasks: y_e[:, cols] = sum over s in shard order of h_{e,s} @ Down_{e,s}[:, cols],
+//      plus the down bias.
+// A kInt8Activations projection first quantizes its input rows: x per block of H, a shard's activations per block
+// of I/S, which are ONNX Runtime's blocks of I since shards are cut on block boundaries.
 std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
                                const ParallelFor& parallel_for) const {
-  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden;
+  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden, S = spec_.shards;
+  const int64_t Is = spec_.shard_width(), Fs = spec_.first_width(), width = S * Fs;
   if (tokens == 0) return "";
   CallScratch& c = t_call;
   const size_t slots = static_cast<size_t>(tokens * K);
@@ -348,18 +313,48 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   c.fill.assign(c.offsets.begin(), c.offsets.end() - 1);
   c.slot_row.resize(slots);
   if (c.xg.size() < slots * H) c.xg.resize(slots * H);
+  if (c.hg.size() < slots * width) c.hg.resize(slots * width);
   if (c.yg.size() < slots * H) c.yg.resize(slots * H);
   for (size_t i = 0; i < slots; ++i) {
     const int64_t row = c.fill[static_cast<size_t>(ids[i])]++;
     c.slot_row[i] = row;
     std::memcpy(c.xg.data() + row * H, x + (static_cast<int64_t>(i) / K) * H, sizeof(float) * H);
   }
+  const bool int8_activations = compute_ == QuantCompute::kInt8Activations;
+  if (int8_activations) QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
   CallScratch* cs = &c;
-  parallel_for(c.active.size(), [this, cs, H](size_t task) {
-    const int64_t e = cs->active[task];
-    const int64_t start = cs->offsets[static_cast<size_t>(e)];
-    RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H,
-              cs->yg.data() + start * H);
+  parallel_for(c.active.size() * static_cast<size_t>(S), [&, cs](size_t task) {
+    const int64_t e = cs->active[task / static_cast<size_t>(S)], s = static_cast<int64_t>(task) % S;
+    const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
+    const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
+    float* h = cs->hg.data() + start * width + s * Fs;  // shard s's columns of the expert's rows, ``width`` apart
+    PanelGemm(isa_, rows, cs->xg.data() + start * H, H, weights.first[static_cast<size_t>(s)], h, width, false);
+    if (!weights.first_bias.empty()) {
+      const float* bias = weights.first_bias.data() + s * Fs;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < Fs; ++j) h[r * width + j] += bias[j];
+    }
+    for (int64_t r = 0; r < rows; ++r)  // in place: row r's activation goes to its first I/S values
+      ApplyActivation(spec_.activation, h + r * width, Is, spec_.alpha, spec_.limit, spec_.beta);
+    if (int8_activations) QuantizeActivations(h, rows, width, Is, spec_.quant_block_size);
+  });
+  const int64_t panels = (H + kPanelWidth - 1) / kPanelWidth;
+  const int64_t ranges = (panels + kDownPanelsPerTask - 1) / kDownPanelsPerTask;
+  parallel_for(c.active.size() * static_cast<size_t>(ranges), [&, cs](size_t task) {
+    const int64_t e = cs->active[task / static_cast<size_t>(ranges)];
+    const int64_t first_panel = static_cast<int64_t>(task % static_cast<size_t>(ranges)) * kDownPanelsPerTask;
+    const int64_t end_panel = std::min(panels, first_panel + kDownPanelsPerTask);
+    const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
+    const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
+    float* y = cs->yg.data() + start * H;
+    for (int64_t s = 0; s < S; ++s)  // shard partial sums reduced in shard order
+      PanelGemm(isa_, rows, cs->hg.data() + start * width + s * Fs, width, weights.down[static_cast<size_t>(s)], y, H,
+                s > 0, first_panel, end_panel);
+    if (!weights.down_bias.empty()) {
+      const int64_t from = first_panel * kPanelWidth, to = std::min(H, end_panel * kPanelWidth);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = from; j < to; ++j) y[r * H + j] += weights.down_bias[static_cast<size_t>(j)];
+    }
   });
   // Weighted sum over each token's K slots in slot order.
   constexpr int64_t kTokensPerTask = 16;

@@ -2,11 +2,12 @@
 //
 // Mirrors the op contract in graph_passes/sharded_op.py (its docstring is the specification):
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
-// Weights of every precision and layout of the contract are converted to float32 once, when the node is
-// compiled, into the x @ W layout ([in, out]; an out_in float shard is transposed then, so the compute and
-// its rounding do not depend on the layout) and packed into column panels (panel_gemm.h); the compute groups
-// tokens by expert, computes only the routed tokens, runs each shard's gate/up columns and down rows with
-// PanelGemm and reduces the shards' partial sums in shard order.
+// Weights of every precision and layout of the contract are packed once, when the node is compiled, into column
+// panels of the x @ W matrix ([in, out]; an out_in float shard is transposed then) in their stored precision
+// (panel_gemm.h), and widened to float32 in registers exactly as a float32 copy would hold them, so neither the
+// layout nor the precision changes a rounding; the compute groups tokens by expert, computes only the routed
+// tokens, runs each shard's gate/up columns and down rows with PanelGemm and reduces the shards' partial sums in
+// shard order.
 // Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
 // their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
 #pragma once
@@ -102,10 +103,10 @@ struct RawTensor {
   size_t element_count() const;
 };
 
-// One expert's weights as float32 in x @ W layout, packed into column panels.
+// One expert's weights in x @ W layout, packed into column panels in their stored precision.
 struct ExpertWeights {
-  PackedMatrix first;              // [H, S*F/S]: per shard s, columns s*F/S.. (gate columns then up columns)
-  std::vector<PackedMatrix> down;  // per shard [I/S, H]
+  std::vector<PackedMatrix> first;  // per shard [H, F/S] (gate columns then up columns)
+  std::vector<PackedMatrix> down;   // per shard [I/S, H]
   std::vector<float> first_bias;  // [S][F/S] or empty
   std::vector<float> down_bias;   // [H] or empty
 };
@@ -128,8 +129,6 @@ class MoEKernel {
                       const ParallelFor& parallel_for) const;
 
  private:
-  void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
-  void Activate(float* h, int64_t rows, int64_t stride) const;
 
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;

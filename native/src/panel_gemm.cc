@@ -1,36 +1,295 @@
 // Matrix products against column-panel packed weights (see panel_gemm.h).
 #include "panel_gemm.h"
 
-#include <algorithm>
 #include <cstring>
+
+#include "moe_kernel.h"  // HalfToFloat, BFloat16ToFloat
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define NDP_X86 1
+// GCC 12 flags its own AVX-512 widening intrinsics (their _mm512_undefined_epi32 pass-through operand).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace ndp {
 
-void PackedMatrix::Pack(const float* w, int64_t k, int64_t n, int64_t ld) {
+void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block) {
+  format_ = format;
   k_ = k;
   n_ = n;
-  data_.assign(static_cast<size_t>(panel_count() * k * kPanelWidth), 0.0f);
-  for (int64_t p = 0; p < panel_count(); ++p) {
-    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n - first);
-    float* out = data_.data() + p * k * kPanelWidth;
-    for (int64_t i = 0; i < k; ++i)
-      std::memcpy(out + i * kPanelWidth, w + i * ld + first, sizeof(float) * static_cast<size_t>(width));
-  }
+  block_ = block;
+  data_.assign(static_cast<size_t>(panel_count() * k * RowBytes(format)), 0);
+  scales_.assign(static_cast<size_t>(panel_count() * Blocks() * kPanelWidth), 0.0f);
+  zeros_.assign(scales_.size(), 0);
 }
 
 namespace {
 
-// The k range one pass of a block covers: a panel slice of kChunk x kPanelWidth floats (32 KiB) stays in L1 while
-// every block of rows multiplies it.
+// The k range one pass of a block covers: a float32 panel slice of kChunk x kPanelWidth values (32 KiB) stays in
+// L1 while every block of rows multiplies it.
 constexpr int64_t kChunk = 256;
 
-// Writes a block of `rows` x kPanelWidth sums (row stride kPanelWidth) into c's first `cols` columns.
-inline void StoreBlock(const float* sums, int64_t rows, float* c, int64_t ldc, int64_t cols, bool accumulate) {
+// One call of a block kernel: sums[R x kPanelWidth] (+)= a[R x (start..stop)] @ panel rows start..stop, k in order;
+// `resume` continues the sums of the previous k range (so cutting k into ranges does not change a rounding).
+struct BlockCall {
+  const float* a;  // row 0 of the block of rows, column 0
+  int64_t lda;
+  const uint8_t* panel;
+  const float* scales;   // quantized formats: [block][kPanelWidth]
+  const uint8_t* zeros;  // quantized formats: [block][kPanelWidth]
+  int64_t block;         // rows per quantization block
+  int64_t start, stop;
+  float* sums;
+  bool resume;
+};
+
+constexpr bool Quantized(PanelFormat f) { return f == PanelFormat::kUint8 || f == PanelFormat::kUint4; }
+
+// The rows [start, stop) of a call that share one quantization block (all of them for float formats).
+inline int64_t SegmentEnd(const BlockCall& c, int64_t i, bool quantized) {
+  return quantized ? std::min(c.stop, (i / c.block + 1) * c.block) : c.stop;
+}
+
+// Column j of panel row i, widened as a float32 copy made at load time would be.
+template <PanelFormat F>
+inline float PortableValue(const BlockCall& c, int64_t i, int64_t j) {
+  if constexpr (F == PanelFormat::kFloat32) {
+    return reinterpret_cast<const float*>(c.panel)[i * kPanelWidth + j];
+  } else if constexpr (F == PanelFormat::kFloat16) {
+    return HalfToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
+  } else if constexpr (F == PanelFormat::kBFloat16) {
+    return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
+  } else {
+    const int64_t b = i / c.block;
+    int code;
+    if constexpr (F == PanelFormat::kUint8) {
+      code = c.panel[i * kPanelWidth + j];
+    } else {
+      const uint8_t byte = c.panel[i * (kPanelWidth / 2) + j % 16];
+      code = j < 16 ? (byte & 0x0F) : (byte >> 4);
+    }
+    return static_cast<float>(code - c.zeros[b * kPanelWidth + j]) * c.scales[b * kPanelWidth + j];
+  }
+}
+
+// The portable kernel (compilers vectorize the column loop).
+template <int R, PanelFormat F>
+void PortableBlock(const BlockCall& c) {
+  float* sums = c.sums;
+  if (!c.resume) std::fill(sums, sums + R * kPanelWidth, 0.0f);
+  float b[kPanelWidth];
+  for (int64_t i = c.start; i < c.stop; ++i) {
+    for (int64_t j = 0; j < kPanelWidth; ++j) b[j] = PortableValue<F>(c, i, j);
+    for (int r = 0; r < R; ++r) {
+      const float x = c.a[r * c.lda + i];
+      for (int64_t j = 0; j < kPanelWidth; ++j) sums[r * kPanelWidth + j] += x * b[j];
+    }
+  }
+}
+
+#ifdef NDP_X86
+// Panel row i as two vectors of 16 columns. `scale`/`zero`: the row's quantization block (quantized formats).
+template <PanelFormat F>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512Row(const uint8_t* panel, int64_t i,
+                                                                        const __m512* scale, const __m512i* zero,
+                                                                        __m512* b0, __m512* b1) {
+  if constexpr (F == PanelFormat::kFloat32) {
+    const float* row = reinterpret_cast<const float*>(panel) + i * kPanelWidth;
+    *b0 = _mm512_load_ps(row);
+    *b1 = _mm512_load_ps(row + 16);
+  } else if constexpr (F == PanelFormat::kFloat16) {
+    const auto* row = reinterpret_cast<const __m256i*>(panel + i * kPanelWidth * 2);
+    *b0 = _mm512_cvtph_ps(_mm256_loadu_si256(row));
+    *b1 = _mm512_cvtph_ps(_mm256_loadu_si256(row + 1));
+  } else if constexpr (F == PanelFormat::kBFloat16) {
+    const auto* row = reinterpret_cast<const __m256i*>(panel + i * kPanelWidth * 2);
+    *b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(row)), 16));
+    *b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(row + 1)), 16));
+  } else {
+    __m512i q0, q1;
+    if constexpr (F == PanelFormat::kUint8) {
+      const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth);
+      q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(row));
+      q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(row + 1));
+    } else {
+      const __m512i bytes =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + i * (kPanelWidth / 2))));
+      q0 = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+      q1 = _mm512_srli_epi32(bytes, 4);
+    }
+    *b0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q0, zero[0])), scale[0]);
+    *b1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q1, zero[1])), scale[1]);
+  }
+}
+
+// Up to 12 rows by two 16-float vectors: 24 accumulators, two panel vectors and R broadcasts per k.
+template <int R, PanelFormat F>
+__attribute__((target("avx512f"))) void Avx512Block(const BlockCall& c) {
+  __m512 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = c.resume ? _mm512_load_ps(c.sums + r * kPanelWidth) : _mm512_setzero_ps();
+    hi[r] = c.resume ? _mm512_load_ps(c.sums + r * kPanelWidth + 16) : _mm512_setzero_ps();
+  }
+  __m512 scale[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512i zero[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int64_t i = c.start; i < c.stop;) {
+    const int64_t end = SegmentEnd(c, i, Quantized(F));
+    if constexpr (Quantized(F)) {
+      const int64_t b = i / c.block;
+      scale[0] = _mm512_loadu_ps(c.scales + b * kPanelWidth);
+      scale[1] = _mm512_loadu_ps(c.scales + b * kPanelWidth + 16);
+      const auto* z = reinterpret_cast<const __m128i*>(c.zeros + b * kPanelWidth);
+      zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(z));
+      zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(z + 1));
+    }
+    for (; i < end; ++i) {
+      __m512 b0, b1;
+      Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(c.a[r * c.lda + i]);
+        lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+        hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(c.sums + r * kPanelWidth, lo[r]);
+    _mm512_store_ps(c.sums + r * kPanelWidth + 16, hi[r]);
+  }
+}
+
+// Panel row i as four vectors of 8 columns.
+template <PanelFormat F>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void Avx2Row(const uint8_t* panel, int64_t i,
+                                                                             const __m256* scale,
+                                                                             const __m256i* zero, __m256* b) {
+  if constexpr (F == PanelFormat::kFloat32) {
+    const float* row = reinterpret_cast<const float*>(panel) + i * kPanelWidth;
+    for (int v = 0; v < 4; ++v) b[v] = _mm256_load_ps(row + 8 * v);
+  } else if constexpr (F == PanelFormat::kFloat16) {
+    const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth * 2);
+    for (int v = 0; v < 4; ++v) b[v] = _mm256_cvtph_ps(_mm_loadu_si128(row + v));
+  } else if constexpr (F == PanelFormat::kBFloat16) {
+    const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth * 2);
+    for (int v = 0; v < 4; ++v)
+      b[v] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(row + v)), 16));
+  } else {
+    __m256i q[4];
+    if constexpr (F == PanelFormat::kUint8) {
+      const uint8_t* row = panel + i * kPanelWidth;
+      for (int v = 0; v < 4; ++v)
+        q[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * v)));
+    } else {  // bytes 0..7: columns 0..7 (low nibbles) and 16..23 (high); bytes 8..15: 8..15 and 24..31
+      const uint8_t* row = panel + i * (kPanelWidth / 2);
+      const __m256i mask = _mm256_set1_epi32(0x0F);
+      for (int half = 0; half < 2; ++half) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * half)));
+        q[half] = _mm256_and_si256(bytes, mask);
+        q[half + 2] = _mm256_srli_epi32(bytes, 4);
+      }
+    }
+    for (int v = 0; v < 4; ++v) b[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[v], zero[v])), scale[v]);
+  }
+}
+
+// Three rows by four 8-float vectors: 12 accumulators (16 ymm registers; a quantized panel's block scales and zero
+// points are reloaded from L1 as the compiler needs).
+template <int R, PanelFormat F>
+__attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v)
+      acc[r][v] = c.resume ? _mm256_load_ps(c.sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
+  __m256 scale[4] = {};
+  __m256i zero[4] = {};
+  for (int64_t i = c.start; i < c.stop;) {
+    const int64_t end = SegmentEnd(c, i, Quantized(F));
+    if constexpr (Quantized(F)) {
+      const int64_t b = i / c.block;
+      for (int v = 0; v < 4; ++v) {
+        scale[v] = _mm256_loadu_ps(c.scales + b * kPanelWidth + 8 * v);
+        zero[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + b * kPanelWidth + 8 * v)));
+      }
+    }
+    for (; i < end; ++i) {
+      __m256 b[4];
+      Avx2Row<F>(c.panel, i, scale, zero, b);
+      __m256 x[R];
+      for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
+      for (int v = 0; v < 4; ++v)
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm256_store_ps(c.sums + r * kPanelWidth + 8 * v, acc[r][v]);
+}
+#endif
+
+using BlockFn = void (*)(const BlockCall&);
+constexpr int kMaxBlockRows = 12;
+constexpr int kFormats = 5;
+
+// A kernel family: the block for 1..max_rows rows (index rows - 1) of one panel format.
+struct Kernels {
+  int max_rows;
+  BlockFn blocks[kMaxBlockRows];
+};
+
+template <PanelFormat F>
+constexpr Kernels PortableKernels() {
+  return {4, {PortableBlock<1, F>, PortableBlock<2, F>, PortableBlock<3, F>, PortableBlock<4, F>}};
+}
+const Kernels kPortable[kFormats] = {PortableKernels<PanelFormat::kFloat32>(), PortableKernels<PanelFormat::kFloat16>(),
+                                     PortableKernels<PanelFormat::kBFloat16>(), PortableKernels<PanelFormat::kUint8>(),
+                                     PortableKernels<PanelFormat::kUint4>()};
+#ifdef NDP_X86
+template <PanelFormat F>
+constexpr Kernels Avx512Kernels() {
+  return {12,
+          {Avx512Block<1, F>, Avx512Block<2, F>, Avx512Block<3, F>, Avx512Block<4, F>, Avx512Block<5, F>,
+           Avx512Block<6, F>, Avx512Block<7, F>, Avx512Block<8, F>, Avx512Block<9, F>, Avx512Block<10, F>,
+           Avx512Block<11, F>, Avx512Block<12, F>}};
+}
+template <PanelFormat F>
+constexpr Kernels Avx2Kernels() {
+  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}};
+}
+const Kernels kAvx512[kFormats] = {Avx512Kernels<PanelFormat::kFloat32>(), Avx512Kernels<PanelFormat::kFloat16>(),
+                                   Avx512Kernels<PanelFormat::kBFloat16>(), Avx512Kernels<PanelFormat::kUint8>(),
+                                   Avx512Kernels<PanelFormat::kUint4>()};
+const Kernels kAvx2[kFormats] = {Avx2Kernels<PanelFormat::kFloat32>(), Avx2Kernels<PanelFormat::kFloat16>(),
+                                 Avx2Kernels<PanelFormat::kBFloat16>(), Avx2Kernels<PanelFormat::kUint8>(),
+                                 Avx2Kernels<PanelFormat::kUint4>()};
+#endif
+
+const Kernels& KernelsFor(PanelIsa isa, PanelFormat format) {
+  const auto f = static_cast<size_t>(format);
+#ifdef NDP_X86
+  if (isa == PanelIsa::kAvx512) return kAvx512[f];
+  if (isa == PanelIsa::kAvx2) return kAvx2[f];
+#endif
+  return kPortable[f];
+}
+
+bool Supported(PanelIsa isa) {
+#ifdef NDP_X86
+  __builtin_cpu_init();
+  if (isa == PanelIsa::kAvx512) return __builtin_cpu_supports("avx512f");
+  if (isa == PanelIsa::kAvx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return true;
+#else
+  return isa == PanelIsa::kPortable;
+#endif
+}
+
+constexpr PanelIsa kAllIsas[] = {PanelIsa::kAvx512, PanelIsa::kAvx2, PanelIsa::kPortable};  // best first
+
+thread_local AlignedFloats t_sums;  // [m rounded up to blocks, kPanelWidth] partial sums of one panel
+
+// Writes `rows` rows of kPanelWidth sums into c's first `cols` columns.
+void StoreSums(const float* sums, int64_t rows, float* c, int64_t ldc, int64_t cols, bool accumulate) {
   for (int64_t r = 0; r < rows; ++r) {
     float* out = c + r * ldc;
     const float* in = sums + r * kPanelWidth;
@@ -41,107 +300,6 @@ inline void StoreBlock(const float* sums, int64_t rows, float* c, int64_t ldc, i
     }
   }
 }
-
-// A block: sums[R x kPanelWidth] (+)= a[R x k] @ panel[k x kPanelWidth], k in order; `resume` continues the sums
-// of the previous k range (so chunking k does not change a single rounding).
-
-// The portable kernel (compilers vectorize the column loop).
-template <int R>
-void PortableBlock(int64_t k, const float* a, int64_t lda, const float* panel, float* sums, bool resume) {
-  if (!resume) std::fill(sums, sums + R * kPanelWidth, 0.0f);
-  for (int64_t i = 0; i < k; ++i) {
-    const float* b = panel + i * kPanelWidth;
-    for (int r = 0; r < R; ++r) {
-      const float x = a[r * lda + i];
-      for (int64_t j = 0; j < kPanelWidth; ++j) sums[r * kPanelWidth + j] += x * b[j];
-    }
-  }
-}
-
-#ifdef NDP_X86
-// Up to 12 rows by two 16-float vectors: 24 accumulators, two panel loads and R broadcasts per k (32 registers).
-template <int R>
-__attribute__((target("avx512f"))) void Avx512Block(int64_t k, const float* a, int64_t lda, const float* panel,
-                                                    float* sums, bool resume) {
-  __m512 lo[R], hi[R];
-  for (int r = 0; r < R; ++r) {
-    lo[r] = resume ? _mm512_load_ps(sums + r * kPanelWidth) : _mm512_setzero_ps();
-    hi[r] = resume ? _mm512_load_ps(sums + r * kPanelWidth + 16) : _mm512_setzero_ps();
-  }
-  for (int64_t i = 0; i < k; ++i) {
-    const __m512 b0 = _mm512_load_ps(panel + i * kPanelWidth), b1 = _mm512_load_ps(panel + i * kPanelWidth + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * lda + i]);
-      lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
-      hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(sums + r * kPanelWidth, lo[r]);
-    _mm512_store_ps(sums + r * kPanelWidth + 16, hi[r]);
-  }
-}
-
-// Three rows by four 8-float vectors: 12 accumulators, one panel vector live at a time (16 ymm registers).
-template <int R>
-__attribute__((target("avx2,fma"))) void Avx2Block(int64_t k, const float* a, int64_t lda, const float* panel,
-                                                   float* sums, bool resume) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = resume ? _mm256_load_ps(sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
-    __m256 x[R];
-    for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(a + r * lda + i);
-    for (int v = 0; v < 4; ++v) {
-      const __m256 b = _mm256_load_ps(panel + i * kPanelWidth + 8 * v);
-      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b, acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) _mm256_store_ps(sums + r * kPanelWidth + 8 * v, acc[r][v]);
-}
-#endif
-
-using BlockFn = void (*)(int64_t, const float*, int64_t, const float*, float*, bool);
-constexpr int kMaxBlockRows = 12;
-
-// A kernel family: the block for 1..max_rows rows (index rows - 1).
-struct Kernels {
-  int max_rows;
-  BlockFn blocks[kMaxBlockRows];
-};
-
-const Kernels kPortable = {4, {PortableBlock<1>, PortableBlock<2>, PortableBlock<3>, PortableBlock<4>}};
-#ifdef NDP_X86
-const Kernels kAvx512 = {12,
-                         {Avx512Block<1>, Avx512Block<2>, Avx512Block<3>, Avx512Block<4>, Avx512Block<5>,
-                          Avx512Block<6>, Avx512Block<7>, Avx512Block<8>, Avx512Block<9>, Avx512Block<10>,
-                          Avx512Block<11>, Avx512Block<12>}};
-const Kernels kAvx2 = {3, {Avx2Block<1>, Avx2Block<2>, Avx2Block<3>}};
-#endif
-
-const Kernels& KernelsFor(PanelIsa isa) {
-#ifdef NDP_X86
-  if (isa == PanelIsa::kAvx512) return kAvx512;
-  if (isa == PanelIsa::kAvx2) return kAvx2;
-#endif
-  return kPortable;
-}
-
-bool Supported(PanelIsa isa) {
-#ifdef NDP_X86
-  __builtin_cpu_init();
-  if (isa == PanelIsa::kAvx512) return __builtin_cpu_supports("avx512f");
-  if (isa == PanelIsa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return true;
-#else
-  return isa == PanelIsa::kPortable;
-#endif
-}
-
-constexpr PanelIsa kAllIsas[] = {PanelIsa::kAvx512, PanelIsa::kAvx2, PanelIsa::kPortable};  // best first
-
-thread_local AlignedFloats t_sums;  // [m rounded up to blocks, kPanelWidth] partial sums of one panel
 
 }  // namespace
 
@@ -162,24 +320,32 @@ std::string ChoosePanelIsa(const char* requested, PanelIsa* out) {
 }
 
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
-               bool accumulate) {
-  const Kernels& kernels = KernelsFor(isa);
+               bool accumulate, int64_t first_panel, int64_t end_panel) {
+  const Kernels& kernels = KernelsFor(isa, b.format());
   const int64_t k = b.rows(), n = b.cols(), step = kernels.max_rows;
   const size_t needed = static_cast<size_t>(((m + step - 1) / step) * step * kPanelWidth);
   if (t_sums.size() < needed) t_sums.resize(needed);
   float* sums = t_sums.data();
-  for (int64_t p = 0; p < b.panel_count(); ++p) {
+  BlockCall call{};
+  call.lda = lda;
+  call.block = b.block();
+  if (end_panel < 0) end_panel = b.panel_count();
+  for (int64_t p = first_panel; p < end_panel; ++p) {
     const int64_t first = p * kPanelWidth, cols = std::min(kPanelWidth, n - first);
-    const float* panel = b.panel(p);
+    call.panel = b.panel(p);
+    call.scales = b.scales(p);
+    call.zeros = b.zeros(p);
     for (int64_t start = 0; start < k; start += kChunk) {  // k outermost within a panel: its slice stays in L1
-      const int64_t depth = std::min(kChunk, k - start);
+      call.start = start;
+      call.stop = std::min(k, start + kChunk);
+      call.resume = start > 0;
       for (int64_t row = 0; row < m; row += step) {
-        const int64_t rows = std::min(step, m - row);
-        kernels.blocks[rows - 1](depth, a + row * lda + start, lda, panel + start * kPanelWidth,
-                                 sums + row * kPanelWidth, start > 0);
+        call.a = a + row * lda;
+        call.sums = sums + row * kPanelWidth;
+        kernels.blocks[std::min(step, m - row) - 1](call);
       }
     }
-    StoreBlock(sums, m, c + first, ldc, cols, accumulate);
+    StoreSums(sums, m, c + first, ldc, cols, accumulate);
   }
 }
 

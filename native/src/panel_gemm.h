@@ -1,15 +1,23 @@
-// Matrix products against expert weights packed once, at compile time, into column panels.
+// Matrix products against expert weights packed once, at compile time, into column panels, in their stored
+// precision.
 //
 // Why: an expert sees few tokens per call (top-k routing spreads a batch over the experts), so its products are
 // a handful of rows against a whole weight matrix. A BLAS SGEMM packs the weight matrix on every call, which at
 // a few rows costs as much memory traffic as the product itself; the weights never change, so they are packed
-// here once and every product streams each panel from memory exactly once per block of rows.
+// here once and every product streams each panel from memory exactly once per block of rows. Weights stay in the
+// precision the model stores (float32, float16, bfloat16, or 8/4-bit block-quantized codes with their scales and
+// zero points) and are widened to float32 in registers, so a float16 model takes half the memory of float32 and
+// an int4 one about a sixth, and a decode step reads that much less.
 //
 // Layout: panel p holds columns [p * kPanelWidth, (p + 1) * kPanelWidth) of the K x N (x @ W) matrix as K rows of
-// kPanelWidth contiguous floats; the last panel is zero padded. Each output element is a sum over k in increasing
-// order, accumulated in one register lane, so a product does not depend on threads or on how rows are blocked.
+// kPanelWidth values; the last panel is zero padded. A quantized panel also holds, per block of `block` rows, the
+// 32 columns' scales (float32) and zero points. Every weight is widened exactly as a float32 copy made at load
+// time would be (float16/bfloat16 exactly; a code as float(code - zero_point) * scale, one rounding), and each
+// output element is a sum over k in increasing order in one register lane, so a product depends neither on the
+// weights' storage nor on threads or on how rows are blocked.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -20,7 +28,7 @@ namespace ndp {
 
 constexpr int64_t kPanelWidth = 32;
 
-// Cache-line (and AVX-512 vector) aligned storage, so every panel row is one aligned load.
+// Cache-line (and AVX-512 vector) aligned storage, so every float32 panel row is one aligned load.
 template <typename T>
 struct AlignedAllocator {
   using value_type = T;
@@ -36,20 +44,56 @@ struct AlignedAllocator {
   bool operator!=(const AlignedAllocator<U>&) const { return false; }
 };
 using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
+using AlignedBytes = std::vector<uint8_t, AlignedAllocator<uint8_t>>;
+
+// How a panel stores its values. kUint8 / kUint4: unsigned block-quantized codes, value (code - zero) * scale; a
+// kUint4 panel row is 16 bytes, byte c holding column c in its low nibble and column c + 16 in its high one.
+enum class PanelFormat { kFloat32, kFloat16, kBFloat16, kUint8, kUint4 };
 
 class PackedMatrix {
  public:
-  // Packs the row-major K x N matrix w (row stride ld >= N).
-  void Pack(const float* w, int64_t k, int64_t n, int64_t ld);
+  // Packs the K x N matrix whose element (i, j) is value(i, j): a float for kFloat32, the raw 16 bits (uint16_t)
+  // for kFloat16 / kBFloat16.
+  template <typename Value>
+  void PackFloat(PanelFormat format, int64_t k, int64_t n, Value value);
+  // Packs a block-quantized K x N matrix of `bits` (8 or 4) bit codes: code(i, j), and scale(b, j) / zero(b, j)
+  // for block b = i / block of rows.
+  template <typename Code, typename Scale, typename Zero>
+  void PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero);
+
+  PanelFormat format() const { return format_; }
   int64_t rows() const { return k_; }
   int64_t cols() const { return n_; }
-  size_t bytes() const { return data_.size() * sizeof(float); }
-  const float* panel(int64_t p) const { return data_.data() + p * k_ * kPanelWidth; }
+  int64_t block() const { return block_; }  // rows per quantization block (0 for float formats)
   int64_t panel_count() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
+  size_t bytes() const { return data_.size() + scales_.size() * sizeof(float) + zeros_.size(); }
+  const uint8_t* panel(int64_t p) const { return data_.data() + p * k_ * RowBytes(format_); }
+  const float* scales(int64_t p) const { return scales_.data() + p * Blocks() * kPanelWidth; }
+  const uint8_t* zeros(int64_t p) const { return zeros_.data() + p * Blocks() * kPanelWidth; }
+
+  static int64_t RowBytes(PanelFormat format) {
+    switch (format) {
+      case PanelFormat::kFloat32:
+        return kPanelWidth * 4;
+      case PanelFormat::kFloat16:
+      case PanelFormat::kBFloat16:
+        return kPanelWidth * 2;
+      case PanelFormat::kUint8:
+        return kPanelWidth;
+      default:
+        return kPanelWidth / 2;
+    }
+  }
 
  private:
-  int64_t k_ = 0, n_ = 0;
-  AlignedFloats data_;
+  void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block);
+  int64_t Blocks() const { return block_ ? (k_ + block_ - 1) / block_ : 0; }
+
+  PanelFormat format_ = PanelFormat::kFloat32;
+  int64_t k_ = 0, n_ = 0, block_ = 0;
+  AlignedBytes data_;
+  AlignedFloats scales_;       // [panel][block][kPanelWidth]
+  std::vector<uint8_t> zeros_;  // [panel][block][kPanelWidth]
 };
 
 // The instruction sets PanelGemm has kernels for. All sum over k in the same order; the AVX kernels fuse each
@@ -67,8 +111,54 @@ constexpr const char* kKernelIsaEnv = "NDP_EP_KERNEL_ISA";
 std::string ChoosePanelIsa(const char* requested, PanelIsa* out);
 
 // c[m x N] (row stride ldc) = a[m x K] (row stride lda) @ b, or c += that product when `accumulate` (the sum is
-// formed first, then added to c, as an SGEMM with beta 1 does).
+// formed first, then added to c, as an SGEMM with beta 1 does). Only the columns of panels [first_panel,
+// end_panel) are computed (end_panel -1: through the last); c points at column 0 either way.
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
-               bool accumulate);
+               bool accumulate, int64_t first_panel = 0, int64_t end_panel = -1);
+
+template <typename Value>
+void PackedMatrix::PackFloat(PanelFormat format, int64_t k, int64_t n, Value value) {
+  Allocate(format, k, n, 0);
+  for (int64_t p = 0; p < panel_count(); ++p) {
+    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n - first);
+    uint8_t* out = data_.data() + p * k * RowBytes(format);
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j < width; ++j) {
+        if (format == PanelFormat::kFloat32) {
+          reinterpret_cast<float*>(out)[i * kPanelWidth + j] = static_cast<float>(value(i, first + j));
+        } else {
+          reinterpret_cast<uint16_t*>(out)[i * kPanelWidth + j] = static_cast<uint16_t>(value(i, first + j));
+        }
+      }
+    }
+  }
+}
+
+template <typename Code, typename Scale, typename Zero>
+void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero) {
+  const PanelFormat format = bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
+  Allocate(format, k, n, block);
+  const int64_t row_bytes = RowBytes(format), blocks = Blocks();
+  for (int64_t p = 0; p < panel_count(); ++p) {
+    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n - first);
+    uint8_t* out = data_.data() + p * k * row_bytes;
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j < width; ++j) {
+        const auto value = static_cast<uint8_t>(code(i, first + j));
+        if (bits == 8) {
+          out[i * row_bytes + j] = value;
+        } else {
+          out[i * row_bytes + (j % 16)] |= static_cast<uint8_t>(j < 16 ? value : value << 4);
+        }
+      }
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t j = 0; j < width; ++j) {
+        scales_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = scale(b, first + j);
+        zeros_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = static_cast<uint8_t>(zero(b, first + j));
+      }
+    }
+  }
+}
 
 }  // namespace ndp

@@ -1,6 +1,8 @@
 """The provider's matrix kernels (native/src/panel_gemm.h), each instruction set picked with NDP_EP_KERNEL_ISA:
-every one matches stock ONNX Runtime's fused MoE at shapes that cross every blocking edge of the kernels, the two
-FMA kernels agree bit for bit, and a name the CPU cannot run is refused naming the variable."""
+every one matches stock ONNX Runtime's fused MoE, and a float64 reference for weights kept in every stored
+precision (float32, float16, bfloat16, int8 and int4 blocks with zero points), at shapes that cross every
+blocking edge of the kernels; the two FMA kernels agree bit for bit, and a name the CPU cannot run is refused
+naming the variable."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import pytest
 
 import ndp_ep
 from sample_models.build_fused_moe import FusedCase, build_case
+from tests.core.test_kernels import build_case as build_sharded_case
+from tests.core.test_kernels import reference_output, run_case
 
 ISA_ENV = "NDP_EP_KERNEL_ISA"
 FP32_RTOL = 1e-5
@@ -39,16 +43,20 @@ def converted(tmp_path_factory) -> dict[int, tuple[str, str, dict[str, np.ndarra
     return cases
 
 
-def _run_on(isa: str, model: str, feeds, monkeypatch) -> np.ndarray:
-    monkeypatch.setenv(ISA_ENV, isa)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+def _skip_unless_supported(isa: str, make):
     try:
-        session = ort.InferenceSession(model, ndp_ep.session_options(options))
+        return make()
     except Exception as exc:
         if "this CPU cannot run it" in str(exc):
             pytest.skip(f"this CPU has no {isa}")
         raise
+
+
+def _run_on(isa: str, model: str, feeds, monkeypatch) -> np.ndarray:
+    monkeypatch.setenv(ISA_ENV, isa)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = _skip_unless_supported(isa, lambda: ort.InferenceSession(model, ndp_ep.session_options(options)))
     return session.run(None, feeds)[0]
 
 
@@ -74,3 +82,45 @@ def test_an_unknown_kernel_name_fails_the_session_naming_the_variable(converted,
     monkeypatch.setenv(ISA_ENV, "sse9")
     with pytest.raises(Exception, match=f"{ISA_ENV} must be avx512f, avx2 or portable, got 'sse9'"):
         ort.InferenceSession(target, ndp_ep.session_options())
+
+
+# hidden 304 in blocks of 16 (19 blocks, the 256-deep k slices end mid-model) and an FFN of 608 on 2 shards: the
+# same edges as above for weights kept in their stored precision
+PRECISIONS = ["float32", "float16", "bfloat16", "int8", "int4"]
+# the reference multiplies float inputs: keep ONNX Runtime >= 1.31's int8 activations (block 16, 8 bits) out
+QMOE_FLOAT = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
+
+
+@pytest.fixture(scope="module")
+def sharded_cases():
+    return {
+        dtype: build_sharded_case(
+            "swiglu_clamp", weight_dtype=dtype, hidden=304, ffn=608, block=16, zero_points=True, first_bias=True,
+            down_bias=True,
+        )
+        for dtype in PRECISIONS
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens", [1, 56])
+@pytest.mark.parametrize("weight_dtype", PRECISIONS)
+@pytest.mark.parametrize("isa", ["avx512f", "avx2", "portable"])
+def test_each_kernel_computes_weights_in_their_stored_precision_as_the_float64_reference(
+    isa, weight_dtype, tokens, sharded_cases, monkeypatch, relative_error
+):
+    model, reference, spec = sharded_cases[weight_dtype]
+    monkeypatch.setenv(ISA_ENV, isa)
+    monkeypatch.setenv(*QMOE_FLOAT)
+    out, (x, ids, w) = _skip_unless_supported(isa, lambda: run_case(model, spec, tokens=tokens))
+    assert relative_error(out, reference_output(reference, spec, x, ids, w)) < FP32_RTOL
+
+
+@pytest.mark.parametrize("weight_dtype", PRECISIONS)
+def test_the_avx512_and_avx2_kernels_agree_bit_for_bit_in_every_precision(weight_dtype, sharded_cases, monkeypatch):
+    model, _, spec = sharded_cases[weight_dtype]
+    monkeypatch.setenv(*QMOE_FLOAT)
+    outputs = []
+    for isa in ("avx512f", "avx2"):
+        monkeypatch.setenv(ISA_ENV, isa)
+        outputs.append(_skip_unless_supported(isa, lambda: run_case(model, spec, tokens=29))[0])
+    assert np.array_equal(*outputs)
