@@ -274,25 +274,46 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
 namespace {
 struct CallScratch {
   std::vector<int64_t> counts, offsets, fill, slot_row, active;
-  std::vector<float> xg, hg, yg;
+  std::vector<float> xg, yg;
 };
 thread_local CallScratch t_call;
-
-// Columns of the down products one task computes: 4 panels, so a decode step of a few experts still gives every
-// thread of ONNX Runtime's pool work (the tasks write disjoint columns; each sums its shards in shard order).
-constexpr int64_t kDownPanelsPerTask = 4;
+thread_local std::vector<float> t_hidden;  // per-thread scratch of RunExpert: [rows, S * F/S]
 }  // namespace
 
-// For each routed expert e with its rows x_e (grouped by expert) and each shard s, in two parallel phases:
-//   1. (expert, shard) tasks: h_{e,s} = act(x_e @ First_{e,s} + b_{e,s});
-//   2. (expert, column range) tasks: y_e[:, cols] = sum over s in shard order of h_{e,s} @ Down_{e,s}[:, cols],
-//      plus the down bias.
-// A kInt8Activations projection first quantizes its input rows: x per block of H, a shard's activations per block
-// of I/S, which are ONNX Runtime's blocks of I since shards are cut on block boundaries.
+// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias: every shard's
+// first projection and activation, then the down projections accumulated into y in shard order, while the
+// expert's activations are still in cache. A kInt8Activations projection quantizes its input rows first (x is
+// quantized by Compute): a shard's activations per block of I/S, which are ONNX Runtime's blocks of I since shards
+// are cut on block boundaries.
+void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
+  const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
+  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
+  const int64_t width = S * Fs;
+  std::vector<float>& hidden = t_hidden;
+  if (hidden.size() < static_cast<size_t>(rows * width)) hidden.resize(static_cast<size_t>(rows * width));
+  for (int64_t s = 0; s < S; ++s) {
+    float* h = hidden.data() + s * Fs;  // shard s's columns, ``width`` apart
+    PanelGemm(isa_, rows, x, H, w.first[static_cast<size_t>(s)], h, width, false);
+    if (!w.first_bias.empty()) {
+      const float* bias = w.first_bias.data() + s * Fs;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < Fs; ++j) h[r * width + j] += bias[j];
+    }
+    for (int64_t r = 0; r < rows; ++r)  // in place: row r's activation goes to its first I/S values
+      ApplyActivation(spec_.activation, h + r * width, Is, spec_.alpha, spec_.limit, spec_.beta);
+    if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, width, Is, spec_.quant_block_size);
+  }
+  for (int64_t s = 0; s < S; ++s)  // shard partial sums reduced in shard order
+    PanelGemm(isa_, rows, hidden.data() + s * Fs, width, w.down[static_cast<size_t>(s)], y, H, s > 0);
+  if (!w.down_bias.empty()) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
+  }
+}
+
 std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
                                const ParallelFor& parallel_for) const {
-  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden, S = spec_.shards;
-  const int64_t Is = spec_.shard_width(), Fs = spec_.first_width(), width = S * Fs;
+  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden;
   if (tokens == 0) return "";
   CallScratch& c = t_call;
   const size_t slots = static_cast<size_t>(tokens * K);
@@ -313,48 +334,19 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   c.fill.assign(c.offsets.begin(), c.offsets.end() - 1);
   c.slot_row.resize(slots);
   if (c.xg.size() < slots * H) c.xg.resize(slots * H);
-  if (c.hg.size() < slots * width) c.hg.resize(slots * width);
   if (c.yg.size() < slots * H) c.yg.resize(slots * H);
   for (size_t i = 0; i < slots; ++i) {
     const int64_t row = c.fill[static_cast<size_t>(ids[i])]++;
     c.slot_row[i] = row;
     std::memcpy(c.xg.data() + row * H, x + (static_cast<int64_t>(i) / K) * H, sizeof(float) * H);
   }
-  const bool int8_activations = compute_ == QuantCompute::kInt8Activations;
-  if (int8_activations) QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
+  if (compute_ == QuantCompute::kInt8Activations)  // x per block of H, as ONNX Runtime's QMoE does
+    QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
   CallScratch* cs = &c;
-  parallel_for(c.active.size() * static_cast<size_t>(S), [&, cs](size_t task) {
-    const int64_t e = cs->active[task / static_cast<size_t>(S)], s = static_cast<int64_t>(task) % S;
-    const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
-    const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
-    float* h = cs->hg.data() + start * width + s * Fs;  // shard s's columns of the expert's rows, ``width`` apart
-    PanelGemm(isa_, rows, cs->xg.data() + start * H, H, weights.first[static_cast<size_t>(s)], h, width, false);
-    if (!weights.first_bias.empty()) {
-      const float* bias = weights.first_bias.data() + s * Fs;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < Fs; ++j) h[r * width + j] += bias[j];
-    }
-    for (int64_t r = 0; r < rows; ++r)  // in place: row r's activation goes to its first I/S values
-      ApplyActivation(spec_.activation, h + r * width, Is, spec_.alpha, spec_.limit, spec_.beta);
-    if (int8_activations) QuantizeActivations(h, rows, width, Is, spec_.quant_block_size);
-  });
-  const int64_t panels = (H + kPanelWidth - 1) / kPanelWidth;
-  const int64_t ranges = (panels + kDownPanelsPerTask - 1) / kDownPanelsPerTask;
-  parallel_for(c.active.size() * static_cast<size_t>(ranges), [&, cs](size_t task) {
-    const int64_t e = cs->active[task / static_cast<size_t>(ranges)];
-    const int64_t first_panel = static_cast<int64_t>(task % static_cast<size_t>(ranges)) * kDownPanelsPerTask;
-    const int64_t end_panel = std::min(panels, first_panel + kDownPanelsPerTask);
-    const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
-    const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
-    float* y = cs->yg.data() + start * H;
-    for (int64_t s = 0; s < S; ++s)  // shard partial sums reduced in shard order
-      PanelGemm(isa_, rows, cs->hg.data() + start * width + s * Fs, width, weights.down[static_cast<size_t>(s)], y, H,
-                s > 0, first_panel, end_panel);
-    if (!weights.down_bias.empty()) {
-      const int64_t from = first_panel * kPanelWidth, to = std::min(H, end_panel * kPanelWidth);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = from; j < to; ++j) y[r * H + j] += weights.down_bias[static_cast<size_t>(j)];
-    }
+  parallel_for(c.active.size(), [this, cs, H](size_t task) {
+    const int64_t e = cs->active[task];
+    const int64_t start = cs->offsets[static_cast<size_t>(e)];
+    RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, cs->yg.data() + start * H);
   });
   // Weighted sum over each token's K slots in slot order.
   constexpr int64_t kTokensPerTask = 16;

@@ -129,6 +129,7 @@ class MoEKernel {
                       const ParallelFor& parallel_for) const;
 
  private:
+  void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
 
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;

@@ -31,25 +31,20 @@ namespace {
 constexpr int64_t kChunk = 256;
 
 // One call of a block kernel: sums[R x kPanelWidth] (+)= a[R x (start..stop)] @ panel rows start..stop, k in order;
-// `resume` continues the sums of the previous k range (so cutting k into ranges does not change a rounding).
+// `resume` continues the sums of the previous k range (so cutting k into ranges does not change a rounding). A
+// quantized panel's rows start..stop lie in one quantization block, whose scales and zero points are given.
 struct BlockCall {
   const float* a;  // row 0 of the block of rows, column 0
   int64_t lda;
   const uint8_t* panel;
-  const float* scales;   // quantized formats: [block][kPanelWidth]
-  const uint8_t* zeros;  // quantized formats: [block][kPanelWidth]
-  int64_t block;         // rows per quantization block
+  const float* scales;   // quantized formats: the block's kPanelWidth scales
+  const uint8_t* zeros;  // quantized formats: the block's kPanelWidth zero points
   int64_t start, stop;
   float* sums;
   bool resume;
 };
 
 constexpr bool Quantized(PanelFormat f) { return f == PanelFormat::kUint8 || f == PanelFormat::kUint4; }
-
-// The rows [start, stop) of a call that share one quantization block (all of them for float formats).
-inline int64_t SegmentEnd(const BlockCall& c, int64_t i, bool quantized) {
-  return quantized ? std::min(c.stop, (i / c.block + 1) * c.block) : c.stop;
-}
 
 // Column j of panel row i, widened as a float32 copy made at load time would be.
 template <PanelFormat F>
@@ -61,7 +56,6 @@ inline float PortableValue(const BlockCall& c, int64_t i, int64_t j) {
   } else if constexpr (F == PanelFormat::kBFloat16) {
     return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
   } else {
-    const int64_t b = i / c.block;
     int code;
     if constexpr (F == PanelFormat::kUint8) {
       code = c.panel[i * kPanelWidth + j];
@@ -69,7 +63,7 @@ inline float PortableValue(const BlockCall& c, int64_t i, int64_t j) {
       const uint8_t byte = c.panel[i * (kPanelWidth / 2) + j % 16];
       code = j < 16 ? (byte & 0x0F) : (byte >> 4);
     }
-    return static_cast<float>(code - c.zeros[b * kPanelWidth + j]) * c.scales[b * kPanelWidth + j];
+    return static_cast<float>(code - c.zeros[j]) * c.scales[j];
   }
 }
 
@@ -133,24 +127,20 @@ __attribute__((target("avx512f"))) void Avx512Block(const BlockCall& c) {
   }
   __m512 scale[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   __m512i zero[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  for (int64_t i = c.start; i < c.stop;) {
-    const int64_t end = SegmentEnd(c, i, Quantized(F));
-    if constexpr (Quantized(F)) {
-      const int64_t b = i / c.block;
-      scale[0] = _mm512_loadu_ps(c.scales + b * kPanelWidth);
-      scale[1] = _mm512_loadu_ps(c.scales + b * kPanelWidth + 16);
-      const auto* z = reinterpret_cast<const __m128i*>(c.zeros + b * kPanelWidth);
-      zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(z));
-      zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(z + 1));
-    }
-    for (; i < end; ++i) {
-      __m512 b0, b1;
-      Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(c.a[r * c.lda + i]);
-        lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
-        hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
-      }
+  if constexpr (Quantized(F)) {
+    scale[0] = _mm512_loadu_ps(c.scales);
+    scale[1] = _mm512_loadu_ps(c.scales + 16);
+    zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.zeros)));
+    zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.zeros + 16)));
+  }
+  const float* a = c.a;
+  for (int64_t i = c.start; i < c.stop; ++i) {
+    __m512 b0, b1;
+    Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * c.lda + i]);
+      lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+      hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -203,23 +193,19 @@ __attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
       acc[r][v] = c.resume ? _mm256_load_ps(c.sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
   __m256 scale[4] = {};
   __m256i zero[4] = {};
-  for (int64_t i = c.start; i < c.stop;) {
-    const int64_t end = SegmentEnd(c, i, Quantized(F));
-    if constexpr (Quantized(F)) {
-      const int64_t b = i / c.block;
-      for (int v = 0; v < 4; ++v) {
-        scale[v] = _mm256_loadu_ps(c.scales + b * kPanelWidth + 8 * v);
-        zero[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + b * kPanelWidth + 8 * v)));
-      }
+  if constexpr (Quantized(F)) {
+    for (int v = 0; v < 4; ++v) {
+      scale[v] = _mm256_loadu_ps(c.scales + 8 * v);
+      zero[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + 8 * v)));
     }
-    for (; i < end; ++i) {
-      __m256 b[4];
-      Avx2Row<F>(c.panel, i, scale, zero, b);
-      __m256 x[R];
-      for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
-      for (int v = 0; v < 4; ++v)
-        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
-    }
+  }
+  for (int64_t i = c.start; i < c.stop; ++i) {
+    __m256 b[4];
+    Avx2Row<F>(c.panel, i, scale, zero, b);
+    __m256 x[R];
+    for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
+    for (int v = 0; v < 4; ++v)
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) _mm256_store_ps(c.sums + r * kPanelWidth + 8 * v, acc[r][v]);
@@ -320,7 +306,7 @@ std::string ChoosePanelIsa(const char* requested, PanelIsa* out) {
 }
 
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
-               bool accumulate, int64_t first_panel, int64_t end_panel) {
+               bool accumulate) {
   const Kernels& kernels = KernelsFor(isa, b.format());
   const int64_t k = b.rows(), n = b.cols(), step = kernels.max_rows;
   const size_t needed = static_cast<size_t>(((m + step - 1) / step) * step * kPanelWidth);
@@ -328,22 +314,27 @@ void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const Packe
   float* sums = t_sums.data();
   BlockCall call{};
   call.lda = lda;
-  call.block = b.block();
-  if (end_panel < 0) end_panel = b.panel_count();
-  for (int64_t p = first_panel; p < end_panel; ++p) {
+  for (int64_t p = 0; p < b.panel_count(); ++p) {
     const int64_t first = p * kPanelWidth, cols = std::min(kPanelWidth, n - first);
     call.panel = b.panel(p);
-    call.scales = b.scales(p);
-    call.zeros = b.zeros(p);
-    for (int64_t start = 0; start < k; start += kChunk) {  // k outermost within a panel: its slice stays in L1
+    // k outermost within a panel: its slice stays in L1 while every block of rows multiplies it; a quantized
+    // slice also ends where a quantization block does
+    for (int64_t start = 0; start < k;) {
+      int64_t stop = std::min(k, start + kChunk);
+      if (b.block()) stop = std::min(stop, (start / b.block() + 1) * b.block());
       call.start = start;
-      call.stop = std::min(k, start + kChunk);
+      call.stop = stop;
       call.resume = start > 0;
+      if (b.block()) {
+        call.scales = b.scales(p) + (start / b.block()) * kPanelWidth;
+        call.zeros = b.zeros(p) + (start / b.block()) * kPanelWidth;
+      }
       for (int64_t row = 0; row < m; row += step) {
         call.a = a + row * lda;
         call.sums = sums + row * kPanelWidth;
         kernels.blocks[std::min(step, m - row) - 1](call);
       }
+      start = stop;
     }
     StoreSums(sums, m, c + first, ldc, cols, accumulate);
   }

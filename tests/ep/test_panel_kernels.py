@@ -124,3 +124,13 @@ def test_the_avx512_and_avx2_kernels_agree_bit_for_bit_in_every_precision(weight
         monkeypatch.setenv(ISA_ENV, isa)
         outputs.append(_skip_unless_supported(isa, lambda: run_case(model, spec, tokens=29))[0])
     assert np.array_equal(*outputs)
+
+
+@pytest.mark.parametrize("isa", ["avx512f", "avx2", "portable"])
+def test_quantization_blocks_longer_than_a_k_slice_keep_their_scales(isa, monkeypatch, relative_error):
+    # blocks of 384 inputs: the kernels' 256-deep k slices end inside a block and a block ends inside a slice
+    model, reference, spec = build_sharded_case("silu_glu", weight_dtype="int4", hidden=768, ffn=768, block=384)
+    monkeypatch.setenv(ISA_ENV, isa)
+    monkeypatch.setenv(*QMOE_FLOAT)
+    out, (x, ids, w) = _skip_unless_supported(isa, lambda: run_case(model, spec, tokens=13))
+    assert relative_error(out, reference_output(reference, spec, x, ids, w)) < FP32_RTOL
