@@ -2,6 +2,7 @@
 #include "moe_kernel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -274,46 +275,74 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
 namespace {
 struct CallScratch {
   std::vector<int64_t> counts, offsets, fill, slot_row, active;
-  std::vector<float> xg, yg;
+  std::vector<float> xg, hg, yg;
+  std::vector<std::array<int64_t, 3>> first_tasks, down_tasks;  // split calls: (expert, shard, first panel)
 };
 thread_local CallScratch t_call;
 thread_local std::vector<float> t_hidden;  // per-thread scratch of RunExpert: [rows, S * F/S]
+
+// A call with at most this many token slots (a decode step: top-k slots per token) splits each expert's products
+// into column ranges of kPanelsPerTask panels, so that every thread of ONNX Runtime's pool gets work even when
+// a single expert is routed (top-1); larger calls give each thread whole experts, whose activations stay in cache.
+constexpr size_t kSplitSlots = 16;
+constexpr int64_t kPanelsPerTask = 4;
 }  // namespace
 
-// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias: every shard's
-// first projection and activation, then the down projections accumulated into y in shard order, while the
-// expert's activations are still in cache. A kInt8Activations projection quantizes its input rows first (x is
-// quantized by Compute): a shard's activations per block of I/S, which are ONNX Runtime's blocks of I since shards
-// are cut on block boundaries.
-void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
+void MoEKernel::FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, float* h, int64_t ldh,
+                           int64_t first_panel, int64_t end_panel) const {
+  const PackedMatrix& first = experts_[static_cast<size_t>(expert)].first[static_cast<size_t>(shard)];
+  PanelGemm(isa_, rows, x, spec_.hidden, first, h, ldh, false, first_panel, end_panel);
+}
+
+// In place on shard s's columns of h (rows ``ldh`` apart): the first bias, then the activation (row r's goes to its
+// first I/S values), then, for a kInt8Activations down projection, its rounding to int8 per block of I/S, which are
+// ONNX Runtime's blocks of I since shards are cut on block boundaries.
+void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
-  const int64_t H = spec_.hidden, Is = spec_.shard_width(), Fs = spec_.first_width(), S = spec_.shards;
-  const int64_t width = S * Fs;
+  const int64_t Is = spec_.shard_width(), Fs = spec_.first_width();
+  if (!w.first_bias.empty()) {
+    const float* bias = w.first_bias.data() + shard * Fs;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < Fs; ++j) h[r * ldh + j] += bias[j];
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    ApplyActivation(spec_.activation, h + r * ldh, Is, spec_.alpha, spec_.limit, spec_.beta);
+  if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, ldh, Is, spec_.quant_block_size);
+}
+
+// y[:, panels] = sum over shards s in shard order of h_s @ Down_s[:, panels], plus the down bias there.
+void MoEKernel::DownColumns(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y, int64_t first_panel,
+                            int64_t end_panel) const {
+  const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
+  const int64_t H = spec_.hidden, Fs = spec_.first_width();
+  for (int64_t s = 0; s < spec_.shards; ++s)
+    PanelGemm(isa_, rows, h + s * Fs, ldh, w.down[static_cast<size_t>(s)], y, H, s > 0, first_panel, end_panel);
+  if (!w.down_bias.empty()) {
+    const int64_t from = first_panel * kPanelWidth;
+    const int64_t to = end_panel < 0 ? H : std::min(H, end_panel * kPanelWidth);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = from; j < to; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
+  }
+}
+
+// y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias, on one thread:
+// every shard's first projection and activation, then the down projections, while the activations are in cache.
+void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
+  const int64_t width = spec_.shards * spec_.first_width();
   std::vector<float>& hidden = t_hidden;
   if (hidden.size() < static_cast<size_t>(rows * width)) hidden.resize(static_cast<size_t>(rows * width));
-  for (int64_t s = 0; s < S; ++s) {
-    float* h = hidden.data() + s * Fs;  // shard s's columns, ``width`` apart
-    PanelGemm(isa_, rows, x, H, w.first[static_cast<size_t>(s)], h, width, false);
-    if (!w.first_bias.empty()) {
-      const float* bias = w.first_bias.data() + s * Fs;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < Fs; ++j) h[r * width + j] += bias[j];
-    }
-    for (int64_t r = 0; r < rows; ++r)  // in place: row r's activation goes to its first I/S values
-      ApplyActivation(spec_.activation, h + r * width, Is, spec_.alpha, spec_.limit, spec_.beta);
-    if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, width, Is, spec_.quant_block_size);
+  for (int64_t s = 0; s < spec_.shards; ++s) {
+    float* h = hidden.data() + s * spec_.first_width();  // shard s's columns, ``width`` apart
+    FirstShard(expert, s, rows, x, h, width, 0, -1);
+    ActivateShard(expert, s, rows, h, width);
   }
-  for (int64_t s = 0; s < S; ++s)  // shard partial sums reduced in shard order
-    PanelGemm(isa_, rows, hidden.data() + s * Fs, width, w.down[static_cast<size_t>(s)], y, H, s > 0);
-  if (!w.down_bias.empty()) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
-  }
+  DownColumns(expert, rows, hidden.data(), width, y, 0, -1);
 }
 
 std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
                                const ParallelFor& parallel_for) const {
-  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden;
+  const int64_t E = spec_.num_experts, K = spec_.top_k, H = spec_.hidden, S = spec_.shards;
+  const int64_t Fs = spec_.first_width(), width = S * Fs;
   if (tokens == 0) return "";
   CallScratch& c = t_call;
   const size_t slots = static_cast<size_t>(tokens * K);
@@ -343,11 +372,41 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   if (compute_ == QuantCompute::kInt8Activations)  // x per block of H, as ONNX Runtime's QMoE does
     QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
   CallScratch* cs = &c;
-  parallel_for(c.active.size(), [this, cs, H](size_t task) {
-    const int64_t e = cs->active[task];
-    const int64_t start = cs->offsets[static_cast<size_t>(e)];
-    RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, cs->yg.data() + start * H);
-  });
+  if (slots > kSplitSlots) {
+    parallel_for(c.active.size(), c.active.size(), [this, cs, H](size_t task) {  // uneven: experts' rows
+      const int64_t e = cs->active[task];
+      const int64_t start = cs->offsets[static_cast<size_t>(e)];
+      RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, cs->yg.data() + start * H);
+    });
+  } else {  // the same products and reductions, cut into column ranges
+    if (c.hg.size() < slots * width) c.hg.resize(slots * width);
+    c.first_tasks.clear();
+    c.down_tasks.clear();
+    const int64_t down_panels = (H + kPanelWidth - 1) / kPanelWidth;
+    for (int64_t e : c.active) {
+      const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t p = 0; p < weights.first[static_cast<size_t>(s)].panel_count(); p += kPanelsPerTask)
+          c.first_tasks.push_back({e, s, p});
+      for (int64_t p = 0; p < down_panels; p += kPanelsPerTask) c.down_tasks.push_back({e, 0, p});
+    }
+    parallel_for(c.first_tasks.size(), 0, [this, cs, H, Fs, width](size_t task) {
+      const auto [e, s, p] = cs->first_tasks[task];
+      const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
+      FirstShard(e, s, rows, cs->xg.data() + start * H, cs->hg.data() + start * width + s * Fs, width, p,
+                 p + kPanelsPerTask);
+    });
+    for (int64_t e : c.active)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t start = c.offsets[static_cast<size_t>(e)];
+        ActivateShard(e, s, c.counts[static_cast<size_t>(e)], c.hg.data() + start * width + s * Fs, width);
+      }
+    parallel_for(c.down_tasks.size(), 0, [this, cs, H, width](size_t task) {
+      const auto [e, unused, p] = cs->down_tasks[task];
+      const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
+      DownColumns(e, rows, cs->hg.data() + start * width, width, cs->yg.data() + start * H, p, p + kPanelsPerTask);
+    });
+  }
   // Weighted sum over each token's K slots in slot order.
   constexpr int64_t kTokensPerTask = 16;
   const size_t tasks = static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask);
@@ -369,7 +428,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   if (tasks == 1) {
     combine(0);
   } else {
-    parallel_for(tasks, combine);
+    parallel_for(tasks, 0, combine);
   }
   return "";
 }

@@ -111,8 +111,10 @@ struct ExpertWeights {
   std::vector<float> down_bias;   // [H] or empty
 };
 
-// Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory.
-using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
+// Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory. `batches`: how many groups of
+// consecutive indices the pool hands out (n: each index on its own, for uneven tasks; 0: one group per thread, for
+// many even ones, which saves the per-task dispatch).
+using ParallelFor = std::function<void(size_t n, size_t batches, const std::function<void(size_t)>& fn)>;
 
 class MoEKernel {
  public:
@@ -129,6 +131,12 @@ class MoEKernel {
                       const ParallelFor& parallel_for) const;
 
  private:
+  // The pieces of one expert's computation (moe_kernel.cc); *_panel: a range of output panels, end -1 for all.
+  void FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, float* h, int64_t ldh,
+                  int64_t first_panel, int64_t end_panel) const;
+  void ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh) const;
+  void DownColumns(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y, int64_t first_panel,
+                   int64_t end_panel) const;
   void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
 
   MoESpec spec_;

@@ -306,7 +306,7 @@ std::string ChoosePanelIsa(const char* requested, PanelIsa* out) {
 }
 
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
-               bool accumulate) {
+               bool accumulate, int64_t first_panel, int64_t end_panel) {
   const Kernels& kernels = KernelsFor(isa, b.format());
   const int64_t k = b.rows(), n = b.cols(), step = kernels.max_rows;
   const size_t needed = static_cast<size_t>(((m + step - 1) / step) * step * kPanelWidth);
@@ -314,7 +314,8 @@ void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const Packe
   float* sums = t_sums.data();
   BlockCall call{};
   call.lda = lda;
-  for (int64_t p = 0; p < b.panel_count(); ++p) {
+  if (end_panel < 0 || end_panel > b.panel_count()) end_panel = b.panel_count();
+  for (int64_t p = first_panel; p < end_panel; ++p) {
     const int64_t first = p * kPanelWidth, cols = std::min(kPanelWidth, n - first);
     call.panel = b.panel(p);
     // k outermost within a panel: its slice stays in L1 while every block of rows multiplies it; a quantized

@@ -111,9 +111,10 @@ constexpr const char* kKernelIsaEnv = "NDP_EP_KERNEL_ISA";
 std::string ChoosePanelIsa(const char* requested, PanelIsa* out);
 
 // c[m x N] (row stride ldc) = a[m x K] (row stride lda) @ b, or c += that product when `accumulate` (the sum is
-// formed first, then added to c, as an SGEMM with beta 1 does).
+// formed first, then added to c, as an SGEMM with beta 1 does). Only the columns of panels [first_panel,
+// end_panel) are computed (end_panel -1 or past the last: through the last); c points at column 0 either way.
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
-               bool accumulate);
+               bool accumulate, int64_t first_panel = 0, int64_t end_panel = -1);
 
 template <typename Value>
 void PackedMatrix::PackFloat(PanelFormat format, int64_t k, int64_t n, Value value) {
