@@ -275,7 +275,7 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
 namespace {
 struct CallScratch {
   std::vector<int64_t> counts, offsets, fill, slot_row, active;
-  std::vector<float> xg, hg, yg;
+  std::vector<float> xg, hg, yg, partial;  // partial: split calls' per-shard down products [S][slots][H]
   std::vector<std::array<int64_t, 3>> first_tasks, down_tasks;  // split calls: (expert, shard, first panel)
 };
 thread_local CallScratch t_call;
@@ -310,18 +310,15 @@ void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float
   if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, ldh, Is, spec_.quant_block_size);
 }
 
-// y[:, panels] = sum over shards s in shard order of h_s @ Down_s[:, panels], plus the down bias there.
-void MoEKernel::DownColumns(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y, int64_t first_panel,
-                            int64_t end_panel) const {
+// y = sum over shards s in shard order of h_s @ Down_s, plus the down bias.
+void MoEKernel::DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
   const int64_t H = spec_.hidden, Fs = spec_.first_width();
   for (int64_t s = 0; s < spec_.shards; ++s)
-    PanelGemm(isa_, rows, h + s * Fs, ldh, w.down[static_cast<size_t>(s)], y, H, s > 0, first_panel, end_panel);
+    PanelGemm(isa_, rows, h + s * Fs, ldh, w.down[static_cast<size_t>(s)], y, H, s > 0);
   if (!w.down_bias.empty()) {
-    const int64_t from = first_panel * kPanelWidth;
-    const int64_t to = end_panel < 0 ? H : std::min(H, end_panel * kPanelWidth);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = from; j < to; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
+      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
   }
 }
 
@@ -336,7 +333,7 @@ void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y
     FirstShard(expert, s, rows, x, h, width, 0, -1);
     ActivateShard(expert, s, rows, h, width);
   }
-  DownColumns(expert, rows, hidden.data(), width, y, 0, -1);
+  DownShards(expert, rows, hidden.data(), width, y);
 }
 
 std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
@@ -388,7 +385,8 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
       for (int64_t s = 0; s < S; ++s)
         for (int64_t p = 0; p < weights.first[static_cast<size_t>(s)].panel_count(); p += kPanelsPerTask)
           c.first_tasks.push_back({e, s, p});
-      for (int64_t p = 0; p < down_panels; p += kPanelsPerTask) c.down_tasks.push_back({e, 0, p});
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t p = 0; p < down_panels; p += kPanelsPerTask) c.down_tasks.push_back({e, s, p});
     }
     parallel_for(c.first_tasks.size(), 0, [this, cs, H, Fs, width](size_t task) {
       const auto [e, s, p] = cs->first_tasks[task];
@@ -401,11 +399,31 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
         const int64_t start = c.offsets[static_cast<size_t>(e)];
         ActivateShard(e, s, c.counts[static_cast<size_t>(e)], c.hg.data() + start * width + s * Fs, width);
       }
-    parallel_for(c.down_tasks.size(), 0, [this, cs, H, width](size_t task) {
-      const auto [e, unused, p] = cs->down_tasks[task];
+    // each shard's down product on its own (each weight matrix streamed in order), then the shards' sums added in
+    // shard order: the same roundings as accumulating them one after the other
+    if (c.partial.size() < static_cast<size_t>(S) * slots * H) c.partial.resize(static_cast<size_t>(S) * slots * H);
+    parallel_for(c.down_tasks.size(), 0, [this, cs, H, Fs, width, slots](size_t task) {
+      const auto [e, s, p] = cs->down_tasks[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
-      DownColumns(e, rows, cs->hg.data() + start * width, width, cs->yg.data() + start * H, p, p + kPanelsPerTask);
+      const PackedMatrix& down = experts_[static_cast<size_t>(e)].down[static_cast<size_t>(s)];
+      PanelGemm(isa_, rows, cs->hg.data() + start * width + s * Fs, width, down,
+                cs->partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(start)) * H, H, false, p,
+                p + kPanelsPerTask);
     });
+    for (int64_t e : c.active) {
+      const int64_t start = c.offsets[static_cast<size_t>(e)], rows = c.counts[static_cast<size_t>(e)];
+      const std::vector<float>& down_bias = experts_[static_cast<size_t>(e)].down_bias;
+      for (int64_t r = start; r < start + rows; ++r) {
+        float* y = c.yg.data() + r * H;
+        std::memcpy(y, c.partial.data() + r * H, sizeof(float) * H);
+        for (int64_t s = 1; s < S; ++s) {
+          const float* part = c.partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(r)) * H;
+          for (int64_t j = 0; j < H; ++j) y[j] += part[j];
+        }
+        if (!down_bias.empty())
+          for (int64_t j = 0; j < H; ++j) y[j] += down_bias[static_cast<size_t>(j)];
+      }
+    }
   }
   // Weighted sum over each token's K slots in slot order.
   constexpr int64_t kTokensPerTask = 16;
