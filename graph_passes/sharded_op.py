@@ -195,6 +195,11 @@ class ShardedOpSpec(ExpertForm):
                     f"{self.layer}: quant_block_size {block} must divide hidden {self.hidden} "
                     f"and the shard width {self.shard_width}"
                 )
+            if QUANT_BITS[self.weight_dtype] == 4 and (self.hidden % 2 or self.shard_width % 2):
+                raise ShardedOpError(
+                    f"{self.layer}: int4 weights pack two values per byte: hidden {self.hidden} and the shard width "
+                    f"{self.shard_width} must be even"
+                )
         elif self.quant_block_size or self.has_zero_points:
             raise ShardedOpError(f"{self.layer}: quantization attributes on {self.weight_dtype} weights")
         for field_name in ("first_layout", "down_layout"):

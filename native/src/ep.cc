@@ -248,14 +248,13 @@ OrtStatus* ComputeNode(const CompiledNode& node, OrtKernelContext* context) {
   }
 
   OrtStatus* parallel_error = nullptr;
-  ParallelFor parallel_for = [context, &parallel_error](size_t n, size_t batches,
-                                                        const std::function<void(size_t)>& fn) {
+  ParallelFor parallel_for = [context, &parallel_error](size_t n, const std::function<void(size_t)>& fn) {
     if (n == 1) {
       fn(0);
       return;
     }
     ParallelContext data{&fn};
-    OrtStatus* status = g_api->KernelContext_ParallelFor(context, RunTask, n, batches, &data);
+    OrtStatus* status = g_api->KernelContext_ParallelFor(context, RunTask, n, n, &data);
     if (status != nullptr && parallel_error == nullptr) parallel_error = status;
     else if (status != nullptr) g_api->ReleaseStatus(status);
   };

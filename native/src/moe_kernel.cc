@@ -143,6 +143,9 @@ std::string MoESpec::Validate() const {
     const int64_t block = quant_block_size;
     if (block < 1 || hidden % block || shard_width() % block)
       return layer + ": quant_block_size must divide hidden and the shard width";
+    if (QuantBits(weight_dtype) == 4 && (hidden % 2 || shard_width() % 2))
+      return layer + ": int4 weights pack two values per byte: hidden " + std::to_string(hidden) +
+             " and the shard width " + std::to_string(shard_width()) + " must be even";
     if (first_out_in || down_out_in) return layer + ": first_layout/down_layout on quantized weights";
   } else if (quant_block_size || has_zero_points) {
     return layer + ": quantization attributes on float weights";
@@ -370,7 +373,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
     QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
   CallScratch* cs = &c;
   if (slots > kSplitSlots) {
-    parallel_for(c.active.size(), c.active.size(), [this, cs, H](size_t task) {  // uneven: experts' rows
+    parallel_for(c.active.size(), [this, cs, H](size_t task) {
       const int64_t e = cs->active[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)];
       RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, cs->yg.data() + start * H);
@@ -388,7 +391,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
       for (int64_t s = 0; s < S; ++s)
         for (int64_t p = 0; p < down_panels; p += kPanelsPerTask) c.down_tasks.push_back({e, s, p});
     }
-    parallel_for(c.first_tasks.size(), 0, [this, cs, H, Fs, width](size_t task) {
+    parallel_for(c.first_tasks.size(), [this, cs, H, Fs, width](size_t task) {
       const auto [e, s, p] = cs->first_tasks[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
       FirstShard(e, s, rows, cs->xg.data() + start * H, cs->hg.data() + start * width + s * Fs, width, p,
@@ -402,7 +405,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
     // each shard's down product on its own (each weight matrix streamed in order), then the shards' sums added in
     // shard order: the same roundings as accumulating them one after the other
     if (c.partial.size() < static_cast<size_t>(S) * slots * H) c.partial.resize(static_cast<size_t>(S) * slots * H);
-    parallel_for(c.down_tasks.size(), 0, [this, cs, H, Fs, width, slots](size_t task) {
+    parallel_for(c.down_tasks.size(), [this, cs, H, Fs, width, slots](size_t task) {
       const auto [e, s, p] = cs->down_tasks[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
       const PackedMatrix& down = experts_[static_cast<size_t>(e)].down[static_cast<size_t>(s)];
@@ -446,7 +449,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   if (tasks == 1) {
     combine(0);
   } else {
-    parallel_for(tasks, 0, combine);
+    parallel_for(tasks, combine);
   }
   return "";
 }

@@ -111,10 +111,8 @@ struct ExpertWeights {
   std::vector<float> down_bias;   // [H] or empty
 };
 
-// Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory. `batches`: how many groups of
-// consecutive indices the pool hands out (n: each index on its own, for uneven tasks; 0: one group per thread, for
-// many even ones, which saves the per-task dispatch).
-using ParallelFor = std::function<void(size_t n, size_t batches, const std::function<void(size_t)>& fn)>;
+// Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory.
+using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
 
 class MoEKernel {
  public:

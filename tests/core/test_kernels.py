@@ -324,6 +324,21 @@ def test_block_quantized_weights_dequantize_as_the_contract_says(weight_dtype, z
     assert _rel(out, reference_output(reference, spec, x, ids, w)) < 1e-5
 
 
+def test_int4_weights_of_an_odd_width_fail_the_session_before_any_weight_is_read(capfd):
+    import onnxruntime as ort
+
+    model, _, spec = build_case("silu_glu", weight_dtype="int4", hidden=16, ffn=32, block=1)
+    node = model.graph.node[0]
+    for attribute in node.attribute:  # claims shards of width 15: half a byte past every packed row
+        if attribute.name == "ffn":
+            attribute.i = 30
+    with pytest.raises(Exception, match="ShardedMoEExperts"):  # the provider claims nothing, ORT says so
+        ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options(ort.SessionOptions()))
+    assert (
+        "int4 weights pack two values per byte: hidden 16 and the shard width 15 must be even" in capfd.readouterr().err
+    )
+
+
 def test_expert_ids_out_of_range_fail_the_run_with_a_message():
     import onnxruntime as ort
 

@@ -94,6 +94,14 @@ def test_a_quantized_block_size_that_does_not_divide_the_shard_width_is_refused(
         parse_node(_tampered(node, "quant_block_size", 64))
 
 
+def test_int4_weights_of_an_odd_width_are_refused():
+    # two 4-bit values per byte: an odd row would need half a byte (hidden 16, ffn 30 on 2 shards: width 15)
+    node = _node(SPECS["int4_zero_points"])
+    tampered = _tampered(_tampered(node, "quant_block_size", 1), "ffn", 30)
+    with pytest.raises(ShardedOpError, match="int4 weights pack two values per byte"):
+        parse_node(_tampered(tampered, "shards", 2))
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("change", [-1, 1])
 def test_a_wrong_weight_input_count_is_refused(name, change):
