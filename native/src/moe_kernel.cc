@@ -14,7 +14,6 @@ constexpr int32_t kUint8 = 2;
 constexpr int32_t kFloat16 = 10;
 constexpr int32_t kBFloat16 = 16;
 
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -313,16 +312,22 @@ void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float
   if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, ldh, Is, spec_.quant_block_size);
 }
 
+// y[rows, H] += the expert's down bias (nothing without one).
+void MoEKernel::AddDownBias(int64_t expert, int64_t rows, float* y) const {
+  const std::vector<float>& bias = experts_[static_cast<size_t>(expert)].down_bias;
+  if (bias.empty()) return;
+  const int64_t H = spec_.hidden;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < H; ++j) y[r * H + j] += bias[static_cast<size_t>(j)];
+}
+
 // y = sum over shards s in shard order of h_s @ Down_s, plus the down bias.
 void MoEKernel::DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
   const int64_t H = spec_.hidden, Fs = spec_.first_width();
   for (int64_t s = 0; s < spec_.shards; ++s)
     PanelGemm(isa_, rows, h + s * Fs, ldh, w.down[static_cast<size_t>(s)], y, H, s > 0);
-  if (!w.down_bias.empty()) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < H; ++j) y[r * H + j] += w.down_bias[static_cast<size_t>(j)];
-  }
+  AddDownBias(expert, rows, y);
 }
 
 // y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias, on one thread:
@@ -382,14 +387,14 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
     if (c.hg.size() < slots * width) c.hg.resize(slots * width);
     c.first_tasks.clear();
     c.down_tasks.clear();
-    const int64_t down_panels = (H + kPanelWidth - 1) / kPanelWidth;
     for (int64_t e : c.active) {
       const ExpertWeights& weights = experts_[static_cast<size_t>(e)];
-      for (int64_t s = 0; s < S; ++s)
+      for (int64_t s = 0; s < S; ++s) {
         for (int64_t p = 0; p < weights.first[static_cast<size_t>(s)].panel_count(); p += kPanelsPerTask)
           c.first_tasks.push_back({e, s, p});
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t p = 0; p < down_panels; p += kPanelsPerTask) c.down_tasks.push_back({e, s, p});
+        for (int64_t p = 0; p < weights.down[static_cast<size_t>(s)].panel_count(); p += kPanelsPerTask)
+          c.down_tasks.push_back({e, s, p});
+      }
     }
     parallel_for(c.first_tasks.size(), [this, cs, H, Fs, width](size_t task) {
       const auto [e, s, p] = cs->first_tasks[task];
@@ -413,20 +418,16 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
                 cs->partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(start)) * H, H, false, p,
                 p + kPanelsPerTask);
     });
-    for (int64_t e : c.active) {
-      const int64_t start = c.offsets[static_cast<size_t>(e)], rows = c.counts[static_cast<size_t>(e)];
-      const std::vector<float>& down_bias = experts_[static_cast<size_t>(e)].down_bias;
-      for (int64_t r = start; r < start + rows; ++r) {
-        float* y = c.yg.data() + r * H;
-        std::memcpy(y, c.partial.data() + r * H, sizeof(float) * H);
-        for (int64_t s = 1; s < S; ++s) {
-          const float* part = c.partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(r)) * H;
-          for (int64_t j = 0; j < H; ++j) y[j] += part[j];
-        }
-        if (!down_bias.empty())
-          for (int64_t j = 0; j < H; ++j) y[j] += down_bias[static_cast<size_t>(j)];
+    for (size_t r = 0; r < slots; ++r) {  // every row: the active experts' rows are all the slots
+      float* y = c.yg.data() + r * H;
+      std::memcpy(y, c.partial.data() + r * H, sizeof(float) * H);
+      for (int64_t s = 1; s < S; ++s) {
+        const float* part = c.partial.data() + (static_cast<size_t>(s) * slots + r) * H;
+        for (int64_t j = 0; j < H; ++j) y[j] += part[j];
       }
     }
+    for (int64_t e : c.active)
+      AddDownBias(e, c.counts[static_cast<size_t>(e)], c.yg.data() + c.offsets[static_cast<size_t>(e)] * H);
   }
   // Weighted sum over each token's K slots in slot order.
   constexpr int64_t kTokensPerTask = 16;

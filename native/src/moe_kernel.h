@@ -133,6 +133,7 @@ class MoEKernel {
   void FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, float* h, int64_t ldh,
                   int64_t first_panel, int64_t end_panel) const;
   void ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh) const;
+  void AddDownBias(int64_t expert, int64_t rows, float* y) const;
   void DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y) const;
   void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
 
