@@ -10,6 +10,7 @@ its own loop (``ndp-ep generate`` is one such loop).
     model = og.Model(config)
     ...                                       # GenAI's generator loop
     prefill, *decode = reports.reports        # read while the model is alive (its routing lives with it)
+    reports.new_generation()                  # before the next og.Generator: its prompt starts an empty KV cache
 """
 
 from __future__ import annotations
@@ -127,8 +128,9 @@ def register_with_genai(og) -> None:
             raise
 
 
-def step_shapes(model, prompt_len: int, config: dict) -> Callable[[int], dict[str, tuple[int, ...]]]:
-    """Input shapes of generation step n (0 = prefill), from the decoder's symbolic input dims, as
+def step_shapes(model, config: dict) -> Callable[[int, int], dict[str, tuple[int, ...]]]:
+    """``shapes(tokens, past)``: the input shapes of a generation step of ``tokens`` new tokens after ``past`` tokens
+    (the prefill: the prompt's tokens after 0), from the decoder's symbolic input dims, as
     :func:`graph_passes.feeds.random_feeds` names them: batch 1; a past length (``past_sequence_length``) the
     tokens before the step, the total length those and the step's; a window cache (``past_sliding_length``) its
     capacity, the config's window plus its cache slack; a KV cache's last dim the config's head size; any other
@@ -153,9 +155,7 @@ def step_shapes(model, prompt_len: int, config: dict) -> Callable[[int], dict[st
     ]
     head_size = decoder.get("head_size")
 
-    def shapes(step: int) -> dict[str, tuple[int, ...]]:
-        tokens = prompt_len if step == 0 else 1
-        past = 0 if step == 0 else prompt_len + step - 1
+    def shapes(tokens: int, past: int) -> dict[str, tuple[int, ...]]:
         sizes = {
             **dict.fromkeys(BATCH_DIM_NAMES, 1),
             **dict.fromkeys(PAST_LENGTH_DIMS, past),
@@ -185,9 +185,12 @@ class GenerationReports:
 
     ``model_dir``: a GenAI folder whose decoder ``ndp-ep convert`` converted; ``hw`` (a preset, a TOML file or a
     :class:`SystemSpec`), ``ndp_units``, ``policy`` as for :class:`ndp_ep.InferenceSession`. With ``prompt_tokens``
-    (one generation of batch 1 whose prompt has that many tokens) each step's non-expert work is costed at its
-    shapes (step 0 the prompt, step n one token after ``prompt_tokens + n - 1``); without, reports cost the expert
-    side only and say so. ``report_ring``: reports kept (default: every run of one generation, the config's
+    (a generation of batch 1 whose prompt has that many tokens) each run's non-expert work is costed at its shapes:
+    its tokens (from its routing) after the generation's tokens before it, so tokens appended to a running
+    generation are costed too; a generation whose first run is not ``prompt_tokens`` long (another prompt, or a
+    batch larger than 1) has that run's non-expert work not costed, and the report says so. Before a new generation
+    (a new ``og.Generator``) call :meth:`new_generation`. Without ``prompt_tokens``, reports cost the expert side
+    only and say so. ``report_ring``: reports kept (default: every run of one generation, the config's
     context length + 1, at least 256). ``routing_capacity``: routing records kept while no report is read. Bad
     input raises :class:`ndp_ep.ModelLoadError` (the folder, its config, its decoder), :class:`ndp_ep.NdpEpError`
     (an unconverted decoder, a bad option) or :class:`hw_model.HardwareConfigError`.
@@ -252,10 +255,39 @@ class GenerationReports:
         self._routing_capacity = routing_capacity
         if report_ring is None:  # every run of one generation: a prefill and at most context_length - 1 steps
             report_ring = max(int(config["model"].get("context_length") or 0) + 1, DEFAULT_REPORT_RING)
-        shapes = step_shapes(decoder, prompt_tokens, config) if prompt_tokens is not None else None
+        self._prompt_tokens = prompt_tokens
+        self._past_tokens = 0  # the tokens of this generation's runs reported so far
+        self._step_shapes = step_shapes(decoder, config)
         self.reporter = SessionReporter(
-            decoder, system, self.session_key, policy=policy, report_ring=report_ring, untagged_shapes=shapes
+            decoder,
+            system,
+            self.session_key,
+            policy=policy,
+            report_ring=report_ring,
+            untagged_shapes=self._run_shapes,
         )
+
+    def _run_shapes(self, tokens: int) -> dict[str, tuple[int, ...]] | None:
+        """The input shapes of the generation's next run, of ``tokens`` tokens (the reporter asks in run order), or
+        None without a prompt length or for a first run that is not the prompt declared (its shapes are unknown)."""
+        past = self._past_tokens
+        self._past_tokens += tokens
+        if self._prompt_tokens is None or (past == 0 and tokens != self._prompt_tokens):
+            return None
+        return self._step_shapes(tokens, past)
+
+    def new_generation(self, prompt_tokens: int | None = None) -> None:
+        """The runs from now on belong to a new generation (a new ``og.Generator``): its first run is its prompt,
+        of ``prompt_tokens`` tokens (default: as the previous generation's; given, it also starts costing the
+        non-expert work of reports made without it), with an empty KV cache. The runs so
+        far are reported first (as :attr:`reports` would), so they keep the generation they belong to."""
+        from ndp_ep.ep import check_positive
+
+        check_positive("prompt_tokens", prompt_tokens)
+        self.reporter.last_report  # noqa: B018 -- reports the runs so far, in the generation that ends here
+        self._past_tokens = 0
+        if prompt_tokens is not None:
+            self._prompt_tokens = prompt_tokens
 
     @property
     def provider_options(self) -> dict[str, str]:

@@ -92,7 +92,7 @@ class SessionReporter:
         report_ring: int = DEFAULT_REPORT_RING,
         claimed: tuple[ClaimedNode, ...] | None = None,
         notes: Sequence[str] = (),
-        untagged_shapes: Callable[[int], Mapping[str, tuple[int, ...]]] | None = None,
+        untagged_shapes: Callable[[int], Mapping[str, tuple[int, ...]] | None] | None = None,
     ) -> None:
         if report_ring is None:  # check_positive lets None (an option not given) through
             raise NdpEpError("report_ring must be a positive integer, got None")
@@ -165,9 +165,8 @@ class SessionReporter:
         self._lost = 0  # records the log dropped that no report has said so yet
         self._cut: set[int] = set()  # held runs whose records the log may have dropped
         self._width = max((layer.num_experts for layer in self.layers), default=0)
-        # input shapes of the n-th untagged run, when the caller knows them (ndp-ep generate does)
+        # input shapes of an untagged run from its tokens, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
-        self._untagged_runs = 0
         self.aggregates = Aggregates(
             layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
         )
@@ -231,7 +230,7 @@ class SessionReporter:
                 self._lost = 0
             if self._cut:
                 self._cut.discard(run_ids[0])
-            self._add_run(self._shapes_of(run_ids[0]), self._every_layer, tokens, totals, counts, notes)
+            self._add_run(self._shapes_of(run_ids[0], max(tokens)), self._every_layer, tokens, totals, counts, notes)
             return
         runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
@@ -280,10 +279,11 @@ class SessionReporter:
             rows = [records[layer] for layer in layers]
             first = rows[0]
             in_order = rows == list(range(first, first + len(rows)))  # the usual case: a slice, not a copy
+            run_tokens = [tokens[row] for row in rows]
             self._add_run(
-                self._shapes_of(run_id),
+                self._shapes_of(run_id, max(run_tokens)),
                 layers,
-                [tokens[row] for row in rows],
+                run_tokens,
                 [totals[row] for row in rows],
                 counts[first : first + len(rows)] if in_order else counts[rows],
                 notes,
@@ -299,14 +299,14 @@ class SessionReporter:
             "to are not reported",
         )
 
-    def _shapes_of(self, run_id: int) -> Shapes | None:
-        """The input shapes of a run being reported: those it was tagged with, else (an untagged run) those the
-        caller gave for the n-th untagged run, else None."""
+    def _shapes_of(self, run_id: int, tokens: int) -> Shapes | None:
+        """The input shapes of a run being reported (``tokens``: its token slots, the most any of its MoE layers
+        ran): those it was tagged with, else (an untagged run, reported in run order) those the caller gives for an
+        untagged run of ``tokens`` tokens (None: it does not know them), else None."""
         shapes = self._shapes.pop(run_id, None)
-        if shapes is None and run_id >= UNTAGGED_RUN_BASE:
-            if self._untagged_shapes is not None:
-                shapes = tuple(self._untagged_shapes(self._untagged_runs).items())
-            self._untagged_runs += 1
+        if shapes is None and run_id >= UNTAGGED_RUN_BASE and self._untagged_shapes is not None:
+            given = self._untagged_shapes(tokens)
+            shapes = tuple(given.items()) if given is not None else None
         return shapes
 
     def _layer_index(self, native_layer: int) -> int:

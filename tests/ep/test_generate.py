@@ -48,20 +48,20 @@ def test_generate_on_the_converted_folder_repeats_genai_tokens_and_reports_every
     assert line.startswith("ndp-ep generate: warning: the model's experts are split into 4 shards but the hardware")
 
 
-def _step_shapes_of(fixture: str, prompt_tokens: int):
+def _step_shapes_of(fixture: str):
     import onnx
 
     from ndp_ep.genai import step_shapes
 
     folder = FIXTURE.parent / fixture
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-    return step_shapes(model, prompt_tokens, json.loads((folder / "genai_config.json").read_text()))
+    return step_shapes(model, json.loads((folder / "genai_config.json").read_text()))
 
 
 def test_step_shapes_grow_the_past_a_token_a_step_with_the_configs_head_size_and_window():
     # gpt_oss_fp32's genai_config: head_size 16, 2 KV heads, layer 0 a sliding window of 8 (cache slack 0)
-    shapes = _step_shapes_of("gpt_oss_fp32", prompt_tokens=16)
-    assert shapes(0) == {
+    shapes = _step_shapes_of("gpt_oss_fp32")
+    assert shapes(16, 0) == {
         "input_ids": (1, 16),
         "attention_mask": (1, 16),
         "past_key_values.0.key": (1, 2, 8, 16),
@@ -70,7 +70,7 @@ def test_step_shapes_grow_the_past_a_token_a_step_with_the_configs_head_size_and
         "past_key_values.1.value": (1, 2, 0, 16),
     }
     for step in (1, 5):  # decode step n: one token after the prompt and the n - 1 tokens generated before it
-        assert shapes(step) == {
+        assert shapes(1, 16 + step - 1) == {
             "input_ids": (1, 1),
             "attention_mask": (1, 16 + step),
             "past_key_values.0.key": (1, 2, 8, 16),
@@ -81,8 +81,8 @@ def test_step_shapes_grow_the_past_a_token_a_step_with_the_configs_head_size_and
 
 
 def test_step_shapes_keep_a_conv_state_at_its_declared_size():
-    shapes = _step_shapes_of("lfm2_moe_fp32", prompt_tokens=4)
-    assert shapes(3) == {
+    shapes = _step_shapes_of("lfm2_moe_fp32")
+    assert shapes(1, 6) == {
         "input_ids": (1, 1),
         "attention_mask": (1, 7),
         "past_key_values.1.key": (1, 2, 6, 16),
@@ -269,36 +269,73 @@ def test_the_sizes_the_context_error_suggests_fill_the_context_and_run(capsys):
     assert len(data["prompt"]) + len(data["tokens"]) == 128 and data["reference_tokens_identical"] is True
 
 
-def test_generation_reports_follow_genais_own_loop_step_by_step(tmp_path, capsys):
-    og = pytest.importorskip("onnxruntime_genai")
-    import numpy as np
-
-    import ndp_ep
+def _genai_folder_on_the_provider(tmp_path, capsys) -> Path:
+    """The fixture converted, its genai_config set as a model builder writes it for a GPU (the provider becomes the
+    config's only one, so this runs on a CPU) and with room for every run of a generation in the reports."""
     from ndp_ep.cli import main
 
     converted = tmp_path / "converted"
     converted.mkdir()
     assert main(["convert", str(FIXTURE / "model.onnx"), "-o", str(converted / "model.onnx"), "--json"]) == 0
     capsys.readouterr()
-    # as a model builder writes it for a GPU: the provider becomes the config's only one, so this runs on a CPU
     settings = json.loads((converted / "genai_config.json").read_text())
     settings["model"]["decoder"]["session_options"]["provider_options"] = [{"cuda": {"enable_cuda_graph": "0"}}]
-    settings["model"]["context_length"] = 1000  # every run of a generation this long fits the reports kept
+    settings["model"]["context_length"] = 1000
     (converted / "genai_config.json").write_text(json.dumps(settings))
+    return converted
+
+
+def _greedy(og, model, prompt: list[int], new_tokens: int) -> None:
+    import numpy as np
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+
+
+def test_generation_reports_follow_genais_own_loop_step_by_step(tmp_path, capsys):
+    og = pytest.importorskip("onnxruntime_genai")
+    import ndp_ep
+
+    converted = _genai_folder_on_the_provider(tmp_path, capsys)
     prompt = [5, 17, 3, 9, 30, 2]
     reports = ndp_ep.GenerationReports(converted, hw="paper", ndp_units=4, prompt_tokens=len(prompt))
     config = og.Config(str(converted))
     reports.add_provider(config)
     model = og.Model(config)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 3, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
+    _greedy(og, model, prompt, 3)
     runs = reports.reports  # the prefill, then one decode step per token after the first
     assert [(r.phase, r.tokens) for r in runs] == [("prefill", 6), ("decode", 1), ("decode", 1)]
     assert reports.reporter.report_ring == 1001
     assert all(r.non_expert_gpu_s > 0 for r in runs)  # each step costed at its shapes
     with pytest.raises(ndp_ep.NdpEpError, match="is not converted: run ndp-ep convert on it first"):
         ndp_ep.GenerationReports(FIXTURE)
+
+
+def test_a_new_generation_is_costed_from_an_empty_kv_cache_and_a_prompt_not_declared_is_not_costed(tmp_path, capsys):
+    og = pytest.importorskip("onnxruntime_genai")
+    import ndp_ep
+    from ndp_ep.reporter import UNTAGGED_NOTE
+
+    converted = _genai_folder_on_the_provider(tmp_path, capsys)
+    reports = ndp_ep.GenerationReports(converted, hw="paper", ndp_units=4, prompt_tokens=4)
+    config = og.Config(str(converted))
+    reports.add_provider(config)
+    model = og.Model(config)
+    _greedy(og, model, [5, 17, 3, 9], 4)
+    reports.new_generation()  # before the runs of the first generation are read: they keep their own costs
+    _greedy(og, model, [8, 1, 12, 6], 4)
+    first, second = reports.reports[:4], reports.reports[4:]
+    assert [r.tokens for r in first] == [r.tokens for r in second] == [4, 1, 1, 1]
+    costs = [r.non_expert_gpu_s for r in first]
+    assert costs == [r.non_expert_gpu_s for r in second]  # the same shapes, step by step
+    assert len(set(costs[1:])) == 3  # a decode step costs more as the KV cache grows: each at its own past
+    reports.new_generation(prompt_tokens=3)
+    _greedy(og, model, [2, 2, 2, 2, 2, 2], 2)  # a prompt of 6 where 3 were declared (as a batch of 2 would be)
+    mismatched = reports.reports[8]
+    assert mismatched.tokens == 6 and mismatched.non_expert_gpu_s == 0 and UNTAGGED_NOTE in mismatched.notes
+    with pytest.raises(ndp_ep.NdpEpError, match="prompt_tokens"):
+        reports.new_generation(prompt_tokens=0)

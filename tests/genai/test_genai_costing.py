@@ -93,12 +93,13 @@ def test_decode_steps_equal_shape_inference_while_a_sliding_window_fills_up():
     # gpt-oss layer 0 attends the last 8 keys: a step's cost bends when its past reaches 7 tokens
     model = _decoder("gpt_oss_fp32")
     config = json.loads((GENAI_DIR / "gpt_oss_fp32" / "genai_config.json").read_text())
-    shapes = step_shapes(model, 3, config)
+    shapes = step_shapes(model, config)
     coster = NonExpertCoster(model, load_system("h200"), "bf16")
     inferred = []
     real = coster._work
     coster._work = lambda step_shapes: inferred.append(step_shapes) or real(step_shapes)
     reference = NonExpertCoster(model, load_system("h200"), "bf16")
-    for step in range(40):
-        assert coster.cost(shapes(step)) == reference._compute(shapes(step)), step
+    for past in (0, *range(3, 42)):  # the 3-token prompt, then a token a step
+        step = shapes(3 if past == 0 else 1, past)
+        assert coster.cost(step) == reference._compute(step), past
     assert len(inferred) < 40
