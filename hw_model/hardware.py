@@ -371,11 +371,14 @@ def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemS
 def load_system(name_or_path: str | Path, ndp_units: int | None = None) -> SystemSpec:
     """Load a preset by name (``paper``, ``edge``, ``h200``) or a TOML file by path.
 
-    ``ndp_units`` overrides the preset's default NDP-unit count.
+    ``ndp_units`` overrides the preset's default NDP-unit count. A file that keeps a preset's ``name`` (an edited
+    copy of the preset) but whose GPU, links or NDP unit differ from it is named ``"<name> (<file name>)"``, so
+    reports and tables never show the edited design as the preset.
     """
     text_name = str(name_or_path)
     path = Path(text_name)
-    if text_name in list_presets():
+    presets = list_presets()
+    if text_name in presets:
         path = PRESET_DIR / f"{text_name}.toml"
     elif not path.is_file():
         raise HardwareConfigError(
@@ -386,6 +389,10 @@ def load_system(name_or_path: str | Path, ndp_units: int | None = None) -> Syste
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise HardwareConfigError(f"{path}: not valid TOML ({exc})") from None
     system = system_from_dict(data, origin=str(path))
+    if text_name not in presets and system.name in presets:
+        preset = load_system(system.name)
+        if any(getattr(system, key) != getattr(preset, key) for key in _SECTIONS):
+            system = replace(system, name=f"{system.name} ({path.name})")
     if ndp_units is not None:
         system = system.with_ndp_units(ndp_units)
     return system

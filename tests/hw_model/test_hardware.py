@@ -150,3 +150,21 @@ def test_an_ndp_unit_override_out_of_range_is_refused_before_anything_is_built(c
 def test_zero_ndp_units_a_gpu_only_system_and_the_largest_count_stay_legal():
     assert load_system("paper", ndp_units=0).num_ndp_units == 0
     assert load_system("paper").with_ndp_units(64).num_ndp_units == 64
+
+
+def test_an_edited_copy_of_a_preset_is_named_after_its_file_and_an_unchanged_copy_keeps_the_presets_name(tmp_path):
+    text = (PRESET_DIR / "paper.toml").read_text(encoding="utf-8")
+    assert 'name = "paper"' in text and "memory_bandwidth_bytes_per_s = 960e9" in text
+    copies = {
+        "same.toml": text,
+        "units.toml": text.replace("\nnum_ndp_units = 4\n", "\nnum_ndp_units = 2\n", 1),  # a default, not the design
+        "faster.toml": text.replace("memory_bandwidth_bytes_per_s = 960e9", "memory_bandwidth_bytes_per_s = 1.2e12"),
+    }
+    names = {}
+    for file_name, content in copies.items():
+        assert content != text or file_name == "same.toml"
+        (tmp_path / file_name).write_text(content, encoding="utf-8")
+        names[file_name] = load_system(tmp_path / file_name).name
+    assert names == {"same.toml": "paper", "units.toml": "paper", "faster.toml": "paper (faster.toml)"}
+    assert load_system(tmp_path / "faster.toml", ndp_units=2).name == "paper (faster.toml)"
+    assert load_system(tmp_path / "faster.toml").gpu.memory_bandwidth_bytes_per_s == 1.2e12
