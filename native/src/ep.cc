@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "float_convert.h"
 #include "moe_kernel.h"
 #include "op_contract_gen.h"  // kDomain, kOpType, kOpsetVersion: generated from graph_passes/sharded_op.py
 #include "routing_log.h"

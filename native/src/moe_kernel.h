@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "activations_gen.h"
+#include "float_convert.h"
 #include "panel_gemm.h"
 
 namespace ndp {
@@ -142,11 +143,5 @@ class MoEKernel {
   PanelIsa isa_ = PanelIsa::kPortable;
   std::vector<ExpertWeights> experts_;
 };
-
-// Element conversions shared with the EP glue.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
 
 }  // namespace ndp

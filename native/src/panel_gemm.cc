@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "moe_kernel.h"  // HalfToFloat, BFloat16ToFloat
+#include "float_convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

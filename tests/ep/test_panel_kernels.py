@@ -134,3 +134,26 @@ def test_quantization_blocks_longer_than_a_k_slice_keep_their_scales(isa, monkey
     monkeypatch.setenv(*QMOE_FLOAT)
     out, (x, ids, w) = _skip_unless_supported(isa, lambda: run_case(model, spec, tokens=13))
     assert relative_error(out, reference_output(reference, spec, x, ids, w)) < FP32_RTOL
+
+
+def test_the_standalone_kernel_check_passes_with_every_kernel_this_cpu_runs(tmp_path):
+    # native/checks/panel_gemm_check.cc is what benchmarks/check_cross_build.py runs on other architectures: built
+    # here with this machine's compiler (as pip install . builds the library), so it cannot rot unnoticed
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    compiler = shutil.which("c++") or shutil.which("g++")
+    assert compiler is not None, "pip install . needs a C++ compiler, so the suite has one"
+    binary = tmp_path / "panel_gemm_check"
+    sources = [root / "native" / "checks" / "panel_gemm_check.cc"]
+    sources += [root / "native" / "src" / name for name in ("panel_gemm.cc", "float_convert.cc")]
+    built = subprocess.run(
+        [compiler, "-std=c++17", "-O2", f"-I{root / 'native' / 'src'}", *map(str, sources), "-o", str(binary)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    checked = subprocess.run([str(binary)], capture_output=True, text=True, check=False, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    assert checked.stdout.strip().endswith(": ok") and "portable" in checked.stdout

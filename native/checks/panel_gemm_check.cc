@@ -1,0 +1,202 @@
+// A self-contained check of the panel kernels and the element conversions, for a CPU the Python test suite cannot
+// run on: benchmarks/check_cross_build.py cross-compiles it (with panel_gemm.cc and float_convert.cc) for another
+// architecture and runs it under an emulator. On x86 tests/ep/test_panel_kernels.py covers the same ground through
+// the provider.
+//
+// Every product of every weight format (float32, float16, bfloat16, 8-bit and 4-bit block-quantized codes with zero
+// points), at shapes crossing the kernels' blocking edges, against a double-precision sum of the same widened
+// weights; the accumulate form; a column range of panels; float16 and bfloat16 conversions against values they
+// must give; and the kernel choice (this CPU's best, an unknown name refused). Prints one line per failure and a
+// summary; exits 1 on any failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "float_convert.h"
+#include "panel_gemm.h"
+
+namespace {
+
+int g_failures = 0;
+
+void Fail(const std::string& what) {
+  if (++g_failures <= 20) std::printf("FAIL %s\n", what.c_str());
+}
+
+struct Random {  // a fixed-seed 64-bit LCG: the same cases on every machine
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  uint32_t Next() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  }
+  float Uniform() { return static_cast<float>(Next() % 2000001) / 1000000.0f - 1.0f; }  // [-1, 1]
+};
+
+enum class Kind { kFloat32, kFloat16, kBFloat16, kUint8, kUint4 };
+const char* KindName(Kind kind) {
+  static const char* names[] = {"float32", "float16", "bfloat16", "uint8", "uint4"};
+  return names[static_cast<int>(kind)];
+}
+
+// A K x N weight matrix in one format, with each element's widened float value (what the kernels must multiply).
+struct Weights {
+  ndp::PackedMatrix packed;
+  std::vector<float> widened;  // [K][N]
+};
+
+Weights MakeWeights(Kind kind, int64_t k, int64_t n, int64_t block, Random& random) {
+  Weights w;
+  w.widened.resize(static_cast<size_t>(k * n));
+  if (kind == Kind::kFloat32 || kind == Kind::kFloat16 || kind == Kind::kBFloat16) {
+    std::vector<uint32_t> raw(static_cast<size_t>(k * n));
+    for (int64_t i = 0; i < k * n; ++i) {
+      const float value = random.Uniform();
+      if (kind == Kind::kFloat32) {
+        w.widened[i] = value;
+      } else {
+        const uint16_t bits = kind == Kind::kFloat16 ? ndp::FloatToHalf(value) : ndp::FloatToBFloat16(value);
+        raw[i] = bits;
+        w.widened[i] = kind == Kind::kFloat16 ? ndp::HalfToFloat(bits) : ndp::BFloat16ToFloat(bits);
+      }
+    }
+    if (kind == Kind::kFloat32) {
+      w.packed.PackFloat(ndp::PanelFormat::kFloat32, k, n, [&](int64_t i, int64_t j) { return w.widened[i * n + j]; });
+    } else {
+      const auto format = kind == Kind::kFloat16 ? ndp::PanelFormat::kFloat16 : ndp::PanelFormat::kBFloat16;
+      w.packed.PackFloat(format, k, n, [&](int64_t i, int64_t j) { return static_cast<uint16_t>(raw[i * n + j]); });
+    }
+    return w;
+  }
+  const int bits = kind == Kind::kUint8 ? 8 : 4;
+  const int64_t blocks = (k + block - 1) / block;
+  std::vector<uint8_t> codes(static_cast<size_t>(k * n)), zeros(static_cast<size_t>(blocks * n));
+  std::vector<float> scales(static_cast<size_t>(blocks * n));
+  for (auto& code : codes) code = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& zero : zeros) zero = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& scale : scales) scale = 0.01f + 0.05f * std::fabs(random.Uniform());
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t b = i / block;
+      w.widened[i * n + j] =
+          static_cast<float>(static_cast<int>(codes[i * n + j]) - static_cast<int>(zeros[b * n + j])) * scales[b * n + j];
+    }
+  }
+  w.packed.PackQuantized(
+      bits, block, k, n, [&](int64_t i, int64_t j) { return codes[i * n + j]; },
+      [&](int64_t b, int64_t j) { return scales[b * n + j]; }, [&](int64_t b, int64_t j) { return zeros[b * n + j]; });
+  return w;
+}
+
+// c = a @ w (plus c's values when accumulating), for columns [first, end), checked element by element against a
+// double sum of the widened weights: within 1e-5 of the sum of |a * w| (float32 accumulation over at most 520 terms).
+void CheckProduct(ndp::PanelIsa isa, Kind kind, int64_t m, int64_t k, int64_t n, int64_t block, bool accumulate,
+                  int64_t first_panel, int64_t end_panel, Random& random) {
+  const Weights w = MakeWeights(kind, k, n, block, random);
+  const int64_t lda = k + 3, ldc = n + 5;  // row strides wider than the rows
+  std::vector<float> a(static_cast<size_t>(m * lda)), c(static_cast<size_t>(m * ldc));
+  for (auto& value : a) value = random.Uniform();
+  for (auto& value : c) value = random.Uniform();
+  const std::vector<float> before = c;
+  ndp::PanelGemm(isa, m, a.data(), lda, w.packed, c.data(), ldc, accumulate, first_panel, end_panel);
+  const int64_t panels = w.packed.panel_count();
+  const int64_t last = end_panel < 0 || end_panel > panels ? panels : end_panel;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const bool computed = j >= first_panel * ndp::kPanelWidth && j < last * ndp::kPanelWidth;
+      const float got = c[i * ldc + j];
+      if (!computed) {
+        if (got != before[i * ldc + j]) Fail(std::string(KindName(kind)) + ": a column outside the panels changed");
+        continue;
+      }
+      double sum = 0, magnitude = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double term = static_cast<double>(a[i * lda + p]) * w.widened[p * n + j];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      if (accumulate) {
+        sum += before[i * ldc + j];
+        magnitude += std::fabs(before[i * ldc + j]);
+      }
+      if (!(std::fabs(got - sum) <= 1e-5 * magnitude + 1e-30)) {
+        char line[256];
+        std::snprintf(line, sizeof line, "%s m=%lld k=%lld n=%lld block=%lld accumulate=%d [%lld,%lld]: %.9g vs %.9g",
+                      KindName(kind), static_cast<long long>(m), static_cast<long long>(k),
+                      static_cast<long long>(n), static_cast<long long>(block), accumulate ? 1 : 0,
+                      static_cast<long long>(i), static_cast<long long>(j), got, sum);
+        Fail(line);
+        return;
+      }
+    }
+  }
+}
+
+void CheckConversions() {
+  const struct {
+    uint16_t half;
+    float value;
+  } halves[] = {{0x3C00, 1.0f},       {0xC000, -2.0f},          {0x7BFF, 65504.0f},
+                {0x0001, 0x1p-24f},   {0x03FF, 0x1.ff8p-15f},   {0x3555, 0x1.554p-2f}};
+  for (const auto& h : halves) {
+    if (ndp::HalfToFloat(h.half) != h.value) Fail("HalfToFloat of a known value");
+    if (ndp::FloatToHalf(h.value) != h.half) Fail("FloatToHalf of a known value");
+  }
+  if (!std::isinf(ndp::HalfToFloat(0x7C00)) || !std::isnan(ndp::HalfToFloat(0x7E00))) Fail("half infinity / NaN");
+  if (ndp::FloatToHalf(1e6f) != 0x7C00) Fail("FloatToHalf overflow to infinity");
+  if (ndp::FloatToHalf(1.0f + 0x1p-11f) != 0x3C00 || ndp::FloatToHalf(1.0f + 3 * 0x1p-11f) != 0x3C02)
+    Fail("FloatToHalf rounds to nearest even");
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {  // every finite half survives the round trip
+    const auto half = static_cast<uint16_t>(bits);
+    if ((half & 0x7C00) == 0x7C00) continue;
+    if (ndp::FloatToHalf(ndp::HalfToFloat(half)) != half) {
+      Fail("half round trip");
+      break;
+    }
+  }
+  if (ndp::BFloat16ToFloat(0x3F80) != 1.0f || ndp::FloatToBFloat16(1.0f) != 0x3F80) Fail("bfloat16 of 1");
+  if (ndp::FloatToBFloat16(1.0f + 0x1p-8f) != 0x3F80 || ndp::FloatToBFloat16(1.0f + 3 * 0x1p-8f) != 0x3F82)
+    Fail("FloatToBFloat16 rounds to nearest even");
+}
+
+}  // namespace
+
+int main() {
+  CheckConversions();
+  ndp::PanelIsa best;
+  const std::string chosen = ndp::ChoosePanelIsa(nullptr, &best);
+  if (!chosen.empty()) Fail("no kernel for this CPU: " + chosen);
+  ndp::PanelIsa unused;
+  if (ndp::ChoosePanelIsa("sse9", &unused).find("must be avx512f, avx2 or portable") == std::string::npos)
+    Fail("an unknown kernel name is not refused");
+  Random random;
+  std::string ran;
+  int cases = 0;
+  const Kind kinds[] = {Kind::kFloat32, Kind::kFloat16, Kind::kBFloat16, Kind::kUint8, Kind::kUint4};
+  for (const char* name : {"avx512f", "avx2", "portable"}) {  // every kernel this CPU runs
+    ndp::PanelIsa isa;
+    if (!ndp::ChoosePanelIsa(name, &isa).empty()) continue;
+    ran += std::string(ran.empty() ? "" : ", ") + name + (isa == best ? " (best)" : "");
+    for (Kind kind : kinds) {
+      const bool quantized = kind == Kind::kUint8 || kind == Kind::kUint4;
+      for (int64_t m : {1, 4, 5, 13}) {
+        for (int64_t k : {2, 34, 300, 520}) {  // within, across and beyond a 256-deep k slice
+          for (int64_t n : {2, 32, 70}) {       // a part panel, one panel, two and a part
+            for (int64_t block : quantized ? std::vector<int64_t>{16, 32, 300} : std::vector<int64_t>{0}) {
+              for (bool accumulate : {false, true}) {
+                CheckProduct(isa, kind, m, k, n, block, accumulate, 0, -1, random);
+                ++cases;
+              }
+            }
+          }
+        }
+      }
+      CheckProduct(isa, kind, 5, 64, 100, quantized ? 32 : 0, false, 1, 3, random);  // only panels 1 and 2
+      ++cases;
+    }
+  }
+  std::printf("panel kernels %s: %d products; conversions and kernel choice checked: %s\n", ran.c_str(), cases,
+              g_failures ? "FAILED" : "ok");
+  return g_failures ? 1 : 0;
+}
