@@ -5,7 +5,7 @@
 //
 // Every product of every weight format (float32, float16, bfloat16, 8-bit and 4-bit block-quantized codes with zero
 // points), at shapes crossing the kernels' blocking edges, against a double-precision sum of the same widened
-// weights; the accumulate form; a column range of panels; float16 and bfloat16 conversions against values they
+// weights; int8 rows against 8- and 4-bit codes (the integer path), against the blocks' exact integer dot products; the accumulate form; a column range of panels; float16 and bfloat16 conversions against values they
 // must give; and the kernel choice (this CPU's best, an unknown name refused). Prints one line per failure and a
 // summary; exits 1 on any failure.
 #include <cmath>
@@ -133,6 +133,65 @@ void CheckProduct(ndp::PanelIsa isa, Kind kind, int64_t m, int64_t k, int64_t n,
   }
 }
 
+// c = int8 rows @ codes (PanelGemmInt8, a kInt8Quads matrix of `bits`-bit codes), against the double sum over blocks
+// of row scale * weight scale * the integer dot product of q with (code - zero point).
+void CheckInt8Product(ndp::PanelIsa isa, int bits, int64_t m, int64_t k, int64_t n, int64_t block, bool accumulate,
+                      Random& random) {
+  const int64_t blocks = (k + block - 1) / block;
+  std::vector<uint8_t> codes(static_cast<size_t>(k * n)), zeros(static_cast<size_t>(blocks * n));
+  std::vector<float> scales(static_cast<size_t>(blocks * n));
+  for (auto& code : codes) code = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& zero : zeros) zero = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& scale : scales) scale = 0.01f + 0.05f * std::fabs(random.Uniform());
+  ndp::PackedMatrix packed;
+  packed.PackQuantized(
+      bits, block, k, n, [&](int64_t i, int64_t j) { return codes[i * n + j]; },
+      [&](int64_t b, int64_t j) { return scales[b * n + j]; }, [&](int64_t b, int64_t j) { return zeros[b * n + j]; },
+      true);
+  ndp::Int8RowsBuffer rows;
+  rows.Resize(m, k, block);
+  std::fill(rows.q.begin(), rows.q.end(), 0);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      int32_t sum = 0;
+      for (int64_t i = b * block; i < std::min(k, (b + 1) * block); ++i) {
+        const auto value = static_cast<int8_t>(static_cast<int32_t>(random.Next() % 255) - 127);  // -127..127
+        rows.q[r * rows.ldq + i] = value;
+        sum += value;
+      }
+      rows.sums[r * rows.lds + b] = sum;
+      rows.scales[r * rows.lds + b] = 0.001f + 0.01f * std::fabs(random.Uniform());
+    }
+  }
+  const int64_t ldc = n + 3;
+  std::vector<float> c(static_cast<size_t>(m * ldc));
+  for (auto& value : c) value = random.Uniform();
+  const std::vector<float> before = c;
+  ndp::PanelGemmInt8(isa, m, rows.View(), packed, c.data(), ldc, accumulate);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = accumulate ? before[r * ldc + j] : 0.0, magnitude = std::fabs(sum);
+      for (int64_t b = 0; b < blocks; ++b) {
+        int64_t dot = 0;
+        for (int64_t i = b * block; i < std::min(k, (b + 1) * block); ++i)
+          dot += int64_t{rows.q[r * rows.ldq + i]} * (int64_t{codes[i * n + j]} - zeros[b * n + j]);
+        const double term = static_cast<double>(dot) * rows.scales[r * rows.lds + b] * scales[b * n + j];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      const float got = c[r * ldc + j];
+      if (!(std::fabs(got - sum) <= 1e-5 * magnitude + 1e-30)) {
+        char line[256];
+        std::snprintf(line, sizeof line, "int8 rows x %d-bit codes m=%lld k=%lld n=%lld block=%lld [%lld,%lld]: %.9g vs %.9g",
+                      bits, static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
+                      static_cast<long long>(block), static_cast<long long>(r), static_cast<long long>(j), got, sum);
+        Fail(line);
+        return;
+      }
+    }
+  }
+}
+
 void CheckConversions() {
   const struct {
     uint16_t half;
@@ -194,6 +253,18 @@ int main() {
       }
       CheckProduct(isa, kind, 5, 64, 100, quantized ? 32 : 0, false, 1, 3, random);  // only panels 1 and 2
       ++cases;
+    }
+    for (int bits : {8, 4}) {
+      for (int64_t m : {1, 5, 7, 13}) {        // row blocks of 6, 4 and 1, and short last ones
+        for (int64_t k : {32, 90, 352}) {       // whole blocks, a part block ending mid-quad
+          for (int64_t n : {2, 32, 70}) {
+            for (int64_t block : {16, 32, 256}) {
+              CheckInt8Product(isa, bits, m, k, n, block, m == 5, random);
+              ++cases;
+            }
+          }
+        }
+      }
     }
   }
   std::printf("panel kernels %s: %d products; conversions and kernel choice checked: %s\n", ran.c_str(), cases,

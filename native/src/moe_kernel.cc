@@ -45,19 +45,28 @@ inline int Unpack(const uint8_t* row, int64_t q, int bits) {
 // rounding mode, which ONNX Runtime keeps; v is rounded to float before, never fused into it), within [-127, 127].
 inline float QuantizeValue(float v) { return std::min(std::max(std::rint(v), -127.0f), 127.0f); }
 
-// Replaces `rows` rows of `k` floats (``lda`` apart, in place) by the values MLAS's QuantizeARow_CompInt8 makes
-// them, per block of `block`: scale = amax / 127, q = round-half-even(v * (127 / amax)) in [-127, 127] (0 when
-// amax is 0), v <- q * scale. A float product of these with the dequantized weights is, up to float rounding,
-// MLAS's sum over blocks of (input scale * weight scale) * integer dot(q, weight - zero_point).
-void QuantizeActivations(float* a, int64_t rows, int64_t lda, int64_t k, int64_t block) {
+// Quantizes `rows` rows of `k` floats (``lda`` apart) to int8 as MLAS's QuantizeARow_CompInt8 does, per block of
+// `block`: scale = amax / 127, q = round-half-even(v * (127 / amax)) in [-127, 127] (0 when amax is 0); writes q
+// (``ldq`` apart), each block's scale and the sum of its q (``lds`` apart).
+void QuantizeRowsInt8(const float* a, int64_t rows, int64_t lda, int64_t k, int64_t block, int8_t* q, int64_t ldq,
+                      float* scales, int32_t* sums, int64_t lds) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t start = 0; start < k; start += block) {
-      float* v = a + r * lda + start;
+    for (int64_t start = 0, b = 0; start < k; start += block, ++b) {
+      const float* v = a + r * lda + start;
+      int8_t* out = q + r * ldq + start;
+      const int64_t count = std::min(block, k - start);
       float amax = 0.0f;
-      for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float scale = amax / 127.0f, inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-      for (int64_t i = 0; i < block; ++i) v[i] = QuantizeValue(v[i] * inverse) * scale;
+      for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = static_cast<int8_t>(QuantizeValue(v[i] * inverse));
+        sum += out[i];
+      }
+      scales[r * lds + b] = amax / 127.0f;
+      sums[r * lds + b] = sum;
     }
+    for (int64_t i = k; i % 4; ++i) q[r * ldq + i] = 0;  // the last quad's padding
   }
 }
 
@@ -221,7 +230,8 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     out.PackQuantized(
         bits, block, k, n, [&](int64_t i, int64_t j) { return Unpack(code_data + j * row_bytes, i, bits); },
         [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
-        [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; });
+        [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; },
+        int8_rows());  // int8 rows multiply the codes one byte each, four rows at a time
   };
 
   experts_.assign(static_cast<size_t>(E), ExpertWeights{});
@@ -278,10 +288,12 @@ namespace {
 struct CallScratch {
   std::vector<int64_t> counts, offsets, fill, slot_row, active;
   std::vector<float> xg, hg, yg, partial;  // partial: split calls' per-shard down products [S][slots][H]
+  Int8RowsBuffer xq, hq;                    // kInt8Activations: xg's int8 rows; split calls' activations [slots, I]
   std::vector<std::array<int64_t, 3>> first_tasks, down_tasks;  // split calls: (expert, shard, first panel)
 };
 thread_local CallScratch t_call;
 thread_local std::vector<float> t_hidden;  // per-thread scratch of RunExpert: [rows, S * F/S]
+thread_local Int8RowsBuffer t_hidden_q;    // and, for kInt8Activations, its activations' int8 rows [rows, I]
 
 // A call with at most this many token slots (a decode step: top-k slots per token) splits each expert's products
 // into column ranges of kPanelsPerTask panels, so that every thread of ONNX Runtime's pool gets work even when
@@ -290,16 +302,21 @@ constexpr size_t kSplitSlots = 16;
 constexpr int64_t kPanelsPerTask = 4;
 }  // namespace
 
-void MoEKernel::FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, float* h, int64_t ldh,
-                           int64_t first_panel, int64_t end_panel) const {
+void MoEKernel::FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, const Int8Rows* xq,
+                           float* h, int64_t ldh, int64_t first_panel, int64_t end_panel) const {
   const PackedMatrix& first = experts_[static_cast<size_t>(expert)].first[static_cast<size_t>(shard)];
-  PanelGemm(isa_, rows, x, spec_.hidden, first, h, ldh, false, first_panel, end_panel);
+  if (xq) {
+    PanelGemmInt8(isa_, rows, *xq, first, h, ldh, false, first_panel, end_panel);
+  } else {
+    PanelGemm(isa_, rows, x, spec_.hidden, first, h, ldh, false, first_panel, end_panel);
+  }
 }
 
 // In place on shard s's columns of h (rows ``ldh`` apart): the first bias, then the activation (row r's goes to its
-// first I/S values), then, for a kInt8Activations down projection, its rounding to int8 per block of I/S, which are
-// ONNX Runtime's blocks of I since shards are cut on block boundaries.
-void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh) const {
+// first I/S values); then, for kInt8Activations, those values quantized to int8 per block of I/S into `hq` (rows
+// from `hq_row`, shard s's place), ONNX Runtime's blocks of I since shards are cut on block boundaries.
+void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh,
+                              Int8RowsBuffer* hq, int64_t hq_row) const {
   const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
   const int64_t Is = spec_.shard_width(), Fs = spec_.first_width();
   if (!w.first_bias.empty()) {
@@ -309,7 +326,12 @@ void MoEKernel::ActivateShard(int64_t expert, int64_t shard, int64_t rows, float
   }
   for (int64_t r = 0; r < rows; ++r)
     ApplyActivation(spec_.activation, h + r * ldh, Is, spec_.alpha, spec_.limit, spec_.beta);
-  if (compute_ == QuantCompute::kInt8Activations) QuantizeActivations(h, rows, ldh, Is, spec_.quant_block_size);
+  if (hq) {
+    const int64_t block = spec_.quant_block_size, blocks = Is / block;
+    QuantizeRowsInt8(h, rows, ldh, Is, block, hq->q.data() + hq_row * hq->ldq + shard * Is, hq->ldq,
+                     hq->scales.data() + hq_row * hq->lds + shard * blocks,
+                     hq->sums.data() + hq_row * hq->lds + shard * blocks, hq->lds);
+  }
 }
 
 // y[rows, H] += the expert's down bias (nothing without one).
@@ -321,27 +343,48 @@ void MoEKernel::AddDownBias(int64_t expert, int64_t rows, float* y) const {
     for (int64_t j = 0; j < H; ++j) y[r * H + j] += bias[static_cast<size_t>(j)];
 }
 
+// y (+)= shard s's activations @ Down_s, output panels [first_panel, end_panel): the float activations in h (shard
+// s's at s * F/S), or their int8 rows in hq.
+void MoEKernel::DownProduct(int64_t expert, int64_t shard, int64_t rows, const float* h, int64_t ldh,
+                            const Int8RowsBuffer* hq, int64_t hq_row, float* y, bool accumulate, int64_t first_panel,
+                            int64_t end_panel) const {
+  const PackedMatrix& down = experts_[static_cast<size_t>(expert)].down[static_cast<size_t>(shard)];
+  const int64_t H = spec_.hidden;
+  if (hq) {
+    const int64_t Is = spec_.shard_width(), blocks = Is / spec_.quant_block_size;
+    const Int8Rows shard_rows{hq->q.data() + hq_row * hq->ldq + shard * Is, hq->ldq,
+                              hq->scales.data() + hq_row * hq->lds + shard * blocks,
+                              hq->sums.data() + hq_row * hq->lds + shard * blocks, hq->lds};
+    PanelGemmInt8(isa_, rows, shard_rows, down, y, H, accumulate, first_panel, end_panel);
+  } else {
+    PanelGemm(isa_, rows, h + shard * spec_.first_width(), ldh, down, y, H, accumulate, first_panel, end_panel);
+  }
+}
+
 // y = sum over shards s in shard order of h_s @ Down_s, plus the down bias.
-void MoEKernel::DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y) const {
-  const ExpertWeights& w = experts_[static_cast<size_t>(expert)];
-  const int64_t H = spec_.hidden, Fs = spec_.first_width();
-  for (int64_t s = 0; s < spec_.shards; ++s)
-    PanelGemm(isa_, rows, h + s * Fs, ldh, w.down[static_cast<size_t>(s)], y, H, s > 0);
+void MoEKernel::DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, const Int8RowsBuffer* hq,
+                           int64_t hq_row, float* y) const {
+  for (int64_t s = 0; s < spec_.shards; ++s) DownProduct(expert, s, rows, h, ldh, hq, hq_row, y, s > 0, 0, -1);
   AddDownBias(expert, rows, y);
 }
 
 // y[rows, H] = sum over shards s (in order) of act(x @ First_s + b_s) @ Down_s, plus the down bias, on one thread:
 // every shard's first projection and activation, then the down projections, while the activations are in cache.
-void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const {
+void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, const Int8Rows* xq, float* y) const {
   const int64_t width = spec_.shards * spec_.first_width();
   std::vector<float>& hidden = t_hidden;
   if (hidden.size() < static_cast<size_t>(rows * width)) hidden.resize(static_cast<size_t>(rows * width));
+  Int8RowsBuffer* hq = nullptr;
+  if (int8_rows()) {
+    hq = &t_hidden_q;
+    hq->Resize(rows, spec_.ffn, spec_.quant_block_size);
+  }
   for (int64_t s = 0; s < spec_.shards; ++s) {
     float* h = hidden.data() + s * spec_.first_width();  // shard s's columns, ``width`` apart
-    FirstShard(expert, s, rows, x, h, width, 0, -1);
-    ActivateShard(expert, s, rows, h, width);
+    FirstShard(expert, s, rows, x, xq, h, width, 0, -1);
+    ActivateShard(expert, s, rows, h, width, hq, 0);
   }
-  DownShards(expert, rows, hidden.data(), width, y);
+  DownShards(expert, rows, hidden.data(), width, hq, 0, y);
 }
 
 std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* w, int64_t tokens, float* out,
@@ -374,14 +417,20 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
     c.slot_row[i] = row;
     std::memcpy(c.xg.data() + row * H, x + (static_cast<int64_t>(i) / K) * H, sizeof(float) * H);
   }
-  if (compute_ == QuantCompute::kInt8Activations)  // x per block of H, as ONNX Runtime's QMoE does
-    QuantizeActivations(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size);
+  const bool int8 = int8_rows();
+  if (int8) {  // x per block of H, as ONNX Runtime's QMoE does
+    c.xq.Resize(static_cast<int64_t>(slots), H, spec_.quant_block_size);
+    QuantizeRowsInt8(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size, c.xq.q.data(), c.xq.ldq,
+                     c.xq.scales.data(), c.xq.sums.data(), c.xq.lds);
+  }
   CallScratch* cs = &c;
   if (slots > kSplitSlots) {
-    parallel_for(c.active.size(), [this, cs, H](size_t task) {
+    parallel_for(c.active.size(), [this, cs, H, int8](size_t task) {
       const int64_t e = cs->active[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)];
-      RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, cs->yg.data() + start * H);
+      const Int8Rows xq = int8 ? cs->xq.View().Row(start) : Int8Rows{};
+      RunExpert(e, cs->counts[static_cast<size_t>(e)], cs->xg.data() + start * H, int8 ? &xq : nullptr,
+                cs->yg.data() + start * H);
     });
   } else {  // the same products and reductions, cut into column ranges
     if (c.hg.size() < slots * width) c.hg.resize(slots * width);
@@ -396,27 +445,33 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
           c.down_tasks.push_back({e, s, p});
       }
     }
-    parallel_for(c.first_tasks.size(), [this, cs, H, Fs, width](size_t task) {
+    Int8RowsBuffer* hq = nullptr;
+    if (int8) {
+      hq = &c.hq;
+      hq->Resize(static_cast<int64_t>(slots), spec_.ffn, spec_.quant_block_size);
+    }
+    parallel_for(c.first_tasks.size(), [this, cs, H, Fs, width, int8](size_t task) {
       const auto [e, s, p] = cs->first_tasks[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
-      FirstShard(e, s, rows, cs->xg.data() + start * H, cs->hg.data() + start * width + s * Fs, width, p,
-                 p + kPanelsPerTask);
+      const Int8Rows xq = int8 ? cs->xq.View().Row(start) : Int8Rows{};
+      FirstShard(e, s, rows, cs->xg.data() + start * H, int8 ? &xq : nullptr, cs->hg.data() + start * width + s * Fs,
+                 width, p, p + kPanelsPerTask);
     });
     for (int64_t e : c.active)
       for (int64_t s = 0; s < S; ++s) {
         const int64_t start = c.offsets[static_cast<size_t>(e)];
-        ActivateShard(e, s, c.counts[static_cast<size_t>(e)], c.hg.data() + start * width + s * Fs, width);
+        ActivateShard(e, s, c.counts[static_cast<size_t>(e)], c.hg.data() + start * width + s * Fs, width, hq,
+                      start);
       }
     // each shard's down product on its own (each weight matrix streamed in order), then the shards' sums added in
     // shard order: the same roundings as accumulating them one after the other
     if (c.partial.size() < static_cast<size_t>(S) * slots * H) c.partial.resize(static_cast<size_t>(S) * slots * H);
-    parallel_for(c.down_tasks.size(), [this, cs, H, Fs, width, slots](size_t task) {
+    parallel_for(c.down_tasks.size(), [this, cs, H, width, slots, hq](size_t task) {
       const auto [e, s, p] = cs->down_tasks[task];
       const int64_t start = cs->offsets[static_cast<size_t>(e)], rows = cs->counts[static_cast<size_t>(e)];
-      const PackedMatrix& down = experts_[static_cast<size_t>(e)].down[static_cast<size_t>(s)];
-      PanelGemm(isa_, rows, cs->hg.data() + start * width + s * Fs, width, down,
-                cs->partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(start)) * H, H, false, p,
-                p + kPanelsPerTask);
+      DownProduct(e, s, rows, cs->hg.data() + start * width, width, hq, start,
+                  cs->partial.data() + (static_cast<size_t>(s) * slots + static_cast<size_t>(start)) * H, false, p,
+                  p + kPanelsPerTask);
     });
     for (size_t r = 0; r < slots; ++r) {  // every row: the active experts' rows are all the slots
       float* y = c.yg.data() + r * H;

@@ -42,9 +42,9 @@ int QuantBits(WeightDtype dtype);  // 8, 4, or 0 for float weights
 //   kInt8Activations: what ONNX Runtime's MLAS QNBit GEMM does with compute type CompInt8. Each input row is
 //     quantized per weight block of `block` inputs (MLAS QuantizeARow_CompInt8): scale = amax / 127 (amax =
 //     largest |value| of the block), q = round-half-to-even(value * (127 / amax)) (0 when amax is 0); MLAS then
-//     sums over blocks (input scale * weight scale) * integer dot(q, q_w - zero_point) in float32. The kernel
-//     computes the same real number as an SGEMM of q * scale with the dequantized weights: the int8 values are
-//     the same, the float rounding differs (about 1e-7 relative).
+//     sums over blocks (input scale * weight scale) * integer dot(q, q_w - zero_point) in float32, and so does the
+//     kernel (PanelGemmInt8: the same int8 values and integer dot products; the float sums' rounding may differ
+//     from MLAS's, about 1e-7 relative).
 enum class QuantCompute { kFloat, kInt8Activations };
 
 // The attributes of one node, validated by Validate().
@@ -131,12 +131,20 @@ class MoEKernel {
 
  private:
   // The pieces of one expert's computation (moe_kernel.cc); *_panel: a range of output panels, end -1 for all.
-  void FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, float* h, int64_t ldh,
-                  int64_t first_panel, int64_t end_panel) const;
-  void ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh) const;
+  // With kInt8Activations the products take int8 rows: `xq`, the rows of x, and `hq` (rows from `hq_row` on), the
+  // activations of every shard side by side (I values per row: shard s's at s * I/S); otherwise both are null.
+  void FirstShard(int64_t expert, int64_t shard, int64_t rows, const float* x, const Int8Rows* xq, float* h,
+                  int64_t ldh, int64_t first_panel, int64_t end_panel) const;
+  void ActivateShard(int64_t expert, int64_t shard, int64_t rows, float* h, int64_t ldh, Int8RowsBuffer* hq,
+                     int64_t hq_row) const;
   void AddDownBias(int64_t expert, int64_t rows, float* y) const;
-  void DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, float* y) const;
-  void RunExpert(int64_t expert, int64_t rows, const float* x, float* y) const;
+  void DownShards(int64_t expert, int64_t rows, const float* h, int64_t ldh, const Int8RowsBuffer* hq,
+                  int64_t hq_row, float* y) const;
+  void DownProduct(int64_t expert, int64_t shard, int64_t rows, const float* h, int64_t ldh,
+                   const Int8RowsBuffer* hq, int64_t hq_row, float* y, bool accumulate, int64_t first_panel,
+                   int64_t end_panel) const;
+  void RunExpert(int64_t expert, int64_t rows, const float* x, const Int8Rows* xq, float* y) const;
+  bool int8_rows() const { return compute_ == QuantCompute::kInt8Activations; }
 
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;

@@ -1,6 +1,7 @@
 // Matrix products against column-panel packed weights (see panel_gemm.h).
 #include "panel_gemm.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "float_convert.h"
@@ -10,6 +11,7 @@
 #define NDP_X86 1
 // GCC 12 flags its own AVX-512 widening intrinsics (their _mm512_undefined_epi32 pass-through operand).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace ndp {
@@ -19,7 +21,7 @@ void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t bl
   k_ = k;
   n_ = n;
   block_ = block;
-  data_.assign(static_cast<size_t>(panel_count() * k * RowBytes(format)), 0);
+  data_.assign(static_cast<size_t>(panel_count() * PanelRows() * RowBytes(format)), 0);
   scales_.assign(static_cast<size_t>(panel_count() * Blocks() * kPanelWidth), 0.0f);
   zeros_.assign(scales_.size(), 0);
 }
@@ -270,6 +272,159 @@ bool Supported(PanelIsa isa) {
 #endif
 }
 
+
+// One call of an int8 block kernel: out[R x kPanelWidth] = rows 0..R-1 of `a` @ one kInt8Quads panel, every
+// quantization block of its K rows in order (see PanelGemmInt8).
+struct Int8Call {
+  Int8Rows a;
+  const uint8_t* panel;
+  const float* scales;   // [blocks][kPanelWidth]
+  const uint8_t* zeros;  // [blocks][kPanelWidth]
+  int64_t k, block;
+  float* out;
+};
+
+// Quads [first, end) of block b: its rows, padded to quads (the padding's codes and values are 0).
+inline void QuadRange(const Int8Call& c, int64_t b, int64_t* first, int64_t* end) {
+  *first = b * c.block / 4;
+  *end = (std::min(c.k, (b + 1) * c.block) + 3) / 4;
+}
+
+inline int32_t QuadOf(const int8_t* q) {
+  int32_t value;
+  std::memcpy(&value, q, sizeof value);
+  return value;
+}
+
+template <int R>
+void PortableInt8Block(const Int8Call& c) {
+  float sums[R][kPanelWidth] = {};
+  const int64_t blocks = (c.k + c.block - 1) / c.block;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t first, end;
+    QuadRange(c, b, &first, &end);
+    int32_t dots[R][kPanelWidth] = {};
+    for (int64_t quad = first; quad < end; ++quad) {
+      const uint8_t* w = c.panel + quad * 4 * kPanelWidth;
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = c.a.q + r * c.a.ldq + quad * 4;
+        for (int64_t j = 0; j < kPanelWidth; ++j)
+          for (int i = 0; i < 4; ++i) dots[r][j] += static_cast<int32_t>(w[j * 4 + i]) * x[i];
+      }
+    }
+    const float* scales = c.scales + b * kPanelWidth;
+    const uint8_t* zeros = c.zeros + b * kPanelWidth;
+    for (int r = 0; r < R; ++r) {
+      const int32_t sum = c.a.sums[r * c.a.lds + b];
+      const float scale = c.a.scales[r * c.a.lds + b];
+      for (int64_t j = 0; j < kPanelWidth; ++j) {
+        const float product = scale * scales[j];
+        sums[r][j] = std::fma(static_cast<float>(dots[r][j] - static_cast<int32_t>(zeros[j]) * sum), product,
+                              sums[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(c.out + r * kPanelWidth, sums[r], sizeof sums[r]);
+}
+
+#ifdef NDP_X86
+// Up to 6 rows: 12 integer and 12 float accumulators of 16 columns, two quad vectors and one broadcast.
+template <int R>
+__attribute__((target("avx512f,avx512vnni"))) void VnniBlock(const Int8Call& c) {
+  __m512 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  const int64_t blocks = (c.k + c.block - 1) / c.block;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t first, end;
+    QuadRange(c, b, &first, &end);
+    __m512i dot_lo[R], dot_hi[R];
+    for (int r = 0; r < R; ++r) dot_lo[r] = dot_hi[r] = _mm512_setzero_si512();
+    for (int64_t quad = first; quad < end; ++quad) {
+      const uint8_t* w = c.panel + quad * 4 * kPanelWidth;
+      const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 64);
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(QuadOf(c.a.q + r * c.a.ldq + quad * 4));
+        dot_lo[r] = _mm512_dpbusd_epi32(dot_lo[r], w0, x);
+        dot_hi[r] = _mm512_dpbusd_epi32(dot_hi[r], w1, x);
+      }
+    }
+    const float* scales = c.scales + b * kPanelWidth;
+    const uint8_t* zeros = c.zeros + b * kPanelWidth;
+    const __m512 s0 = _mm512_loadu_ps(scales), s1 = _mm512_loadu_ps(scales + 16);
+    const __m512i z0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros)));
+    const __m512i z1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + 16)));
+    for (int r = 0; r < R; ++r) {
+      const __m512i sum = _mm512_set1_epi32(c.a.sums[r * c.a.lds + b]);
+      const __m512 scale = _mm512_set1_ps(c.a.scales[r * c.a.lds + b]);
+      const __m512 d0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot_lo[r], _mm512_mullo_epi32(z0, sum)));
+      const __m512 d1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot_hi[r], _mm512_mullo_epi32(z1, sum)));
+      lo[r] = _mm512_fmadd_ps(d0, _mm512_mul_ps(scale, s0), lo[r]);
+      hi[r] = _mm512_fmadd_ps(d1, _mm512_mul_ps(scale, s1), hi[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c.out + r * kPanelWidth, lo[r]);
+    _mm512_storeu_ps(c.out + r * kPanelWidth + 16, hi[r]);
+  }
+}
+
+// One row without VNNI, exactly: codes and values widened to 16 bits, pairs multiplied and added to 32 bits
+// (vpmaddwd), each column's two pair sums kept apart until its block ends.
+__attribute__((target("avx2,fma"))) void Avx2Int8Row(const Int8Call& c) {
+  __m256 acc[4];
+  for (int v = 0; v < 4; ++v) acc[v] = _mm256_setzero_ps();
+  const int64_t blocks = (c.k + c.block - 1) / c.block;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t first, end;
+    QuadRange(c, b, &first, &end);
+    __m256i pairs[8];  // 4 columns' two pair sums each: columns 4g..4g+3
+    for (int g = 0; g < 8; ++g) pairs[g] = _mm256_setzero_si256();
+    for (int64_t quad = first; quad < end; ++quad) {
+      const uint8_t* w = c.panel + quad * 4 * kPanelWidth;
+      const __m256i x = _mm256_cvtepi8_epi16(_mm_set1_epi32(QuadOf(c.a.q + quad * 4)));  // the 4 values, 4 times
+      for (int g = 0; g < 8; ++g) {
+        const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * g)));
+        pairs[g] = _mm256_add_epi32(pairs[g], _mm256_madd_epi16(codes, x));
+      }
+    }
+    const float* scales = c.scales + b * kPanelWidth;
+    const uint8_t* zeros = c.zeros + b * kPanelWidth;
+    const __m256i sum = _mm256_set1_epi32(c.a.sums[b]);
+    const __m256 scale = _mm256_set1_ps(c.a.scales[b]);
+    for (int v = 0; v < 4; ++v) {  // columns 8v..8v+7: groups 2v and 2v + 1
+      const __m256i dots = _mm256_permute4x64_epi64(_mm256_hadd_epi32(pairs[2 * v], pairs[2 * v + 1]), 0xD8);
+      const __m256i zero = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zeros + 8 * v)));
+      const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots, _mm256_mullo_epi32(zero, sum)));
+      acc[v] = _mm256_fmadd_ps(d, _mm256_mul_ps(scale, _mm256_loadu_ps(scales + 8 * v)), acc[v]);
+    }
+  }
+  for (int v = 0; v < 4; ++v) _mm256_storeu_ps(c.out + 8 * v, acc[v]);
+}
+#endif
+
+using Int8Fn = void (*)(const Int8Call&);
+constexpr int kMaxInt8Rows = 6;
+struct Int8Kernels {
+  int max_rows;
+  Int8Fn blocks[kMaxInt8Rows];
+};
+const Int8Kernels kPortableInt8 = {4, {PortableInt8Block<1>, PortableInt8Block<2>, PortableInt8Block<3>,
+                                       PortableInt8Block<4>}};
+#ifdef NDP_X86
+const Int8Kernels kVnni = {6, {VnniBlock<1>, VnniBlock<2>, VnniBlock<3>, VnniBlock<4>, VnniBlock<5>, VnniBlock<6>}};
+const Int8Kernels kAvx2Int8 = {1, {Avx2Int8Row}};
+#endif
+
+// The int8 kernels for `isa`: AVX-512 with VNNI where the CPU has it (else the AVX2 ones: the same bits).
+const Int8Kernels& Int8KernelsFor(PanelIsa isa) {
+#ifdef NDP_X86
+  __builtin_cpu_init();
+  if (isa == PanelIsa::kAvx512 && __builtin_cpu_supports("avx512vnni")) return kVnni;
+  if (isa == PanelIsa::kAvx512 || isa == PanelIsa::kAvx2) return kAvx2Int8;
+#endif
+  return kPortableInt8;
+}
+
 constexpr PanelIsa kAllIsas[] = {PanelIsa::kAvx512, PanelIsa::kAvx2, PanelIsa::kPortable};  // best first
 
 thread_local AlignedFloats t_sums;  // [m rounded up to blocks, kPanelWidth] partial sums of one panel
@@ -338,6 +493,30 @@ void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const Packe
       start = stop;
     }
     StoreSums(sums, m, c + first, ldc, cols, accumulate);
+  }
+}
+
+void PanelGemmInt8(PanelIsa isa, int64_t m, const Int8Rows& a, const PackedMatrix& b, float* c, int64_t ldc,
+                   bool accumulate, int64_t first_panel, int64_t end_panel) {
+  const Int8Kernels& kernels = Int8KernelsFor(isa);
+  const int64_t n = b.cols(), step = kernels.max_rows;
+  const size_t needed = static_cast<size_t>(((m + step - 1) / step) * step * kPanelWidth);
+  if (t_sums.size() < needed) t_sums.resize(needed);
+  Int8Call call{};
+  call.k = b.rows();
+  call.block = b.block();
+  if (end_panel < 0 || end_panel > b.panel_count()) end_panel = b.panel_count();
+  for (int64_t p = first_panel; p < end_panel; ++p) {
+    const int64_t first = p * kPanelWidth, cols = std::min(kPanelWidth, n - first);
+    call.panel = b.panel(p);
+    call.scales = b.scales(p);
+    call.zeros = b.zeros(p);
+    for (int64_t row = 0; row < m; row += step) {
+      call.a = a.Row(row);
+      call.out = t_sums.data() + row * kPanelWidth;
+      kernels.blocks[std::min(step, m - row) - 1](call);
+    }
+    StoreSums(t_sums.data(), m, c + first, ldc, cols, accumulate);
   }
 }
 

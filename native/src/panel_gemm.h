@@ -48,7 +48,10 @@ using AlignedBytes = std::vector<uint8_t, AlignedAllocator<uint8_t>>;
 
 // How a panel stores its values. kUint8 / kUint4: unsigned block-quantized codes, value (code - zero) * scale; a
 // kUint4 panel row is 16 bytes, byte c holding column c in its low nibble and column c + 16 in its high one.
-enum class PanelFormat { kFloat32, kFloat16, kBFloat16, kUint8, kUint4 };
+// kInt8Quads: the codes (8 or 4 bits) one byte each, for products with int8 rows (PanelGemmInt8): rows are taken four
+// at a time, a quad of rows being kPanelWidth x 4 bytes (column j's four codes in bytes 4j..4j+3), the panel's K
+// rows padded with zero codes to a multiple of four.
+enum class PanelFormat { kFloat32, kFloat16, kBFloat16, kUint8, kUint4, kInt8Quads };
 
 class PackedMatrix {
  public:
@@ -57,9 +60,10 @@ class PackedMatrix {
   template <typename Value>
   void PackFloat(PanelFormat format, int64_t k, int64_t n, Value value);
   // Packs a block-quantized K x N matrix of `bits` (8 or 4) bit codes: code(i, j), and scale(b, j) / zero(b, j)
-  // for block b = i / block of rows.
+  // for block b = i / block of rows; as kInt8Quads when `int8_rows` (then `block` is a multiple of 4).
   template <typename Code, typename Scale, typename Zero>
-  void PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero);
+  void PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero,
+                     bool int8_rows = false);
 
   PanelFormat format() const { return format_; }
   int64_t rows() const { return k_; }
@@ -67,7 +71,7 @@ class PackedMatrix {
   int64_t block() const { return block_; }  // rows per quantization block (0 for float formats)
   int64_t panel_count() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
   size_t bytes() const { return data_.size() + scales_.size() * sizeof(float) + zeros_.size(); }
-  const uint8_t* panel(int64_t p) const { return data_.data() + p * k_ * RowBytes(format_); }
+  const uint8_t* panel(int64_t p) const { return data_.data() + p * PanelRows() * RowBytes(format_); }
   const float* scales(int64_t p) const { return scales_.data() + p * Blocks() * kPanelWidth; }
   const uint8_t* zeros(int64_t p) const { return zeros_.data() + p * Blocks() * kPanelWidth; }
 
@@ -79,11 +83,14 @@ class PackedMatrix {
       case PanelFormat::kBFloat16:
         return kPanelWidth * 2;
       case PanelFormat::kUint8:
+      case PanelFormat::kInt8Quads:
         return kPanelWidth;
       default:
         return kPanelWidth / 2;
     }
   }
+  // Rows a panel stores: K, padded to a multiple of 4 for kInt8Quads.
+  int64_t PanelRows() const { return format_ == PanelFormat::kInt8Quads ? (k_ + 3) / 4 * 4 : k_; }
 
  private:
   void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block);
@@ -116,6 +123,45 @@ std::string ChoosePanelIsa(const char* requested, PanelIsa* out);
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
                bool accumulate, int64_t first_panel = 0, int64_t end_panel = -1);
 
+// Rows quantized to int8 per block of `block` values (the weights' quantization blocks): row r's values are
+// q[r * ldq + i] * scales[r * lds + i / block], and sums[r * lds + b] is the sum of its block b's q values. ldq is
+// a multiple of 4 and the values past K are 0.
+struct Int8Rows {
+  const int8_t* q;
+  int64_t ldq;
+  const float* scales;
+  const int32_t* sums;
+  int64_t lds;
+
+  Int8Rows Row(int64_t r) const { return {q + r * ldq, ldq, scales + r * lds, sums + r * lds, lds}; }
+};
+
+// The storage of Int8Rows for `rows` rows of `k` values.
+struct Int8RowsBuffer {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<int32_t> sums;
+  int64_t ldq = 0, lds = 0;
+
+  void Resize(int64_t rows, int64_t k, int64_t block) {
+    ldq = (k + 3) / 4 * 4;
+    lds = (k + block - 1) / block;
+    if (q.size() < static_cast<size_t>(rows * ldq)) q.resize(static_cast<size_t>(rows * ldq));
+    if (scales.size() < static_cast<size_t>(rows * lds)) {
+      scales.resize(static_cast<size_t>(rows * lds));
+      sums.resize(static_cast<size_t>(rows * lds));
+    }
+  }
+  Int8Rows View() const { return {q.data(), ldq, scales.data(), sums.data(), lds}; }
+};
+
+// c (+)= a @ b as PanelGemm, for int8 rows against a kInt8Quads matrix with the same blocks, as ONNX Runtime's MLAS
+// (CompInt8) does: per block, the exact integer dot product of the rows' q with (code - zero point), then in float
+// sum += float(dot) * (row scale * weight scale), blocks in order (a fused multiply-add; every kernel rounds
+// alike, so all give the same bits).
+void PanelGemmInt8(PanelIsa isa, int64_t m, const Int8Rows& a, const PackedMatrix& b, float* c, int64_t ldc,
+                   bool accumulate, int64_t first_panel = 0, int64_t end_panel = -1);
+
 template <typename Value>
 void PackedMatrix::PackFloat(PanelFormat format, int64_t k, int64_t n, Value value) {
   Allocate(format, k, n, 0);
@@ -135,17 +181,20 @@ void PackedMatrix::PackFloat(PanelFormat format, int64_t k, int64_t n, Value val
 }
 
 template <typename Code, typename Scale, typename Zero>
-void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero) {
-  const PanelFormat format = bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
+void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero,
+                                 bool int8_rows) {
+  const PanelFormat format = int8_rows ? PanelFormat::kInt8Quads : bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
   Allocate(format, k, n, block);
   const int64_t row_bytes = RowBytes(format), blocks = Blocks();
   for (int64_t p = 0; p < panel_count(); ++p) {
     const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n - first);
-    uint8_t* out = data_.data() + p * k * row_bytes;
+    uint8_t* out = data_.data() + p * PanelRows() * row_bytes;
     for (int64_t i = 0; i < k; ++i) {
       for (int64_t j = 0; j < width; ++j) {
         const auto value = static_cast<uint8_t>(code(i, first + j));
-        if (bits == 8) {
+        if (int8_rows) {
+          out[(i / 4) * 4 * kPanelWidth + j * 4 + i % 4] = value;
+        } else if (bits == 8) {
           out[i * row_bytes + j] = value;
         } else {
           out[i * row_bytes + (j % 16)] |= static_cast<uint8_t>(j < 16 ? value : value << 4);

@@ -126,6 +126,35 @@ def test_the_avx512_and_avx2_kernels_agree_bit_for_bit_in_every_precision(weight
     assert np.array_equal(*outputs)
 
 
+@pytest.mark.parametrize(("weight_dtype", "setting"), [("int8", None), ("int4", "int8")])
+@pytest.mark.parametrize("tokens", [1, 29])  # a decode-sized call split into column ranges, and one task per expert
+def test_int8_activation_products_give_the_same_bits_with_every_kernel(
+    weight_dtype, setting, tokens, sharded_cases, monkeypatch
+):
+    # ONNX Runtime >= 1.31 multiplies 8-bit experts (4-bit ones with ORT_QMOE_CPU_QNBIT_GEMM=int8) with int8
+    # activations: integer dot products (VNNI, AVX2 16-bit pairs, a portable loop) and one float epilogue
+    if not np.lib.NumpyVersion(ort.__version__) >= "1.31.0":
+        pytest.skip(f"onnxruntime {ort.__version__} has no int8-activation QMoE")
+    model, _, spec = sharded_cases[weight_dtype]
+    if setting is None:
+        monkeypatch.delenv(QMOE_FLOAT[0], raising=False)
+    else:
+        monkeypatch.setenv(QMOE_FLOAT[0], setting)
+    outputs = {}
+    for isa in ("avx512f", "avx2", "portable"):
+        monkeypatch.setenv(ISA_ENV, isa)
+        try:
+            outputs[isa] = run_case(model, spec, tokens=tokens)[0]
+        except Exception as exc:  # noqa: BLE001 -- a kernel this CPU cannot run fails the session naming it
+            if "this CPU cannot run it" not in str(exc):
+                raise
+    monkeypatch.setenv(*QMOE_FLOAT)  # the float path: int8 activations move the outputs, but not far
+    floats = run_case(model, spec, tokens=tokens)[0]
+    first, *others = outputs.values()
+    assert "portable" in outputs and all(np.array_equal(first, other) for other in others)
+    assert not np.array_equal(first, floats) and np.max(np.abs(first - floats)) < 0.05 * np.max(np.abs(floats))
+
+
 @pytest.mark.parametrize("isa", ["avx512f", "avx2", "portable"])
 def test_quantization_blocks_longer_than_a_k_slice_keep_their_scales(isa, monkeypatch, relative_error):
     # blocks of 384 inputs: the kernels' 256-deep k slices end inside a block and a block ends inside a slice
