@@ -11,7 +11,7 @@ Runtime runs the fused original. Calls alternate; prints medians and provider / 
 ``--weights int8`` / ``int4``: the same shape as a ``com.microsoft.QMoE`` layer (GPT-OSS SwiGLU, blocks of 32,
 tests/convert_real/test_precisions.py's builder) against stock ONNX Runtime's QMoE, both on ONNX Runtime's
 default path (ORT_QMOE_CPU_QNBIT_GEMM unset: from 1.31, int8 activations for 8 bits); the provider keeps the
-codes packed and widens them in registers.
+codes packed, widening them in registers for float activations and multiplying them as integers with int8 ones.
 """
 
 from __future__ import annotations

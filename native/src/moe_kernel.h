@@ -9,7 +9,8 @@
 // tokens, runs each shard's gate/up columns and down rows with PanelGemm and reduces the shards' partial sums in
 // shard order.
 // Quantized projections that ONNX Runtime's own QMoE kernel runs with int8 activations (QuantComputeFor) get
-// their input rows quantized to int8 per weight block first, as ONNX Runtime's MLAS does (QuantCompute).
+// their input rows quantized to int8 per weight block, as ONNX Runtime's MLAS does, and multiplied as integers
+// (QuantCompute, PanelGemmInt8).
 #pragma once
 
 #include <cstddef>
