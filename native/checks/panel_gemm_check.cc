@@ -40,6 +40,22 @@ const char* KindName(Kind kind) {
   return names[static_cast<int>(kind)];
 }
 
+// Random `bits`-bit codes of a K x N matrix ([K][N]) with per-block zero points and scales ([blocks][N]).
+struct QuantizedCodes {
+  std::vector<uint8_t> codes, zeros;
+  std::vector<float> scales;
+};
+
+QuantizedCodes RandomCodes(int bits, int64_t k, int64_t n, int64_t block, Random& random) {
+  const int64_t blocks = (k + block - 1) / block;
+  QuantizedCodes q{std::vector<uint8_t>(static_cast<size_t>(k * n)), std::vector<uint8_t>(static_cast<size_t>(blocks * n)),
+                   std::vector<float>(static_cast<size_t>(blocks * n))};
+  for (auto& code : q.codes) code = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& zero : q.zeros) zero = static_cast<uint8_t>(random.Next() % (1u << bits));
+  for (auto& scale : q.scales) scale = 0.01f + 0.05f * std::fabs(random.Uniform());
+  return q;
+}
+
 // A K x N weight matrix in one format, with each element's widened float value (what the kernels must multiply).
 struct Weights {
   ndp::PackedMatrix packed;
@@ -70,12 +86,10 @@ Weights MakeWeights(Kind kind, int64_t k, int64_t n, int64_t block, Random& rand
     return w;
   }
   const int bits = kind == Kind::kUint8 ? 8 : 4;
-  const int64_t blocks = (k + block - 1) / block;
-  std::vector<uint8_t> codes(static_cast<size_t>(k * n)), zeros(static_cast<size_t>(blocks * n));
-  std::vector<float> scales(static_cast<size_t>(blocks * n));
-  for (auto& code : codes) code = static_cast<uint8_t>(random.Next() % (1u << bits));
-  for (auto& zero : zeros) zero = static_cast<uint8_t>(random.Next() % (1u << bits));
-  for (auto& scale : scales) scale = 0.01f + 0.05f * std::fabs(random.Uniform());
+  const QuantizedCodes q = RandomCodes(bits, k, n, block, random);
+  const auto& codes = q.codes;
+  const auto& zeros = q.zeros;
+  const auto& scales = q.scales;
   for (int64_t i = 0; i < k; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       const int64_t b = i / block;
@@ -138,11 +152,10 @@ void CheckProduct(ndp::PanelIsa isa, Kind kind, int64_t m, int64_t k, int64_t n,
 void CheckInt8Product(ndp::PanelIsa isa, int bits, int64_t m, int64_t k, int64_t n, int64_t block, bool accumulate,
                       Random& random) {
   const int64_t blocks = (k + block - 1) / block;
-  std::vector<uint8_t> codes(static_cast<size_t>(k * n)), zeros(static_cast<size_t>(blocks * n));
-  std::vector<float> scales(static_cast<size_t>(blocks * n));
-  for (auto& code : codes) code = static_cast<uint8_t>(random.Next() % (1u << bits));
-  for (auto& zero : zeros) zero = static_cast<uint8_t>(random.Next() % (1u << bits));
-  for (auto& scale : scales) scale = 0.01f + 0.05f * std::fabs(random.Uniform());
+  const QuantizedCodes weights = RandomCodes(bits, k, n, block, random);
+  const auto& codes = weights.codes;
+  const auto& zeros = weights.zeros;
+  const auto& scales = weights.scales;
   ndp::PackedMatrix packed;
   packed.PackQuantized(
       bits, block, k, n, [&](int64_t i, int64_t j) { return codes[i * n + j]; },
