@@ -7,6 +7,7 @@ are ever materialised.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -39,6 +40,7 @@ class GraphIndex:
         self._elem_types: dict[str, int] = {}
         self._shapes = self._infer_shapes(_weightless_copy(model))
         self._concrete: dict[str, tuple[int | str | None, ...]] | None = None
+        self._upstream: dict[str, frozenset[str]] = {}  # value -> upstream(value) without stops (rules ask again)
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
         shapes: dict[str, tuple[int | str | None, ...]] = {}
@@ -79,7 +81,7 @@ class GraphIndex:
         shape = self._concrete.get(value)
         if shape is None or not all(isinstance(d, int) for d in shape):
             return None
-        return int(np.prod(shape, dtype=np.int64))
+        return math.prod(shape)
 
     def _concrete_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
         probe = _weightless_copy(self.model)
@@ -140,8 +142,15 @@ class GraphIndex:
         return found
 
     def upstream(self, value: str, stop: set[str] | None = None) -> set[str]:
-        """Names of the nodes that ``value`` depends on (stopping at values in ``stop``)."""
-        stop = stop or set()
+        """Names of the nodes that ``value`` depends on (stopping at values in ``stop``); a new set each call."""
+        if stop:
+            return self._walk_upstream(value, stop)
+        found = self._upstream.get(value)
+        if found is None:
+            found = self._upstream[value] = frozenset(self._walk_upstream(value, set()))
+        return set(found)
+
+    def _walk_upstream(self, value: str, stop: set[str]) -> set[str]:
         seen: set[str] = set()
         pending = [value]
         while pending:
@@ -178,7 +187,7 @@ def constant_value(
                 return np.array(onnx.helper.get_attribute_value(attr), dtype=np.float32)
         if tensor is None:
             return None
-    if int(np.prod(tensor.dims, dtype=np.int64)) > SMALL_CONSTANT_ELEMENTS:
+    if math.prod(tensor.dims) > SMALL_CONSTANT_ELEMENTS:
         return None
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
@@ -197,7 +206,7 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
         t
         for t in graph.initializer
         if t.data_location == onnx.TensorProto.EXTERNAL
-        or int(np.prod(t.dims, dtype=np.int64)) > WEIGHTLESS_MAX_BYTES // 4  # ByteSize() would serialize it
+        or math.prod(t.dims) > WEIGHTLESS_MAX_BYTES // 4  # ByteSize() would serialize it
     ]
     if not large:
         probe.CopyFrom(model)

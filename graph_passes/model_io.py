@@ -381,7 +381,7 @@ def _write_external(rewritten: RewrittenModel, data_file, location: str, direct:
                     raise GraphPassError(f"cannot read external data of {tensor.name}")
                 src, src_offset, length = store.external_location(tensor.name)
                 writer.copy_range(Path(src), src_offset, length, tensor.name)
-            elif len(tensor.raw_data) > 1024 or (not tensor.raw_data and _np_size(tensor) > 256):
+            elif len(tensor.raw_data) > 1024 or (not tensor.raw_data and element_count(tensor) > 256):
                 writer.write_bytes(_tensor_bytes(tensor))
             else:
                 continue
@@ -883,7 +883,3 @@ def _tensor_bytes(tensor: TensorProto) -> bytes:
     if tensor.raw_data:
         return tensor.raw_data
     return onnx.numpy_helper.to_array(tensor).tobytes()
-
-
-def _np_size(tensor: TensorProto) -> int:
-    return int(np.prod(tensor.dims, dtype=np.int64))

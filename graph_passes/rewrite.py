@@ -30,6 +30,7 @@ from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
 from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked, load_expert, select_columns
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
+from graph_passes.model_io import element_count
 from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
 from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
 from graph_passes.sharded_op import OP_TYPE as SHARDED_OP  # noqa: F401
@@ -423,7 +424,7 @@ def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]
     stubbed = {
         t.name
         for t in model.graph.initializer
-        if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and _np_size(t) > 1024
+        if t.name in expert_names and t.data_location != TensorProto.EXTERNAL and element_count(t) > 1024
     }
     return copy_with_stubbed_initializers(model, stubbed), stubbed
 
@@ -458,10 +459,6 @@ def materialize(rewritten: RewrittenModel) -> onnx.ModelProto:
         if lazy is not None:
             tensor.raw_data = lazy.array().tobytes()
     return model
-
-
-def _np_size(tensor: TensorProto) -> int:
-    return int(np.prod(tensor.dims, dtype=np.int64))
 
 
 def materialize_with_store(rewritten: RewrittenModel) -> onnx.ModelProto:

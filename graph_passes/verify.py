@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -361,7 +362,7 @@ def _random_region_feeds(
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         if value.name == plan.expert_ids_value:
-            tokens = int(np.prod(dims[:-1], dtype=np.int64))
+            tokens = math.prod(dims[:-1])
             if num_experts < plan.num_experts:  # a sample: token t takes the next top-k of them, so all are hit
                 cycle = np.arange(tokens * plan.top_k).reshape(tokens, plan.top_k) % num_experts
                 ids = rng.permuted(cycle, axis=1)

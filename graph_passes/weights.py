@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from graph_passes.errors import InvalidModelError
-from graph_passes.model_io import external_data_files, external_range
+from graph_passes.model_io import element_count, external_data_files, external_range
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
 INLINE_MAX_BYTES = 1 << 16
@@ -63,7 +63,7 @@ class WeightStore:
     def nbytes(self, name: str) -> int:
         tensor = self.tensors[name]
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        return element_count(tensor) * itemsize
 
     def external_location(self, name: str) -> tuple[Path, int, int]:
         """``(file, offset, length)`` of an external initializer, contained in the model's directory and checked

@@ -26,9 +26,9 @@ Anything else (an intermediate used outside the block, more inputs, odd shapes) 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
-import numpy as np
 import onnx
 
 from graph_passes.activations import PLAIN_ACTIVATIONS, SWIGLU_ALPHA, SWIGLU_LIMIT
@@ -339,7 +339,7 @@ class GatheredExpertsRule:
                     continue
                 if inp in index.initializers:
                     tensor = index.initializers[inp]
-                    if node.name not in anchor_names and int(np.prod(tensor.dims)) > SMALL_INITIALIZER_ELEMENTS:
+                    if node.name not in anchor_names and math.prod(tensor.dims) > SMALL_INITIALIZER_ELEMENTS:
                         return Skip(where, f"expert computation uses a weight {inp} that is not gathered by expert id")
                     continue
                 if index.constant(inp) is not None:
