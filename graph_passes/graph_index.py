@@ -40,7 +40,6 @@ class GraphIndex:
         self._elem_types: dict[str, int] = {}
         self._shapes = self._infer_shapes(_weightless_copy(model))
         self._concrete: dict[str, tuple[int | str | None, ...]] | None = None
-        self._upstream: dict[str, frozenset[str]] = {}  # value -> upstream(value) without stops (rules ask again)
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
         shapes: dict[str, tuple[int | str | None, ...]] = {}
@@ -142,15 +141,8 @@ class GraphIndex:
         return found
 
     def upstream(self, value: str, stop: set[str] | None = None) -> set[str]:
-        """Names of the nodes that ``value`` depends on (stopping at values in ``stop``); a new set each call."""
-        if stop:
-            return self._walk_upstream(value, stop)
-        found = self._upstream.get(value)
-        if found is None:
-            found = self._upstream[value] = frozenset(self._walk_upstream(value, set()))
-        return set(found)
-
-    def _walk_upstream(self, value: str, stop: set[str]) -> set[str]:
+        """Names of the nodes that ``value`` depends on (stopping at values in ``stop``)."""
+        stop = stop or set()
         seen: set[str] = set()
         pending = [value]
         while pending:

@@ -250,8 +250,9 @@ class GatheredExpertsRule:
         if not exits:
             return Skip(where, "expert computation has no single output (an intermediate is used outside the block)")
         first_skip: Skip | None = None
+        upstream_of: dict[str, set[str]] = {}  # every candidate exit's region reads the same roots: walk each once
         for region, exit_value in exits:
-            checked = self._check_inputs(index, router, where, region, anchors, ids_value, exit_value)
+            checked = self._check_inputs(index, router, where, region, anchors, ids_value, exit_value, upstream_of)
             if not isinstance(checked, Skip):
                 hidden_value, routing_value, hidden = checked
                 return BlockRegion(
@@ -325,8 +326,11 @@ class GatheredExpertsRule:
         return exits
 
     @staticmethod
-    def _check_inputs(index, router, where, region, anchors, ids_value, exit_value) -> tuple[str, str, int] | Skip:
-        """The region's external inputs must be x, the routing weights, ids and shape computations."""
+    def _check_inputs(
+        index, router, where, region, anchors, ids_value, exit_value, upstream_of: dict[str, set[str]]
+    ) -> tuple[str, str, int] | Skip:
+        """The region's external inputs must be x, the routing weights, ids and shape computations (``upstream_of``:
+        the nodes upstream of each root already walked, filled in here)."""
         if router.name in {n.name for n in region}:
             return Skip(where, "router depends on expert weights")
         produced = {o for n in region for o in n.output}
@@ -348,14 +352,17 @@ class GatheredExpertsRule:
                 root = chain[-1][0]
                 if root == ids_value:
                     continue
+                above = upstream_of.get(root)
+                if above is None:
+                    above = upstream_of[root] = index.upstream(root)
                 elem = index.elem_type(root)
                 if elem in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
                     producer = index.producer.get(root)
-                    upstream_ops = {index.node_by_name[n].op_type for n in index.upstream(root)}
+                    upstream_ops = {index.node_by_name[n].op_type for n in above}
                     if producer is not None and "Shape" in upstream_ops | {producer.op_type}:
                         continue  # a shape computation
                     return Skip(where, f"expert computation reads an unexpected integer tensor {root}")
-                if router.name in index.upstream(root):
+                if router.name in above:
                     routing_roots.add(root)
                 else:
                     hidden_roots.add(unrepeated_hidden(index, chain))
