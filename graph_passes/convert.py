@@ -113,9 +113,9 @@ class ConversionPlan:
 
 def block_shards(plan: MoEBlockPlan, requested: int) -> int:
     """The largest shard count ≤ ``requested`` that splits the FFN width evenly (on quantization-block
-    boundaries for quantized experts)."""
+    boundaries for quantized experts; one shard when the FFN width ends in a partial block)."""
     block = plan.quant_block_size if plan.quantized else 1
-    return max(d for d in range(1, requested + 1) if plan.ffn % d == 0 and (plan.ffn // d) % block == 0)
+    return max(d for d in range(1, requested + 1) if d == 1 or (plan.ffn % d == 0 and (plan.ffn // d) % block == 0))
 
 
 def plan_conversion(

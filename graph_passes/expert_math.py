@@ -165,8 +165,9 @@ def load_expert(
 def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays, activation_block: int = 0) -> np.ndarray:
     """One expert applied to ``x`` ``[n, H]``. ``activation_block`` > 0: each matrix multiply's input is first
     rounded to int8 per block of that many values, as a block-quantized multiply with int8 activations does
-    (see :func:`graph_passes.quant.int8_activation_roundtrip`)."""
-    if activation_block:
+    (see :func:`graph_passes.quant.int8_activation_roundtrip`); a matrix whose input width has a partial last
+    block is multiplied in float, as ONNX Runtime does (:func:`graph_passes.quant.int8_activations_apply`)."""
+    if activation_block and quant.int8_activations_apply(plan.hidden, activation_block):
         x = quant.int8_activation_roundtrip(x, activation_block)
     u = x @ weights.up
     if weights.up_bias is not None:
@@ -180,7 +181,7 @@ def expert_ffn(plan: MoEBlockPlan, x: np.ndarray, weights: ExpertArrays, activat
         )
     else:
         act = plain_activation(plan.activation, u)
-    if activation_block:
+    if activation_block and quant.int8_activations_apply(plan.ffn, activation_block):
         act = quant.int8_activation_roundtrip(act, activation_block)
     y = act @ weights.down
     if weights.down_bias is not None:

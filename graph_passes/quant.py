@@ -7,6 +7,11 @@ packed like the values (``[rows, ceil(ceil(cols / block) * bits / 8)]``). A valu
 ``(q - zero_point) * scale``; without zero points the zero point is ``2**(bits-1)``. This is the layout
 :mod:`graph_passes.sharded_op` keeps on disk for quantized shards; slicing helpers here cut shards on block
 boundaries.
+
+When ``cols`` is not a multiple of ``block`` the last block is partial: the values stay unpadded
+(``packed_width(cols)`` bytes a row, as ONNX Runtime GenAI's builder stores them), the last scale covers the
+``cols % block`` remaining inputs, and ONNX Runtime's CPU QMoE multiplies such a matrix in float (dequantize,
+then SGEMM) even where it would quantize the activations of a whole-block one (:func:`int8_activations_apply`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,20 @@ def packed_width(count: int, bits: int) -> int:
     """Bytes holding ``count`` values of ``bits`` bits."""
     _check_bits(bits)
     return (count * bits + 7) // 8
+
+
+def block_count(cols: int, block: int) -> int:
+    """Scales per row of ``cols`` inputs in blocks of ``block`` (the last one partial when ``block`` does not
+    divide ``cols``)."""
+    return -(-cols // block)
+
+
+def int8_activations_apply(cols: int, block: int) -> bool:
+    """Whether ONNX Runtime's CPU QMoE may quantize the activations of a matrix with ``cols`` inputs in blocks of
+    ``block`` to int8 (MLAS QNBit CompInt8): only when every block is whole; a partial last block sends that
+    matrix to dequantize + SGEMM (onnxruntime 1.32 ``QNBitGemmEligible``: "the input feature size is not a
+    multiple of block_size")."""
+    return block > 0 and cols % block == 0
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -65,7 +84,7 @@ def dequantize(
     q = unpack(packed, bits, cols).astype(np.float32)
     rows = q.shape[0]
     block = block or cols
-    blocks = -(-cols // block)
+    blocks = block_count(cols, block)
     scales = np.asarray(scales).reshape(rows, -1).astype(np.float32)
     if scales.shape[1] != blocks:
         raise ValueError(f"expected {blocks} scales per row for {cols} inputs in blocks of {block}, got {scales.shape}")

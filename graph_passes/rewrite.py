@@ -252,7 +252,7 @@ def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_o
     bits, block, width = spec.bits, spec.quant_block_size, spec.shard_width
     first_matrices = [w.gate, w.up] if plan.gated else [w.up]
     first_rows_total = store.tensors[w.up.initializer].dims[1]
-    hidden_blocks, width_blocks = plan.hidden // block, width // block
+    hidden_blocks, width_blocks = quant.block_count(plan.hidden, block), quant.block_count(width, block)
     scale_type = _data_type(store, w.up.scales)
 
     def read(name: str, e: int) -> np.ndarray:
@@ -362,7 +362,7 @@ def apply_plans(
     for plan in plans:
         if plan.ffn % shards_of[plan.name]:
             raise GraphPassError(f"{plan.name}: FFN width {plan.ffn} is not divisible by {shards_of[plan.name]} shards")
-        if plan.quantized and (plan.ffn // shards_of[plan.name]) % plan.quant_block_size:
+        if plan.quantized and shards_of[plan.name] > 1 and (plan.ffn // shards_of[plan.name]) % plan.quant_block_size:
             raise GraphPassError(f"{plan.name}: shard width is not a multiple of block size {plan.quant_block_size}")
         replaced_by_plan[plan.name] = set(plan.replaced_nodes)
     all_replaced = set().union(*replaced_by_plan.values()) if plans else set()

@@ -25,10 +25,11 @@ Inputs, in order:
        down              E*S   float, down_layout in_out: [I/S, H]  rows s*I/S..(s+1)*I/S of the down projection
                                (x @ W); down_layout out_in: [H, I/S], columns s*I/S.. of the [H, I] matrix
                                quantized: [H, (I/S)*bits/8] uint8, rows = output features
-       first_scales      E*S   quantized only: [F/S, H/block]        T (or float32)
-       down_scales       E*S   quantized only: [H, (I/S)/block]      T (or float32)
-       first_zero_points E*S   quantized with zero points: uint8 [F/S, ceil((H/block)*bits/8)] (packed like weights)
-       down_zero_points  E*S   quantized with zero points: uint8 [H, ceil(((I/S)/block)*bits/8)]
+       first_scales      E*S   quantized only: [F/S, ceil(H/block)]  T (or float32)
+       down_scales       E*S   quantized only: [H, ceil((I/S)/block)] T (or float32)
+       first_zero_points E*S   quantized with zero points: uint8 [F/S, ceil(ceil(H/block)*bits/8)] (packed like
+                               weights)
+       down_zero_points  E*S   quantized with zero points: uint8 [H, ceil(ceil((I/S)/block)*bits/8)]
        first_bias        E*S   has_first_bias only: [F/S] (gate part then up part), dtype of the source bias
        down_bias         E     has_down_bias only: [H] (added once per expert, not per shard)
 
@@ -37,10 +38,13 @@ Output 0: ``[..., H]`` of the hidden state's dtype (and shape).
 A quantized value dequantizes as ``(q - zero_point) * scale`` with ``q`` unsigned; without a zero-point
 tensor the zero point is ``2**(bits-1)`` (8 for int4, 128 for int8), as ONNX Runtime's ``com.microsoft.QMoE``
 does. ``quant_block_size`` is the number of consecutive input elements sharing one scale; a per-channel
-quantized source is written with ``quant_block_size`` equal to the shard's input width. The provider multiplies
+quantized source is written with ``quant_block_size`` equal to the shard's input width. ``H`` need not be a
+multiple of the block (the last block of a row is then partial, as ONNX Runtime's QMoE allows); the shard width
+must be, unless there is one shard. The provider multiplies
 quantized shards as the ONNX Runtime it runs in multiplies ``QMoE`` experts, so a converted model gives what
 stock ONNX Runtime gives on the original: from onnxruntime 1.31 that means activations quantized to int8 per
-block for 8-bit weights (4-bit too under ``ORT_QMOE_CPU_QNBIT_GEMM=int8``), see native/src/moe_kernel.h
+block for 8-bit weights (4-bit too under ``ORT_QMOE_CPU_QNBIT_GEMM=int8``) of every projection whose input
+width is a whole number of blocks, the others in float, see native/src/moe_kernel.h
 (``QuantComputeFor``) and docs/genai.md.
 
 Attributes (:data:`ATTRIBUTES` lists them with their types): ``layer``, ``num_experts``, ``top_k``, ``hidden``,
@@ -190,10 +194,10 @@ class ShardedOpSpec(ExpertForm):
             raise ShardedOpError(f"{self.layer}: unknown weight_dtype {self.weight_dtype!r}")
         if self.quantized:
             block = self.quant_block_size
-            if block < 1 or self.hidden % block or self.shard_width % block:
+            if block < 1 or (self.shards > 1 and self.shard_width % block):
                 raise ShardedOpError(
-                    f"{self.layer}: quant_block_size {block} must divide hidden {self.hidden} "
-                    f"and the shard width {self.shard_width}"
+                    f"{self.layer}: quant_block_size {block} must be positive and divide the shard width "
+                    f"{self.shard_width} of {self.shards} shards"
                 )
             if QUANT_BITS[self.weight_dtype] == 4 and (self.hidden % 2 or self.shard_width % 2):
                 raise ShardedOpError(

@@ -19,7 +19,9 @@ Semantics (ONNX Runtime 1.32 CPU kernel and op schema; checked numerically by sa
 ``g * sigmoid(alpha * g) * (l + beta)``; attribute defaults are the schema's (alpha 1, beta 0, no limit).
 ``QMoE`` holds block-quantized int4/int8 experts (inputs ``fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias,
 fc3…, fc1_zero_points, fc2_zero_points, fc3_zero_points``; :mod:`graph_passes.quant` describes the layout); the
-plan keeps them quantized. Float weights keep their dtype (float32, float16, bfloat16).
+plan keeps them quantized; an input width that is not a multiple of ``block_size`` has a partial last block
+(``ceil(width / block_size)`` scales a row), as ONNX Runtime GenAI's builder writes for e.g. Gemma-4's expert width
+704 in blocks of 128. Float weights keep their dtype (float32, float16, bfloat16).
 Anything the plan vocabulary cannot express exactly (chunked swiglu, sparse mixer, limit after activation,
 per-row quantization, MXFP4/NVFP4, identity experts, weights that are not initializers) is skipped with the
 reason.
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from graph_passes import quant
 from graph_passes.activations import SWIGLU_ALPHA, SWIGLU_BETA, SWIGLU_LIMIT
 from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import ExpertWeights, MoEBlockPlan, Skip, StackedBias, StackedMatrix
@@ -354,14 +357,13 @@ class FusedMoERule:
         if shape.bits:
             block = shape.block_size
             for label, rows, cols in (("fc1", shape.fc1_rows, shape.hidden), ("fc2", shape.hidden, shape.ffn)):
-                if cols % block:
-                    return f"{label}: input width {cols} is not a multiple of block_size {block}"
-                expected = (shape.num_experts, rows, cols // block)
+                blocks = quant.block_count(cols, block)  # a partial last block keeps its own scale
+                expected = (shape.num_experts, rows, blocks)
                 scales = index.initializer_shape(inputs[f"{label}_scales"])
                 if scales is None or tuple(scales) != expected:
                     return f"{label}_scales shape {scales} is not {expected}"
                 zero_points = inputs[f"{label}_zero_points"]
-                zp_expected = (shape.num_experts, rows, -(-(cols // block) * shape.bits // 8))
+                zp_expected = (shape.num_experts, rows, quant.packed_width(blocks, shape.bits))
                 zp_shape = index.initializer_shape(zero_points) if zero_points else None
                 if zero_points and tuple(zp_shape) != zp_expected:
                     return f"{label}_zero_points shape {zp_shape} is not {zp_expected}"

@@ -149,8 +149,8 @@ std::string MoESpec::Validate() const {
   if (ffn % shards) return layer + ": ffn is not divisible by shards";
   if (quantized()) {
     const int64_t block = quant_block_size;
-    if (block < 1 || hidden % block || shard_width() % block)
-      return layer + ": quant_block_size must divide hidden and the shard width";
+    if (block < 1 || (shards > 1 && shard_width() % block))  // H, or one shard's I, may end in a partial block
+      return layer + ": quant_block_size must be positive and divide the shard width of several shards";
     if (QuantBits(weight_dtype) == 4 && (hidden % 2 || shard_width() % 2))
       return layer + ": int4 weights pack two values per byte: hidden " + std::to_string(hidden) +
              " and the shard width " + std::to_string(shard_width()) + " must be even";
@@ -209,7 +209,7 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
   };
   // The K x N (x @ W) matrices are packed straight from the tensors, in their stored precision. Element (i, j) of
   // a float shard sits at i * N + j (in_out) or j * K + i (out_in); a quantized shard is [N, K * bits / 8] (row =
-  // output feature j, packed along the input i) with scales and zero points [N, K / block].
+  // output feature j, packed along the input i) with scales and zero points [N, ceil(K / block)].
   const int64_t block = spec.quant_block_size;
   const int default_zero = bits ? 1 << (bits - 1) : 0;
   auto pack_float = [&](PackedMatrix& out, const RawTensor& t, int64_t k, int64_t n, bool out_in) {
@@ -223,15 +223,15 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     }
   };
   auto pack_quantized = [&](PackedMatrix& out, const RawTensor& codes, const RawTensor& scales,
-                            const RawTensor* zeros, int64_t k, int64_t n) {
-    const int64_t row_bytes = k * bits / 8, blocks = k / block, zero_row_bytes = (blocks * bits + 7) / 8;
+                            const RawTensor* zeros, int64_t k, int64_t n, bool int8) {
+    const int64_t row_bytes = k * bits / 8, blocks = (k + block - 1) / block, zero_row_bytes = (blocks * bits + 7) / 8;
     const auto* code_data = static_cast<const uint8_t*>(codes.data);
     const auto* zero_data = zeros ? static_cast<const uint8_t*>(zeros->data) : nullptr;
     out.PackQuantized(
         bits, block, k, n, [&](int64_t i, int64_t j) { return Unpack(code_data + j * row_bytes, i, bits); },
         [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
         [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; },
-        int8_rows());  // int8 rows multiply the codes one byte each, four rows at a time
+        int8);  // int8 rows multiply the codes one byte each, four rows at a time
   };
 
   experts_.assign(static_cast<size_t>(E), ExpertWeights{});
@@ -244,7 +244,7 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
       const size_t i = static_cast<size_t>(e * S + s);
       PackedMatrix &first_out = w.first[static_cast<size_t>(s)], &down_out = w.down[static_cast<size_t>(s)];
       if (bits) {
-        const int64_t blocks_first = H / block, blocks_down = Is / block;
+        const int64_t blocks_first = (H + block - 1) / block, blocks_down = (Is + block - 1) / block;
         for (auto [t, what, shape, quant] : {std::make_tuple(first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
                                              std::make_tuple(down + i, "down", std::vector<int64_t>{H, Is * bits / 8}, true),
                                              std::make_tuple(first_scales + i, "first_scales", std::vector<int64_t>{Fs, blocks_first}, false),
@@ -257,8 +257,8 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
           if (error.empty()) error = check(down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
           if (!error.empty()) return error;
         }
-        pack_quantized(first_out, first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, H, Fs);
-        pack_quantized(down_out, down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, Is, H);
+        pack_quantized(first_out, first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, H, Fs, first_int8());
+        pack_quantized(down_out, down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, Is, H, down_int8());
       } else {
         const bool first_t = spec.first_out_in, down_t = spec.down_out_in;
         error = check(first[i], "first", first_t ? std::vector<int64_t>{Fs, H} : std::vector<int64_t>{H, Fs}, false);
@@ -375,7 +375,7 @@ void MoEKernel::RunExpert(int64_t expert, int64_t rows, const float* x, const In
   std::vector<float>& hidden = t_hidden;
   if (hidden.size() < static_cast<size_t>(rows * width)) hidden.resize(static_cast<size_t>(rows * width));
   Int8RowsBuffer* hq = nullptr;
-  if (int8_rows()) {
+  if (down_int8()) {
     hq = &t_hidden_q;
     hq->Resize(rows, spec_.ffn, spec_.quant_block_size);
   }
@@ -417,7 +417,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
     c.slot_row[i] = row;
     std::memcpy(c.xg.data() + row * H, x + (static_cast<int64_t>(i) / K) * H, sizeof(float) * H);
   }
-  const bool int8 = int8_rows();
+  const bool int8 = first_int8();  // int8 rows of x; down_int8() says whether the activations get them too
   if (int8) {  // x per block of H, as ONNX Runtime's QMoE does
     c.xq.Resize(static_cast<int64_t>(slots), H, spec_.quant_block_size);
     QuantizeRowsInt8(c.xg.data(), static_cast<int64_t>(slots), H, H, spec_.quant_block_size, c.xq.q.data(), c.xq.ldq,
@@ -446,7 +446,7 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
       }
     }
     Int8RowsBuffer* hq = nullptr;
-    if (int8) {
+    if (down_int8()) {
       hq = &c.hq;
       hq->Resize(static_cast<int64_t>(slots), spec_.ffn, spec_.quant_block_size);
     }

@@ -145,7 +145,13 @@ class MoEKernel {
                    const Int8RowsBuffer* hq, int64_t hq_row, float* y, bool accumulate, int64_t first_panel,
                    int64_t end_panel) const;
   void RunExpert(int64_t expert, int64_t rows, const float* x, const Int8Rows* xq, float* y) const;
-  bool int8_rows() const { return compute_ == QuantCompute::kInt8Activations; }
+  // kInt8Activations applies per projection, as in ONNX Runtime: only to a projection whose input width (H for the
+  // first, I for the down one) is a whole number of blocks; one with a partial last block multiplies in float.
+  bool first_int8() const { return int8_for(spec_.hidden); }
+  bool down_int8() const { return int8_for(spec_.ffn); }
+  bool int8_for(int64_t inputs) const {
+    return compute_ == QuantCompute::kInt8Activations && inputs % spec_.quant_block_size == 0;
+  }
 
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;

@@ -44,13 +44,15 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _quantized(rng, experts: int, rows: int, cols: int, bits: int, block: int, zero_points: bool):
-    """Random packed values, scales and (optionally) packed zero points of ``experts`` ``[rows, cols]`` matrices."""
+    """Random packed values, scales and (optionally) packed zero points of ``experts`` ``[rows, cols]`` matrices.
+    A ``cols`` that is not a multiple of ``block`` ends each row in a partial block with a scale of its own."""
     q = rng.integers(0, 2**bits, (experts, rows, cols), dtype=np.uint8)
-    scales = rng.uniform(0.01, 0.05, (experts, rows, cols // block)).astype(np.float32)
+    blocks = -(-cols // block)
+    scales = rng.uniform(0.01, 0.05, (experts, rows, blocks)).astype(np.float32)
     packed = _pack4(q) if bits == 4 else q
     zp = None
     if zero_points:
-        z = rng.integers(0, 2**bits, (experts, rows, cols // block), dtype=np.uint8)
+        z = rng.integers(0, 2**bits, (experts, rows, blocks + (bits == 4 and blocks % 2)), dtype=np.uint8)
         zp = _pack4(z) if bits == 4 else z
     return packed, scales, zp
 
@@ -151,10 +153,11 @@ def _sharded_reference(spec, groups, arrays, x: np.ndarray, logits: np.ndarray, 
         block = spec.quant_block_size
         if spec.has_zero_points:
             zp = _unpack(arrays[groups[group + "_zero_points"][e * spec.shards + s]], spec.bits)
-            zp = zp[:, : inputs // block]
+            zp = zp[:, : scales.shape[1]]
         else:
             zp = np.full(scales.shape, 2 ** (spec.bits - 1))
-        return ((q - np.repeat(zp, block, axis=1)) * np.repeat(scales, block, axis=1)).T  # -> [in, out]
+        zp, scales = np.repeat(zp, block, axis=1)[:, :inputs], np.repeat(scales, block, axis=1)[:, :inputs]
+        return ((q - zp) * scales).T  # -> [in, out]
 
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
@@ -225,6 +228,44 @@ def test_qmoe_shards_stay_packed_and_match_onnxruntime(
     got = _sharded_reference(spec, groups, arrays, feeds["x"], feeds["logits"], normalize=True)
     assert np.max(np.abs(got - expected)) <= 1e-3 * np.max(np.abs(expected))
     assert np.max(np.abs(got - default_path)) <= RELATIVE_TOLERANCE[f"int{bits}"] * np.max(np.abs(expected))
+
+
+@pytest.mark.parametrize(
+    ("bits", "block", "zero_points", "hidden", "ffn", "expected_shards"),
+    [
+        (4, 32, False, 80, 64, 2),  # hidden 80 = 2.5 blocks: the first projection's rows end in a partial block
+        (8, 32, True, 80, 64, 2),
+        (4, 16, True, 40, 88, 1),  # both widths partial: ffn 88 = 5.5 blocks splits on no block boundary
+        (8, 64, False, 96, 80, 1),
+        (4, 128, True, 160, 96, 1),  # the block wider than the FFN: one partial block
+    ],
+)
+def test_qmoe_with_a_partial_last_block_converts_and_matches_onnxruntime(
+    bits, block, zero_points, hidden, ffn, expected_shards, monkeypatch
+):
+    """A QMoE whose input widths are not multiples of block_size (GenAI's builder keeps the rows unpadded, with
+    ceil(width / block) scales) is converted, not skipped, and computes what ONNX Runtime computes on it."""
+    rng = np.random.default_rng(bits * 1000 + block + hidden + ffn)
+    experts = 4
+    model, _ = qmoe_layer(rng, bits, block, zero_points, hidden, ffn, experts=experts, activation=SILU_GLU)
+    feeds = {
+        "x": rng.standard_normal((TOKENS, hidden)).astype(np.float32),
+        "logits": rng.standard_normal((TOKENS, experts)).astype(np.float32),
+    }
+    monkeypatch.setenv("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")  # the float path (ORT's only one for a partial block)
+    expected = _ort(model, feeds)
+
+    rewritten, report = convert(model, shards=2)
+    assert not report.skipped, report.skipped
+    (block_report,) = report.blocks
+    assert (block_report.quant_block_size, block_report.shards) == (block, expected_shards)
+    spec, groups, arrays, _ = _shards(materialize(rewritten))
+    width = ffn // expected_shards
+    assert arrays[groups["first_scales"][0]].shape == (2 * width, -(-hidden // block))
+    assert arrays[groups["down_scales"][0]].shape == (hidden, -(-width // block))
+    assert arrays[groups["first"][0]].shape == (2 * width, hidden * bits // 8)  # unpadded, as the source
+    got = _sharded_reference(spec, groups, arrays, feeds["x"], feeds["logits"], normalize=True)
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -160,6 +160,16 @@ def test_onnxruntime_qmoe_quantizes_activations_to_int8_per_block_where_document
         (4, 32, False, 64, 128, None),
         (4, 32, True, 64, 128, "int8"),
         (4, 64, False, 128, 128, "fp32"),
+        # input widths that are not multiples of block_size: ONNX Runtime multiplies such a projection in float
+        # (dequantize + SGEMM) even where it gives a whole-block one int8 activations, projection by projection
+        (8, 32, False, 80, 64, None),  # the first projection in float (hidden 2.5 blocks), the down one in int8
+        (8, 32, False, 64, 48, None),  # the other way round (one shard: ffn 1.5 blocks)
+        (8, 16, True, 72, 40, None),  # both in float
+        (8, 32, False, 80, 64, "fp32"),
+        (4, 32, False, 80, 64, None),
+        (4, 32, True, 64, 48, "int8"),
+        (4, 64, True, 96, 80, None),
+        (4, 128, False, 160, 96, "int8"),  # a block wider than the FFN: one partial block
     ],
 )
 def test_provider_reproduces_onnxruntime_qmoe_under_each_setting(

@@ -94,6 +94,15 @@ def test_a_quantized_block_size_that_does_not_divide_the_shard_width_is_refused(
         parse_node(_tampered(node, "quant_block_size", 64))
 
 
+def test_a_partial_last_quantization_block_is_accepted_where_onnxruntime_accepts_it():
+    # hidden 80 = 2.5 blocks of 32 (ONNX Runtime's QMoE ends the rows in a partial block); one shard's ffn may too
+    quantized = {"weight_dtype": "int4", "quant_block_size": 32, "has_zero_points": True}
+    spec = ShardedOpSpec("q", 4, 2, 80, 88, 1, "silu_glu", **quantized)
+    assert parse_node(_node(spec)) == spec
+    with pytest.raises(ShardedOpError, match="divide the shard width"):  # 2 shards of 44: no block boundary
+        ShardedOpSpec("q", 4, 2, 80, 88, 2, "silu_glu", weight_dtype="int4", quant_block_size=32)
+
+
 def test_int4_weights_of_an_odd_width_are_refused():
     # two 4-bit values per byte: an odd row would need half a byte (hidden 16, ffn 30 on 2 shards: width 15)
     node = _node(SPECS["int4_zero_points"])
