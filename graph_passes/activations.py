@@ -83,6 +83,10 @@ def _gelu_glu(gate, up, alpha, limit, beta):
     return _gelu(gate) * up
 
 
+def _gelu_tanh_glu(gate, up, alpha, limit, beta):
+    return _gelu_tanh(gate) * up
+
+
 def _swiglu_clamp(gate, up, alpha, limit, beta):
     t = gate.dtype.type
     g = np.minimum(gate, t(limit))
@@ -113,6 +117,10 @@ def _ref_silu_glu(gate, up, alpha, limit, beta):
 
 def _ref_gelu_glu(gate, up, alpha, limit, beta):
     return _ref_gelu(gate) * up
+
+
+def _ref_gelu_tanh_glu(gate, up, alpha, limit, beta):
+    return _ref_gelu_tanh(gate) * up
 
 
 def _ref_swiglu_clamp(gate, up, alpha, limit, beta):
@@ -152,6 +160,10 @@ def _emit_silu_glu(op: Op, const: Const, gate: str, up: str, alpha: float, limit
 
 def _emit_gelu_glu(op: Op, const: Const, gate: str, up: str, alpha: float, limit: float, beta: float) -> str:
     return op("Mul", [_emit_gelu(op, const, gate), up])
+
+
+def _emit_gelu_tanh_glu(op: Op, const: Const, gate: str, up: str, alpha: float, limit: float, beta: float) -> str:
+    return op("Mul", [_emit_gelu_tanh(op, const, gate), up])
 
 
 def _emit_swiglu_clamp(op: Op, const: Const, gate: str, up: str, alpha: float, limit: float, beta: float) -> str:
@@ -206,6 +218,15 @@ CATALOG: dict[str, Activation] = {
         ),
         Activation(
             "gelu_glu", True, _gelu_glu, _ref_gelu_glu, _emit_gelu_glu, "gelu(x Wg) * (x Wu)", native="act_gelu(g) * u"
+        ),
+        Activation(
+            "gelu_tanh_glu",
+            True,
+            _gelu_tanh_glu,
+            _ref_gelu_tanh_glu,
+            _emit_gelu_tanh_glu,
+            "gelu_tanh(x Wg) * (x Wu): GeGLU of Gemma-4 MoE (com.microsoft.MoE activation_type=geglu)",
+            native="act_gelu_tanh(g) * u",
         ),
         Activation("relu", False, _relu, _ref_relu, _emit_relu, "relu(x W1)", native="std::max(x, 0.0f)"),
         Activation(

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
+from graph_passes import fused_reference
 from graph_passes.expert_math import ExpertArrays, expert_ffn, group_slots_by_expert, load_expert
 from graph_passes.feeds import DecoderConfig, random_feeds
 from graph_passes.graph_index import GraphIndex, live_nodes
@@ -604,7 +606,59 @@ def _capture(
 ) -> dict[str, np.ndarray]:
     """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
     initializers are read from ``store`` unless ``arrays`` holds their values. ``background``: the run
-    overlaps the caller's writing (a deferred check), so it takes one thread that never spins."""
+    overlaps the caller's writing (a deferred check), so it takes one thread that never spins. A fused node stock
+    ONNX Runtime's CPU kernels refuse (:func:`graph_passes.fused_reference.needs_reference`) is computed by the
+    float64 reading of its documented semantics instead, from what ONNX Runtime computed of its inputs."""
+    referenced = [n for n in probe.graph.node if fused_reference.needs_reference(n)]
+    if not referenced:
+        return _capture_with_onnxruntime(probe, store, feeds, arrays, background)
+    held = {t.name: t for t in probe.graph.initializer}
+    rest = _without_nodes(probe, referenced)
+    captured = _capture_with_onnxruntime(rest, store, feeds, arrays, background) if rest.graph.output else dict(feeds)
+
+    def value(name: str) -> np.ndarray:
+        if name in captured:
+            return captured[name]
+        if arrays and name in arrays:
+            return arrays[name]
+        tensor = held[name]
+        return store.full(name) if tensor.data_location == onnx.TensorProto.EXTERNAL else numpy_helper.to_array(tensor)
+
+    for node in referenced:
+        inputs = {label: value(name) for label, name in fused_reference.input_labels(node).items()}
+        captured[node.output[0]] = fused_reference.evaluate(node, inputs.get).astype(np.asarray(inputs["x"]).dtype)
+    return captured
+
+
+def _without_nodes(probe: onnx.ModelProto, removed: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """``probe`` without ``removed``: their outputs are no longer produced, the values they read that the rest
+    computes become outputs, and the initializers only they read are dropped."""
+    out = onnx.ModelProto()
+    out.CopyFrom(probe)
+    names = {n.name for n in removed}
+    kept = [n for n in probe.graph.node if n.name not in names]
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    made = {o for n in kept for o in n.output if o}
+    reads = {i for n in kept for i in n.input if i}
+    gone = {o for n in removed for o in n.output}
+    outputs = [o for o in probe.graph.output if o.name not in gone]
+    outputs += [onnx.helper.make_empty_tensor_value_info(i) for n in removed for i in n.input if i in made]
+    del out.graph.output[:]
+    out.graph.output.extend({o.name: o for o in outputs}.values())
+    initializers = [t for t in probe.graph.initializer if t.name in reads]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(initializers)
+    return out
+
+
+def _capture_with_onnxruntime(
+    probe: onnx.ModelProto,
+    store: WeightStore,
+    feeds: dict[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray] | None,
+    background: bool,
+) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()

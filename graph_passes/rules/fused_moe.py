@@ -15,7 +15,9 @@ nodes the rewriter must insert (:func:`fused_moe_router_nodes`)::
                                          └─ indices ─────────────────────────── expert_ids[T,K] (int64)
 
 Semantics (ONNX Runtime 1.32 CPU kernel and op schema; checked numerically by sample_models/build_fused_moe.py):
-``gelu`` is the tanh approximation; ``swiglu`` computes ``g = min(h_even, limit)``, ``l = clip(h_odd, ±limit)``,
+``gelu`` is the tanh approximation; ``geglu`` (CUDA only in stock ONNX Runtime, whose CPU kernels refuse it at
+session creation) computes ``gelu_tanh(gate) * up`` with gate/up interleaved (``swiglu_fusion=1``) or concatenated
+(2) in fc1, ignoring alpha, beta and limit; ``swiglu`` computes ``g = min(h_even, limit)``, ``l = clip(h_odd, ±limit)``,
 ``g * sigmoid(alpha * g) * (l + beta)``; attribute defaults are the schema's (alpha 1, beta 0, no limit).
 ``QMoE`` holds block-quantized int4/int8 experts (inputs ``fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias,
 fc3…, fc1_zero_points, fc2_zero_points, fc3_zero_points``; :mod:`graph_passes.quant` describes the layout); the
@@ -53,6 +55,10 @@ DEFAULT_BETA = 0.0
 DEFAULT_SWIGLU_FUSION = 0
 
 PLAIN_ACTIVATION_OF = {"relu": "relu", "gelu": "gelu_tanh", "silu": "silu"}
+# activations whose gate and up projections are fused in fc1 (2 * inter_size rows, laid out per swiglu_fusion)
+FUSED_GATED_ACTIVATIONS = ("swiglu", "geglu")
+# geglu's gate/up rows per swiglu_fusion (op schema: 1 interleaved [g0, l0, g1, l1, ...], 2 concatenated [g | l])
+GEGLU_GATE_UP_ROWS = {1: ("even", "odd"), 2: ("first_half", "second_half")}
 # an fc3 input gates the activated fc1 output; only SiLU has a matching plan activation
 GATED_ACTIVATION_OF_FC3 = {"silu": "silu_glu"}
 
@@ -282,7 +288,8 @@ class FusedMoERule:
             if value and index.initializer_shape(value) is None:
                 return f"{label} {value!r} is not an initializer (computed weights cannot be sharded)"
         has_fc3 = bool(inputs["fc3"] or inputs["fc3_bias"] or inputs["fc3_scales"])
-        if has_fc3 and (quantized or _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION) == "swiglu"):
+        activation_type = _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION)
+        if has_fc3 and (quantized or activation_type in FUSED_GATED_ACTIVATIONS):
             return "a separate fc3 projection is not supported with this op / activation"
         return inputs
 
@@ -308,7 +315,7 @@ class FusedMoERule:
         fc1_shape, fc2_shape = index.initializer_shape(inputs["fc1"]), index.initializer_shape(inputs["fc2"])
         if fc1_shape is None or fc2_shape is None or len(fc1_shape) != 3 or len(fc2_shape) != 3:
             return f"fc1 {fc1_shape} / fc2 {fc2_shape} are not [E, out, in] stacks"
-        fused_swiglu = _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION) == "swiglu"
+        fused_gated = _text_attr(index, node, "activation_type", DEFAULT_ACTIVATION) in FUSED_GATED_ACTIVATIONS
         bits = block_size = 0
         if node.op_type == "QMoE":
             bits = int(index.attr(node, "expert_weight_bits", 4))
@@ -333,7 +340,7 @@ class FusedMoERule:
                 names = sorted(onnx.TensorProto.DataType.Name(d) for d in dtypes)
                 return f"expert weights of type {', '.join(names)} (float32, float16 or bfloat16 expected)"
             weight_dtype = FLOAT_WEIGHT_DTYPE_OF_ONNX[next(iter(dtypes))]
-        fc1_rows = 2 * ffn if fused_swiglu else ffn
+        fc1_rows = 2 * ffn if fused_gated else ffn
         if (fc1_shape[0], fc1_shape[1], fc1_in) != (num_experts, fc1_rows, hidden):
             expected = (num_experts, fc1_rows, hidden)
             return f"fc1 shape {tuple(fc1_shape)} does not match fc2 {tuple(fc2_shape)} (expected {expected} unpacked)"
@@ -408,6 +415,21 @@ class FusedMoERule:
                 gate=matrix("fc1", "even"),
                 up_bias=bias(fc1_bias, "odd"),
                 gate_bias=bias(fc1_bias, "even"),
+                down_bias=down_bias,
+            )
+        elif activation_type == "geglu":
+            fusion = int(index.attr(node, "swiglu_fusion", DEFAULT_SWIGLU_FUSION))
+            if fusion not in GEGLU_GATE_UP_ROWS:
+                return f"activation_type=geglu with swiglu_fusion={fusion}: the op schema requires fused fc1 (1 or 2)"
+            gate_rows, up_rows = GEGLU_GATE_UP_ROWS[fusion]
+            activation = "gelu_tanh_glu"  # alpha, beta and swiglu_limit do not affect GEGLU (op schema)
+            notes.append("geglu = gelu_tanh(gate) * up, which stock ONNX Runtime's CPU kernels refuse (CUDA only)")
+            weights = ExpertWeights(
+                up=matrix("fc1", up_rows),
+                down=down,
+                gate=matrix("fc1", gate_rows),
+                up_bias=bias(fc1_bias, up_rows),
+                gate_bias=bias(fc1_bias, gate_rows),
                 down_bias=down_bias,
             )
         elif inputs["fc3"]:

@@ -37,6 +37,7 @@ EXPECTED = {
     "silu": lambda x: x * _sig(x),
     "silu_glu": lambda g, u: g * _sig(g) * u,
     "gelu_glu": lambda g, u: 0.5 * g * (1.0 + _erf(g / np.sqrt(2.0))) * u,
+    "gelu_tanh_glu": lambda g, u: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * u,
     "swiglu_clamp": lambda g, u: (
         (np.clip(u, -LIMIT, LIMIT) + BETA) * np.minimum(g, LIMIT) * _sig(ALPHA * np.minimum(g, LIMIT))
     ),
