@@ -175,7 +175,12 @@ def plan_conversion(
             continue
         plan = verdict.plan
         count = block_shards(plan, shards)
-        if count != shards:
+        if count != shards and plan.quantized and plan.ffn % plan.quant_block_size:
+            notes.append(
+                f"{plan.name}: FFN width {plan.ffn} ends in a partial quantization block of {plan.quant_block_size} "
+                "(as ONNX Runtime's QMoE allows): using 1 shard"
+            )
+        elif count != shards:
             unit = f"multiple of the quantization block {plan.quant_block_size}" if plan.quantized else "integer"
             notes.append(
                 f"{plan.name}: FFN width {plan.ffn} does not split into {shards} shards of {unit} width; "

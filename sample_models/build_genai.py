@@ -17,7 +17,11 @@ so its checkpoints also carry random MXFP4 blocks and scales. Each output folder
 
     inputs.npz    first-step feeds (empty past, sliding caches at their window, zero conv states)
     outputs.npz   what stock ONNX Runtime (CPU) computes on them — absent when stock ORT cannot run the model
-                  on CPU (LFM2 fp16: its GroupQueryAttention q/k norm has only CUDA/WebGPU kernels)
+                  on CPU (LFM2 fp16: its GroupQueryAttention q/k norm has only CUDA/WebGPU kernels; Gemma-4
+                  MoE: its MoE/QMoE's activation_type=geglu is CUDA only)
+    hf_logits.npz Gemma-4 MoE fp32 only: Hugging Face torch's logits on the same input_ids, its reference
+
+Gemma-4 MoE needs transformers >= 5.2x and a config shim for the builder (``_gemma4_config_shim``).
 
 Expected outputs are stock ONNX Runtime's default path: ``ORT_QMOE_CPU_QNBIT_GEMM`` is unset while they are
 computed. That path depends on the onnxruntime version (from 1.31 its CPU QMoE runs 8-bit experts with
@@ -76,32 +80,38 @@ class Fixture:
             raise ValueError(f"unknown precision {self.precision!r}")
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"{self.name}: top_k {self.top_k} not in 1..{self.num_experts}")
-        if self.hidden % 32 or self.ffn % 32:
-            raise ValueError(f"{self.name}: hidden and ffn must be multiples of 32 (quantization blocks, MXFP4)")
+        if self.arch == "gpt_oss" and (self.hidden % 32 or self.ffn % 32):
+            raise ValueError(f"{self.name}: GPT-OSS hidden and ffn must be multiples of 32 (its MXFP4 blocks)")
 
     @property
     def moe_layers(self) -> int:
         return self.layers - 1 if self.arch == "lfm2_moe" else self.layers  # LFM2: the first layer is dense
 
 
+def _alternating_attention(f: Fixture, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """Config fields of ``f.layers`` layers alternating sliding-window (window 8) and full attention."""
+    return {
+        "num_hidden_layers": f.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "sliding_window": 8,
+        "max_position_embeddings": 128,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(f.layers)],
+    }
+
+
 def _gpt_oss(f: Fixture):
     import transformers
 
-    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(f.layers)]
     config = transformers.GptOssConfig(
         vocab_size=VOCAB,
         hidden_size=f.hidden,
         intermediate_size=f.ffn,
-        num_hidden_layers=f.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         num_local_experts=f.num_experts,
         num_experts_per_tok=f.top_k,
-        sliding_window=8,
-        max_position_embeddings=128,
-        layer_types=layer_types,
         tie_word_embeddings=False,
+        **_alternating_attention(f, heads=4, kv_heads=2, head_dim=16),
     )
     return transformers.GptOssForCausalLM(config)
 
@@ -127,7 +137,55 @@ def _lfm2_moe(f: Fixture):
     return transformers.Lfm2MoeForCausalLM(config)
 
 
-ARCHITECTURES = {"gpt_oss": _gpt_oss, "lfm2_moe": _lfm2_moe}
+def _gemma4_moe(f: Fixture):
+    """Gemma-4 MoE (gemma-4-26B-A4B's layout: a dense MLP beside top-k GeGLU experts in every layer), text only."""
+    import transformers
+
+    text = transformers.Gemma4TextConfig(
+        vocab_size=VOCAB,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size=f.hidden,
+        hidden_size_per_layer_input=0,
+        intermediate_size=2 * f.hidden,
+        moe_intermediate_size=f.ffn,
+        enable_moe_block=True,
+        num_experts=f.num_experts,
+        top_k_experts=f.top_k,
+        global_head_dim=32,
+        per_layer_config={},
+        **_alternating_attention(f, heads=2, kv_heads=1, head_dim=32),
+    )
+    return transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(text_config=text.to_dict()))
+
+
+def _gemma4_config_shim(directory: Path) -> None:
+    """The builder (onnxruntime-genai 0.18) reads ``global_head_dim`` and ``num_global_key_value_heads`` from the
+    top level of a Gemma-4 config, which transformers >= 5.2x no longer writes (full-attention layers take theirs
+    from ``per_layer_config``, empty here: every layer has the sliding layers' head_dim and KV heads)."""
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    text = config["text_config"]
+    config["global_head_dim"] = text["head_dim"]
+    config["num_global_key_value_heads"] = text["num_key_value_heads"]
+    path.write_text(json.dumps(config, indent=1))
+
+
+def _write_hf_logits(checkpoint: Path, out_dir: Path) -> None:
+    """``hf_logits.npz``: Hugging Face torch's logits on the fixture's first-step ``input_ids`` (the reference of
+    a model stock ONNX Runtime cannot run on CPU)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    input_ids = torch.from_numpy(np.load(out_dir / "inputs.npz")["input_ids"].astype(np.int64))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+    np.savez(out_dir / "hf_logits.npz", logits=logits.float().numpy())
+
+
+ARCHITECTURES = {"gpt_oss": _gpt_oss, "lfm2_moe": _lfm2_moe, "gemma4_moe": _gemma4_moe}
+CONFIG_SHIMS = {"gemma4_moe": _gemma4_config_shim}
+HF_LOGITS = {("gemma4_moe", "fp32")}  # fixtures stock ONNX Runtime cannot run on CPU, compared with torch instead
 
 FIXTURES = (
     Fixture("gpt_oss_fp32", "gpt_oss", "fp32", num_experts=4, top_k=2, layers=2, hidden=64, ffn=32, seed=1),
@@ -138,11 +196,14 @@ FIXTURES = (
     Fixture("lfm2_moe_fp16", "lfm2_moe", "fp16", num_experts=4, top_k=2, layers=3, hidden=64, ffn=64, seed=6),
     Fixture("lfm2_moe_int4", "lfm2_moe", "int4", num_experts=4, top_k=2, layers=4, hidden=64, ffn=128, seed=7),
     Fixture("lfm2_moe_int8", "lfm2_moe", "int8", num_experts=8, top_k=3, layers=3, hidden=64, ffn=64, seed=8),
+    # GeGLU experts, which stock ONNX Runtime's CPU kernels refuse; ffn 88 ends in a partial QMoE block of 32
+    Fixture("gemma4_moe_fp32", "gemma4_moe", "fp32", num_experts=4, top_k=2, layers=2, hidden=64, ffn=88, seed=9),
+    Fixture("gemma4_moe_int4", "gemma4_moe", "int4", num_experts=4, top_k=2, layers=2, hidden=64, ffn=88, seed=10),
 )
 # tried and left out, with what happened (written to EXPORT_NOTES.md)
 NOT_BUILT = (
     "- GraniteMoeHybrid (fp32, 4 experts): the installed builder exports only the dense shared MLP, no MoE op.",
-    "- Qwen3.5-MoE, Gemma-4 MoE: only as ...ForConditionalGeneration (vision towers); not tried at tiny size.",
+    "- Qwen3.5-MoE: only as ...ForConditionalGeneration (vision towers); not tried at tiny size.",
     "- Phi-3.5-MoE: the builder forces int4 + CUDA and rejects longrope here.",
     "- bfloat16 (`-p bf16 -e cuda`): exports, but stock ONNX Runtime has no CPU kernels for it (unit-tested).",
 )
@@ -185,6 +246,8 @@ def make_checkpoint(f: Fixture, directory: Path) -> None:
         for parameter in model.parameters():  # outputs O(1) and routing far from ties
             parameter.normal_(0.0, 0.2)
     model.save_pretrained(directory)
+    if f.arch in CONFIG_SHIMS:
+        CONFIG_SHIMS[f.arch](directory)
     if f.arch == "gpt_oss" and f.precision in ("int4", "int8"):
         from safetensors.torch import load_file, save_file
 
@@ -219,7 +282,9 @@ def export(f: Fixture, out_dir: Path) -> str | None:
         for name in KEEP_FILES:
             if (built / name).is_file():
                 shutil.copy2(built / name, out_dir / name)
-    write_feeds_and_outputs(out_dir)
+        write_feeds_and_outputs(out_dir)
+        if (f.arch, f.precision) in HF_LOGITS:
+            _write_hf_logits(hf, out_dir)
     return None
 
 
