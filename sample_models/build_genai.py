@@ -183,7 +183,44 @@ def _write_hf_logits(checkpoint: Path, out_dir: Path) -> None:
     np.savez(out_dir / "hf_logits.npz", logits=logits.float().numpy())
 
 
-ARCHITECTURES = {"gpt_oss": _gpt_oss, "lfm2_moe": _lfm2_moe, "gemma4_moe": _gemma4_moe}
+def _qwen3_5_moe(f: Fixture):
+    """Qwen3.5-MoE (Qwen3.5-35B-A3B's layout: three Gated DeltaNet linear-attention layers to one full-attention
+    layer, top-k experts plus a gated shared expert in every layer, interleaved multimodal RoPE), text only."""
+    import transformers
+
+    text = transformers.Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=f.hidden,
+        moe_intermediate_size=f.ffn,
+        shared_expert_intermediate_size=f.ffn + 32,
+        num_experts=f.num_experts,
+        num_experts_per_tok=f.top_k,
+        num_hidden_layers=f.layers,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(f.layers)],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_num_value_heads=4,
+        linear_value_head_dim=16,
+        max_position_embeddings=128,
+        # the builder emits MRotaryEmbedding only with mrope_section (what Qwen3.5 checkpoints carry); without it the
+        # graph declares [3, batch, seq] position ids that its plain RotaryEmbedding cannot read
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+    )
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": f.hidden}
+    config = transformers.Qwen3_5MoeConfig(text_config=text.to_dict(), vision_config=vision)
+    return transformers.Qwen3_5MoeForConditionalGeneration(config)
+
+
+ARCHITECTURES = {"gpt_oss": _gpt_oss, "lfm2_moe": _lfm2_moe, "gemma4_moe": _gemma4_moe, "qwen3_5_moe": _qwen3_5_moe}
 CONFIG_SHIMS = {"gemma4_moe": _gemma4_config_shim}
 HF_LOGITS = {("gemma4_moe", "fp32")}  # fixtures stock ONNX Runtime cannot run on CPU, compared with torch instead
 
@@ -199,11 +236,13 @@ FIXTURES = (
     # GeGLU experts, which stock ONNX Runtime's CPU kernels refuse; ffn 88 ends in a partial QMoE block of 32
     Fixture("gemma4_moe_fp32", "gemma4_moe", "fp32", num_experts=4, top_k=2, layers=2, hidden=64, ffn=88, seed=9),
     Fixture("gemma4_moe_int4", "gemma4_moe", "int4", num_experts=4, top_k=2, layers=2, hidden=64, ffn=88, seed=10),
+    # linear-attention + full-attention layers, shared experts beside the QMoE/MoE op
+    Fixture("qwen3_5_moe_fp32", "qwen3_5_moe", "fp32", num_experts=4, top_k=2, layers=4, hidden=64, ffn=32, seed=11),
+    Fixture("qwen3_5_moe_int4", "qwen3_5_moe", "int4", num_experts=8, top_k=2, layers=4, hidden=64, ffn=96, seed=12),
 )
 # tried and left out, with what happened (written to EXPORT_NOTES.md)
 NOT_BUILT = (
     "- GraniteMoeHybrid (fp32, 4 experts): the installed builder exports only the dense shared MLP, no MoE op.",
-    "- Qwen3.5-MoE: only as ...ForConditionalGeneration (vision towers); not tried at tiny size.",
     "- Phi-3.5-MoE: the builder forces int4 + CUDA and rejects longrope here.",
     "- bfloat16 (`-p bf16 -e cuda`): exports, but stock ONNX Runtime has no CPU kernels for it (unit-tested).",
 )

@@ -25,6 +25,25 @@ def convert_json(source: Path, output: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def generate_converted(folder: Path, out_dir: Path, *generate_args: str) -> dict:
+    """Convert the GenAI ``folder`` into ``out_dir`` (its other files copied beside) and ``ndp-ep generate`` it with
+    ``generate_args``; returns the ``--json`` report."""
+    import contextlib
+    import io
+    import shutil
+
+    out_dir.mkdir()
+    for item in folder.iterdir():
+        if item.is_file() and not item.name.startswith("model.onnx"):
+            shutil.copy2(item, out_dir / item.name)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["convert", str(folder / "model.onnx"), "-o", str(out_dir / "model.onnx")]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["generate", str(out_dir), *generate_args, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
 def run_converted(model: Path, inputs: Path) -> dict[str, np.ndarray]:
     from ndp_ep.session import InferenceSession
 

@@ -14,13 +14,21 @@ from tests.genai.conftest import GENAI_DIR, manifest
 CPU_FIXTURES = sorted(n for n, e in manifest().items() if e["cpu_outputs"])
 
 
+# the graph alone does not give Qwen3.5's KV head size: its GroupQueryAttention reads a gated, normed query, not a
+# projection of the head width (ndp-ep reads genai_config.json, which a GenAI folder always has)
+GRAPH_ONLY_UNKNOWN_HEAD_SIZE = {"qwen3_5_moe"}
+
+
 @pytest.mark.parametrize("with_config", [True, False], ids=["genai_config", "graph_only"])
 @pytest.mark.parametrize("name", CPU_FIXTURES)
 def test_first_step_feeds_run_in_stock_onnxruntime(name, with_config):
+    if not with_config and manifest()[name]["arch"] in GRAPH_ONLY_UNKNOWN_HEAD_SIZE:
+        pytest.xfail("the KV head size is not read off this graph without genai_config.json")
     path = GENAI_DIR / name / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
     assert is_kv_cache_decoder(model)
     config = read_genai_config(path) if with_config else None
+    decoder = read_genai_config(path)
     feeds = random_feeds(model, seed=1, seq_len=3, config=config)
     assert feeds["attention_mask"].shape == (1, 3) and feeds["attention_mask"].all()
     assert feeds["input_ids"].max() < 100  # the fixtures' vocabulary
@@ -28,7 +36,7 @@ def test_first_step_feeds_run_in_stock_onnxruntime(name, with_config):
         dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
         if value.name.startswith("past_key_values."):
             expected_length = 8 if dims[2] == "past_sliding_length" else 0  # gpt-oss sliding window: 8
-            assert feeds[value.name].shape == (1, 2, expected_length, 16)
+            assert feeds[value.name].shape == (1, decoder.num_key_value_heads, expected_length, decoder.head_size)
             assert not feeds[value.name].any()
     options = ort.SessionOptions()
     options.log_severity_level = 3

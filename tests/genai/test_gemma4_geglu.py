@@ -10,18 +10,12 @@ extra (torch, transformers >= 5.2x, onnxruntime-genai), skipping without it.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import shutil
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ndp_ep.cli import main
 from tests.genai.conftest import GENAI_DIR, manifest
-from tests.genai.helpers import TOLERANCE, convert_json, run_converted
+from tests.genai.helpers import TOLERANCE, convert_json, generate_converted, run_converted
 
 FP32, INT4 = GENAI_DIR / "gemma4_moe_fp32", GENAI_DIR / "gemma4_moe_int4"
 
@@ -57,18 +51,7 @@ def test_converted_gemma4_moe_matches_hugging_face_torch_logits(tmp_path, capsys
 
 def test_a_converted_int4_gemma4_moe_generates_through_genai(tmp_path):
     pytest.importorskip("onnxruntime_genai")
-    converted = tmp_path / "converted"
-    converted.mkdir()
-    for item in INT4.iterdir():
-        if item.is_file() and not item.name.startswith("model.onnx"):
-            shutil.copy2(item, converted / item.name)
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["convert", str(INT4 / "model.onnx"), "-o", str(converted / "model.onnx")]) == 0
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        command = ["generate", str(converted), "--no-check", "--prompt-tokens", "6", "--new-tokens", "4", "--json"]
-        assert main(command) == 0
-    data = json.loads(out.getvalue())
+    data = generate_converted(INT4, tmp_path / "converted", "--no-check", "--prompt-tokens", "6", "--new-tokens", "4")
     assert len(data["tokens"]) == 4 and data["decode_steps"] == 3
 
 
