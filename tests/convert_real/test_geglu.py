@@ -174,3 +174,12 @@ def test_geglu_without_fused_gate_up_rows_is_skipped_with_the_reason():
     assert not report.blocks
     (skip,) = report.skipped
     assert "swiglu_fusion=0" in skip.reason
+
+
+def test_a_geglu_block_too_large_to_check_whole_is_proven_on_its_first_experts():
+    model = _float_layer(np.random.default_rng(1), "geglu", 1, 32, 64)
+    weight_bytes = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    _, report = convert(model, shards=2, max_check_weight_bytes=int(0.8 * weight_bytes))
+    (block,) = report.blocks
+    assert block.checked_numerically and block.checked_in_isolation
+    assert any("checked on its first 3 of 4 experts" in n for n in report.notes)
