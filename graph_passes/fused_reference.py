@@ -80,11 +80,12 @@ def _activate(h: np.ndarray, attrs: dict) -> np.ndarray:
         limit = float(attrs.get("swiglu_limit", math.inf))
         alpha, beta = float(attrs.get("activation_alpha", 1.0)), float(attrs.get("activation_beta", 0.0))
         gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
-        return gate / (1.0 + np.exp(-alpha * gate)) * (up + beta)
+        with np.errstate(over="ignore"):  # exp overflows to inf for a very negative gate: the limit 0 is right
+            return gate / (1.0 + np.exp(-alpha * gate)) * (up + beta)
     plain = {
         "relu": lambda v: np.maximum(v, 0.0),
         "gelu": _gelu_tanh,
-        "silu": lambda v: v / (1.0 + np.exp(-v)),
+        "silu": lambda v: v * (0.5 * (1.0 + np.tanh(0.5 * v))),  # the logistic function without overflow
         "identity": lambda v: v,
     }
     if kind not in plain:
