@@ -51,15 +51,15 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from hw_model.cost import ExpertShard, expert_shard_time_s
-from hw_model.errors import WorkloadError
+from hw_model.errors import SettingsError, WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
 from hw_model.prefetch import LIST_KEPT_CELLS, ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
 from hw_model.scheduler import ItemMode, PlacementProblem, best_prefix_lists, makespan_s, pack, span_terms_s
 from hw_model.timeline import LayerTimeline, TimelineEvent
+from hw_model.tuning import SimulatorTuning
 from hw_model.workload import ExpertShape, MoELayerShape
 
-DEFAULT_POLICY = "tp+lb+prefetch"
 ROLES = ("baseline", "ours", "extension", "ablation", "bound")
 LAYOUTS = ("sliced", "whole", "host", "dual")
 
@@ -178,10 +178,7 @@ class RunContext:
     residency_cap_bytes: float
     staging_cap_bytes: float
     copy_sources: int
-    drift_threshold: float = 0.25
-    drift_smoothing: float = 0.1
-    prefetch_interval_tokens: int = 32
-    prefetch_decay: float = 0.5
+    tuning: SimulatorTuning  # the run's settings (:class:`hw_model.settings.SimulationSettings`), as policies read them
     # per layer, a small id shared by the layers whose placement decisions and layouts coincide for equal
     # decisions: equal expert shape (by value, so every layer of a model shares one) and top_k (it sets the
     # activation copy); the memo keys of layouts and packer decisions start with it
@@ -196,10 +193,6 @@ class RunContext:
         object.__setattr__(self, "expert_bytes", tuple(layer.expert.weight_bytes() for layer in self.layers))
         if self.residency_cap_bytes < 0 or self.staging_cap_bytes < 0:
             raise WorkloadError("residency and staging caps must be non-negative")
-        if self.drift_threshold < 0:
-            raise WorkloadError("drift_threshold must be non-negative")
-        if not 0.0 < self.drift_smoothing <= 1.0:
-            raise WorkloadError(f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}")
 
 
 def row_selector(layers: Sequence[int]) -> slice | Sequence[int]:
@@ -428,10 +421,11 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def get_policy(name: str) -> Policy:
-    """The registered policy ``name``; unknown names raise :class:`WorkloadError` listing the known ones."""
+    """The registered policy ``name``; unknown names raise :class:`SettingsError` listing the known ones (the one
+    check of a policy's name, which :class:`hw_model.settings.SimulationSettings` makes)."""
     policy = _REGISTRY.get(name)
     if policy is None:
-        raise WorkloadError(f"unknown policy {name!r} (known: {', '.join(_REGISTRY)})")
+        raise SettingsError(f"unknown policy {name!r} (known: {', '.join(_REGISTRY)})", "policy")
     return policy
 
 
@@ -683,7 +677,7 @@ class TensorParallelLoadBalanced(Policy):
         tracker = state.histograms.get(phase)
         if tracker is None:
             width = max(layer.num_experts for layer in ctx.layers)
-            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.drift_smoothing)
+            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.tuning.drift_smoothing)
         tracker.update(layers, counts)
 
     def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
@@ -1038,8 +1032,8 @@ POLICIES: tuple[str, ...] = policy_names()
 def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
     config = PrefetchConfig(
         residency_cap_bytes=ctx.residency_cap_bytes,
-        update_interval_tokens=ctx.prefetch_interval_tokens,
-        decay=ctx.prefetch_decay,
+        update_interval_tokens=ctx.tuning.prefetch_interval_tokens,
+        decay=ctx.tuning.prefetch_decay,
     )
     return ExpertPrefetcher(
         [layer.num_experts for layer in ctx.layers], [layer.expert.weight_bytes() for layer in ctx.layers], config
@@ -1054,7 +1048,7 @@ def _scheduled_gpu_set(
     the smoothed activation histogram stays close to the plan's)."""
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
-    if tracker.drift.pop(layer_index) <= ctx.drift_threshold:
+    if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
         state.reuses += 1
         # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
@@ -1185,7 +1179,6 @@ def _lower_bound(ctx: RunContext, out: InvocationLayout) -> None:
 
 
 __all__ = [
-    "DEFAULT_POLICY",
     "POLICIES",
     "ExpertCosts",
     "Policy",
