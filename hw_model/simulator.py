@@ -33,8 +33,9 @@ from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
-from hw_model.policies import POLICIES, ExpertCosts, RunContext, get_policy, row_selector
+from hw_model.policies import POLICIES, get_policy, row_selector
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
+from hw_model.run_context import ExpertCosts, RunContext
 from hw_model.settings import DEFAULT_POLICY, SimulationSettings
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.units import human_bytes
@@ -274,6 +275,7 @@ class MoESimulator:
             residency_cap_bytes=self.residency_cap_bytes,
             staging_cap_bytes=self.staging_cap_bytes,
             copy_sources=self.policy_impl.copy_sources(system.num_ndp_units),
+            tensor_parallel=self.policy_impl.tensor_parallel,
             tuning=settings,
         )
         self._state = self.policy_impl.new_state(self.context)
@@ -416,7 +418,7 @@ class MoESimulator:
             # hits against the residency the invocation is scheduled with
             hits, misses = hit_counter.count_hits(layer_index, active) if hit_counter is not None else (0, 0)
             recomputed_before = state.recomputations
-            out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
+            out = InvocationLayout(context, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
             summary = out.summary
             copied = 0.0

@@ -186,8 +186,8 @@ def session_options(options=None, **ep_options):
     options (``hw``, ``ndp_units``, ``policy``, ``routing_capacity``...; values are passed as strings).
 
     The options are checked first (:func:`parse_ep_options`), so a bad one fails here rather than at the first
-    report. A ``session_key`` is added when absent, so :func:`last_report` can find the session's routing. On ONNX
-    Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
+    report. A ``session_key`` is added when absent, so :func:`ndp_ep.last_report` can find the session's routing.
+    On ONNX Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
     """
     values = _option_texts(ep_options)
     parse_ep_options(values)
@@ -387,11 +387,3 @@ def _columns(meta: list[int], counts: np.ndarray) -> tuple[list[int], list[int],
     """The records taken, as :meth:`RoutingReader.take` returns them, from their meta values in a row."""
     m = ROUTING_META
     return meta[0::m], meta[1::m], meta[2::m], meta[3::m], counts
-
-
-def last_report(session):
-    """The simulated-latency report of the newest run of a session created with :func:`session_options`
-    (or an ``ndp_ep.InferenceSession``); None before the first run."""
-    from ndp_ep.reporter import reporter_for
-
-    return reporter_for(session).last_report

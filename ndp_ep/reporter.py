@@ -44,7 +44,6 @@ DEFAULT_REPORT_RING = 256
 DEPLOYMENT_DTYPE = "bf16"  # what float experts are costed in unless a dtype is given
 UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
-MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a run's input shapes, (name, shape) in feed order
 EMPTY_RUN_NOTE = "the run had no tokens (a zero-size input): no expert work"
 UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unknown (untagged run)"
@@ -349,6 +348,8 @@ class SessionReporter:
         costed = self._costed.get(shapes)
         if costed is None:
             input_shapes = dict(shapes)
+            from ndp_ep.costing import MAX_COSTED_SHAPES  # imported with the coster just built
+
             cost = self._non_expert_coster().cost(input_shapes)
             seconds = cost.time_s
             if self._unconverted_moe:
@@ -609,6 +610,12 @@ def reporter_for(session) -> SessionReporter:
         reporter = SessionReporter(model, settings, key)
         _plain_reporters[session] = reporter
         return reporter
+
+
+def last_report(session):
+    """The simulated-latency report of the newest run of a session created with :func:`ndp_ep.session_options`
+    (or an ``ndp_ep.InferenceSession``); None before the first run."""
+    return reporter_for(session).last_report
 
 
 def _session_model(session):
