@@ -124,7 +124,7 @@ def richer_ratios(instances: int, seed: int = 0) -> dict[str, np.ndarray]:
                     for _ in range(tokens_per_step):
                         counts[rng.choice(model.num_experts, model.top_k, replace=False)] += 1
                     active = np.flatnonzero(counts).tolist()
-                    out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
+                    out = InvocationLayout(sim.context, sim._state, 0, active, counts[active].tolist())
                     resident = (rng.random(len(active)) < 0.25).tolist()
                     problem, modes = richer_problem(sim.context, out, resident)
                     optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hw_model.bench import BenchConfig, Job, run_job  # noqa: E402
 from hw_model.hardware import PRESET_DIR  # noqa: E402
 from hw_model.models import MODELS, get_model  # noqa: E402
-from hw_model.policies import DEFAULT_POLICY, policy_names  # noqa: E402
+from hw_model.policies import policy_names  # noqa: E402
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings  # noqa: E402
 from hw_model.traces import skew_for  # noqa: E402
 
 UNITS = 4
@@ -59,7 +60,8 @@ def _run(args: tuple[str, str, str, str, str, int]) -> tuple[str, str, str, str,
     constant, value, hw, model_name, policy, generated = args
     model = get_model(model_name)
     config = BenchConfig(hw=hw, ndp_units=(UNITS,), models=(model_name,), generated_tokens=generated, gantt=False)
-    record = run_job(Job(model, UNITS, policy, "typical", skew_for(model_name, "typical")), config).record
+    settings = SimulationSettings(hw=hw, ndp_units=UNITS, policy=policy)
+    record = run_job(Job(model, settings, "typical", skew_for(model_name, "typical")), config).record
     return constant, value, model_name, policy, record["latency_s"], record["feasible"]
 
 

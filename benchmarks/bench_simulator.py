@@ -118,11 +118,11 @@ def per_invocation_s(policy: str, generated: int, time_placement: bool) -> dict[
 def request_s() -> float:
     from hw_model.bench import BenchConfig, Job, run_job
     from hw_model.models import get_model
-    from hw_model.policies import DEFAULT_POLICY
+    from hw_model.settings import SimulationSettings
     from hw_model.traces import skew_for
 
     model = get_model("qwen3-30b-a3b")
-    job = Job(model, 4, DEFAULT_POLICY, "typical", skew_for(model.name, "typical"))
+    job = Job(model, SimulationSettings(ndp_units=4), "typical", skew_for(model.name, "typical"))
     started = time.process_time()
     run_job(job, BenchConfig(models=(model.name,), ndp_units=(4,)))
     return time.process_time() - started

@@ -7,7 +7,7 @@
 * the graph has no cycle and no value is produced twice (by two nodes, or by a node and an input);
 * every initializer's dims are non-negative and its bytes (inline, typed fields or external range) are
   exactly what its dims and dtype need — so no later reader allocates from a size the file does not back;
-* external data is contained in the model's directory (:func:`graph_passes.model_io.external_range`);
+* external data is contained in the model's directory (:func:`graph_passes.tensors.external_range`);
 * the default-domain opset is one this ONNX Runtime loads (:func:`runtime_loads_opset`: a one-node probe);
 * ``onnx.checker`` (structure and operator schemas; ONNX Runtime checks shapes) on a copy whose weights
   are graph inputs of the same type and shape, and its tensor rules on each inline weight apart
@@ -26,10 +26,10 @@ import onnx
 from onnx import TensorProto
 
 from graph_passes.errors import InvalidModelError
-from graph_passes.model_io import PACKED_BITS, element_count, external_range, tensor_nbytes
 from graph_passes.runtime_probe import runtime_builds
 from graph_passes.sharded_op import DOMAIN as SHARDED_DOMAIN
 from graph_passes.sharded_op import ShardedOpError, ShardedOpSpec, is_sharded_node, parse_node
+from graph_passes.tensors import PACKED_BITS, element_count, external_range, tensor_nbytes
 
 # initializers larger than this reach onnx.checker's model check as graph inputs (:func:`_stub_copy`)
 STUB_ABOVE_BYTES = 256

@@ -30,10 +30,10 @@ from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
 from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked, load_expert, select_columns
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
-from graph_passes.model_io import element_count
 from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
 from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
 from graph_passes.sharded_op import OP_TYPE as SHARDED_OP  # noqa: F401
+from graph_passes.tensors import element_count
 from graph_passes.weights import WeightStore
 
 

@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from graph_passes.errors import InvalidModelError
-from graph_passes.model_io import element_count, external_data_files, external_range
+from graph_passes.tensors import element_count, external_data_files, external_range
 
 SUPPORTED_WEIGHT_DTYPES = {TensorProto.FLOAT: np.float32}
 INLINE_MAX_BYTES = 1 << 16
@@ -67,7 +67,7 @@ class WeightStore:
 
     def external_location(self, name: str) -> tuple[Path, int, int]:
         """``(file, offset, length)`` of an external initializer, contained in the model's directory and checked
-        against its dims (:func:`graph_passes.model_io.external_range`)."""
+        against its dims (:func:`graph_passes.tensors.external_range`)."""
         return self._external(self.tensors[name])
 
     def _external(self, tensor: TensorProto) -> tuple[Path, int, int]:

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 # public name -> module that defines it, imported on first access: ``import hw_model.hardware`` (what a
 # command line needs to list the presets) does not load the simulator and its policies
 _LAZY = {
-    "DEFAULT_POLICY": "hw_model.simulator",
+    "DEFAULT_POLICY": "hw_model.settings",
+    "SettingsError": "hw_model.errors",
+    "SimulationSettings": "hw_model.settings",
     "POLICIES": "hw_model.simulator",
     "ExpertShape": "hw_model.workload",
     "LayerResult": "hw_model.simulator",

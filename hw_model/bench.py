@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from hw_model.errors import WorkloadError
-from hw_model.hardware import load_system
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
-from hw_model.policies import DEFAULT_POLICY, POLICIES, get_policy, policy_names
-from hw_model.simulator import DEFAULT_RESIDENCY_FRACTION, MoESimulator
+from hw_model.policies import POLICIES, get_policy, policy_names
+from hw_model.settings import DEFAULT_HW, DEFAULT_POLICY, SimulationSettings
+from hw_model.simulator import MoESimulator
 from hw_model.traces import (
     DEFAULT_SKEW_LEVELS,
     RoutingTrace,
@@ -41,6 +41,7 @@ from hw_model.traces import (
     skew_for,
     synthetic_trace,
 )
+from hw_model.tuning import DEFAULT_RESIDENCY_FRACTION
 from ndp_io import write_text
 
 BASELINE_POLICY = "monde"
@@ -61,7 +62,7 @@ ALWAYS_RECOMPUTE = 0.0  # drift threshold of the "recompute at every invocation"
 class BenchConfig:
     """What to run. ``skew_levels`` beyond the first are swept at ``default_units`` only."""
 
-    hw: str = "paper"
+    hw: str = DEFAULT_HW
     ndp_units: tuple[int, ...] = (2, 4, 6)
     models: tuple[str, ...] = tuple(MODELS)
     policies: tuple[str, ...] = POLICIES
@@ -84,8 +85,7 @@ class BenchConfig:
         for name in self.models:
             get_model(name)
         for policy in self.policies:
-            if policy not in POLICIES:
-                raise WorkloadError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+            get_policy(policy)
         for level in self.skew_levels:
             if level not in DEFAULT_SKEW_LEVELS:
                 raise WorkloadError(f"unknown skew level {level!r} (known: {', '.join(DEFAULT_SKEW_LEVELS)})")
@@ -97,15 +97,22 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Job:
+    """One simulation of the bench: a model under ``settings`` (hardware, NDP units, policy, knobs) on a trace."""
+
     model: ModelConfig
-    ndp_units: int
-    policy: str
+    settings: SimulationSettings
     skew_level: str
     skew: float
-    residency_fraction: float = DEFAULT_RESIDENCY_FRACTION
     section: str = "main"
     want_gantt: bool = False
-    drift_threshold: float = 0.25
+
+    @property
+    def ndp_units(self) -> int:
+        return self.settings.system.num_ndp_units
+
+    @property
+    def policy(self) -> str:
+        return self.settings.policy
 
 
 @dataclass
@@ -149,18 +156,11 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     """Simulate one (model, NDP count, policy, trace) end to end; deterministic."""
     trace_cache = {} if trace_cache is None else trace_cache
     model = job.model
-    system = load_system(config.hw, job.ndp_units)
+    system = job.settings.system
     trace = _trace_for(job, config, trace_cache)
     prompt = trace.prompt_tokens
     reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(trace.num_tokens)
-    sim = MoESimulator(
-        system,
-        model.moe_layer_shapes(),
-        job.policy,
-        gpu_reserved_bytes=reserved,
-        residency_fraction=job.residency_fraction,
-        drift_threshold=job.drift_threshold,
-    )
+    sim = MoESimulator.from_settings(job.settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
     layers = model.moe_layers
     gantt: dict[str, list[tuple[str, float, float, str]]] = {}
 
@@ -229,8 +229,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         "hw": config.hw,
         "skew_level": job.skew_level,
         "skew": job.skew,
-        "residency_fraction": job.residency_fraction,
-        "drift_threshold": job.drift_threshold,
+        "residency_fraction": job.settings.residency_fraction,
+        "drift_threshold": job.settings.drift_threshold,
         "section": job.section,
         "utilisation": {
             "gpu": gpu_busy / total,
@@ -269,6 +269,11 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
     """Every simulation the bench runs: the main table, then the sweeps."""
     jobs: list[Job] = []
     main_level = config.skew_levels[0]
+    base = SimulationSettings(hw=config.hw)
+    by_units = {units: base.replace(ndp_units=units) for units in {*config.ndp_units, config.default_units}}
+
+    def settings(units: int, policy: str, **knobs: float) -> SimulationSettings:
+        return by_units[units].replace(policy=policy, **knobs)
 
     def skew(model: ModelConfig, level: str) -> float:
         return config.skew_override if config.skew_override is not None else skew_for(model.name, level)
@@ -278,7 +283,9 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         for units in config.ndp_units:
             for policy in config.policies:
                 want_gantt = config.gantt and units == config.default_units and policy in GANTT_POLICIES
-                jobs.append(Job(model, units, policy, main_level, skew(model, main_level), want_gantt=want_gantt))
+                jobs.append(
+                    Job(model, settings(units, policy), main_level, skew(model, main_level), want_gantt=want_gantt)
+                )
     if not config.sweeps:
         return jobs
     units = config.default_units
@@ -287,22 +294,19 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
         for level in config.skew_levels[1:]:
             for policy in config.policies:
                 if policy in SKEW_SWEEP_POLICIES:
-                    jobs.append(Job(model, units, policy, level, skew(model, level), section="skew"))
+                    jobs.append(Job(model, settings(units, policy), level, skew(model, level), section="skew"))
         if OURS_POLICY in config.policies and units in config.ndp_units:
             for fraction in PREFETCH_FRACTIONS:
                 if fraction != DEFAULT_RESIDENCY_FRACTION:  # the default is the main table's run
-                    jobs.append(
-                        Job(model, units, OURS_POLICY, main_level, skew(model, main_level), fraction, "prefetch")
-                    )
+                    ours = settings(units, OURS_POLICY, residency_fraction=fraction)
+                    jobs.append(Job(model, ours, main_level, skew(model, main_level), "prefetch"))
             jobs.append(
                 Job(
                     model,
-                    units,
-                    OURS_POLICY,
+                    settings(units, OURS_POLICY, drift_threshold=ALWAYS_RECOMPUTE),
                     main_level,
                     skew(model, main_level),
                     section="drift",
-                    drift_threshold=ALWAYS_RECOMPUTE,
                 )
             )
     for experts in SWEEP_EXPERTS:
@@ -311,7 +315,13 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
             for policy in config.policies:
                 if get_policy(policy).role in ("baseline", "ours", "extension"):
                     jobs.append(
-                        Job(model, units, policy, main_level, skew_for("mixtral-8x7b", main_level), section="shape")
+                        Job(
+                            model,
+                            settings(units, policy),
+                            main_level,
+                            skew_for("mixtral-8x7b", main_level),
+                            section="shape",
+                        )
                     )
     return jobs
 

@@ -15,3 +15,12 @@ class WorkloadError(HwModelError):
 
 class CalibrationDataError(HwModelError):
     """A measured-timing CSV (``ndp-ep validate --data``) is missing, malformed or has an unknown row kind."""
+
+
+class SettingsError(HwModelError):
+    """A simulation setting (:class:`hw_model.settings.SimulationSettings`) is out of range or unknown; the message
+    names it, and ``setting`` is its field's name (a command line names its option instead)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting

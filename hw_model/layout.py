@@ -25,17 +25,16 @@ with the same id-free decisions gives.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from dataclasses import dataclass, field
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
 from hw_model.cost import expert_shard_time_s
+from hw_model.run_context import ExpertCosts, RunContext
 from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
-
-if TYPE_CHECKING:  # the policies module imports this one
-    from hw_model.policies import ExpertCosts, Policy, PolicyState, RunContext
-    from hw_model.workload import ExpertShape, MoELayerShape
+from hw_model.workload import ExpertShape, MoELayerShape
 
 GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical order
 MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
@@ -90,6 +89,17 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
 
 # acyclic: compiled, an instance is not tracked by the cyclic garbage collector (nothing it holds refers back to it);
 # one is made per simulated invocation, and tracking them made the collector run every few decode steps
+@dataclass
+class LayoutState:
+    """What laying invocations out keeps across a run (the part of a policy's
+    :class:`~hw_model.policies.PolicyState` this module writes): layouts and per-item plans memoised by their
+    decisions, and the bytes copied to the GPU on demand."""
+
+    layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
+    item_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)  # see InvocationLayout.gpu_or_sliced
+    on_demand_bytes: float = 0.0
+
+
 @mypyc_attr(acyclic=True)
 class InvocationLayout:
     """One MoE layer invocation: its active experts, the decisions a policy records for them (see the module
@@ -102,7 +112,6 @@ class InvocationLayout:
 
     __slots__ = (
         "ctx",
-        "policy",
         "state",
         "layer_index",
         "active",
@@ -120,14 +129,12 @@ class InvocationLayout:
     def __init__(
         self,
         ctx: RunContext,
-        policy: Policy,
-        state: PolicyState,
+        state: LayoutState,
         layer_index: int,
         active: list[int],
         active_tokens: list[int],
     ) -> None:
         self.ctx = ctx
-        self.policy = policy
         self.state = state
         self.layer_index = layer_index
         self.active = active  # the experts with tokens, ascending
@@ -163,7 +170,7 @@ class InvocationLayout:
 
     @property
     def tensor_parallel(self) -> bool:
-        return self.policy.tensor_parallel
+        return self.ctx.tensor_parallel
 
     @property
     def tokens(self) -> int:
@@ -252,7 +259,7 @@ class InvocationLayout:
 
     def on_ndp(self, experts: list[int], tokens: list[int]) -> None:
         """Each of ``experts`` on the NDP units as the policy's layout has it: sliced or whole on its home unit."""
-        if self.policy.tensor_parallel:
+        if self.ctx.tensor_parallel:
             self.sliced(experts, tokens)
         else:
             self.whole_on_units(experts, tokens)

@@ -50,156 +50,17 @@ from typing import Any, ClassVar
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from hw_model.cost import ExpertShard, expert_shard_time_s
-from hw_model.errors import WorkloadError
-from hw_model.hardware import SystemSpec
-from hw_model.layout import InvocationLayout, LayoutSummary
+from hw_model.cost import expert_shard_time_s
+from hw_model.errors import SettingsError
+from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.prefetch import LIST_KEPT_CELLS, ExpertLRUCache, ExpertPrefetcher, PrefetchConfig
+from hw_model.run_context import ExpertCosts, RunContext
 from hw_model.scheduler import ItemMode, PlacementProblem, best_prefix_lists, makespan_s, pack, span_terms_s
 from hw_model.timeline import LayerTimeline, TimelineEvent
-from hw_model.workload import ExpertShape, MoELayerShape
+from hw_model.workload import MoELayerShape
 
-DEFAULT_POLICY = "tp+lb+prefetch"
 ROLES = ("baseline", "ours", "extension", "ablation", "bound")
 LAYOUTS = ("sliced", "whole", "host", "dual")
-
-
-class ExpertCosts:
-    """Memoised per-expert costs on one system (tokens -> seconds), shared by every policy.
-
-    Copies: a copy of an expert reads ``sources`` DIMMs in parallel, each capped at its channel's host-read
-    bandwidth, and all of it crosses PCIe: ``latency + bytes / min(PCIe, sources x channel)``. Each source
-    DIMM loses ``bytes / sources`` of DRAM streaming time (:meth:`copy_read_s`) to the copy.
-    """
-
-    def __init__(self, system: SystemSpec) -> None:
-        self.system = system
-        self._memo: dict[tuple, float] = {}
-        self._shapes: dict[int, ExpertShape] = {}  # keeps the shapes keyed by id() alive
-        self._pairs: dict[tuple, tuple[float, float]] = {}  # ndp_pair: keys also in _memo (shapes kept alive)
-        self._shards: dict[tuple, ExpertShard] = {}  # (id(expert), device kind, shards) -> its terms (see ndp_s)
-        # _split_part_costs: (id(expert), tokens, k, units, sources) -> its four terms (shape kept in _shapes)
-        self.split_parts: dict[tuple, tuple[float, float, float, float]] = {}
-
-    def _store(self, key: tuple, expert: ExpertShape, value: float) -> float:
-        self._shapes[id(expert)] = expert
-        self._memo[key] = value
-        return value
-
-    def _shard(self, expert: ExpertShape, kind: int, shards: float) -> ExpertShard:
-        """:func:`~hw_model.cost.expert_shard_time_s`'s shard of ``expert`` on the NDP unit (``kind`` 0) or the GPU
-        (1), kept per shard count: its token-independent terms are computed once, not per token count."""
-        key = (id(expert), kind, shards)
-        shard = self._shards.get(key)
-        if shard is None:
-            self._shapes[id(expert)] = expert
-            device = self.system.ndp_unit if kind == 0 else self.system.gpu
-            shard = self._shards[key] = ExpertShard(device, expert, shards)
-        return shard
-
-    # each accessor looks the memo up first and computes only on a miss (the hot path of every invocation)
-    def ndp_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
-        key = (id(expert), 0, tokens, shards)
-        value = self._memo.get(key)
-        if value is None:
-            value = self._store(key, expert, self._shard(expert, 0, shards).time_s(tokens))
-        return value
-
-    def ndp_dram_s(self, expert: ExpertShape, tokens: int, shards: float) -> float:
-        """DRAM streaming time of one NDP shard: its weight and activation bytes at the unit's bandwidth."""
-        key = (id(expert), 3, tokens, shards)
-        value = self._memo.get(key)
-        if value is None:
-            streamed = expert.weight_bytes(shards) + expert.activation_bytes(tokens, shards)
-            value = self._store(key, expert, streamed / self.system.ndp_unit.achievable_bandwidth_bytes_per_s)
-        return value
-
-    def ndp_pair(self, expert: ExpertShape, tokens: int, shards: float) -> tuple[float, float]:
-        """``(ndp_s, ndp_dram_s)`` of one shard in one look-up."""
-        key = (id(expert), 5, tokens, shards)
-        value = self._pairs.get(key)
-        if value is None:
-            value = self._pairs[key] = (self.ndp_s(expert, tokens, shards), self.ndp_dram_s(expert, tokens, shards))
-        return value
-
-    def gpu_s(self, expert: ExpertShape, tokens: int) -> float:
-        key = (id(expert), 1, tokens, 1)
-        value = self._memo.get(key)
-        if value is None:
-            value = self._store(key, expert, self._shard(expert, 1, 1).time_s(tokens))
-        return value
-
-    def beyond_ndp_ridge(self, expert: ExpertShape, tokens: int) -> bool:
-        """Whether ``expert`` over ``tokens`` tokens has more FLOPs per weight byte than the NDP unit's ridge point
-        (its achievable FLOP/s over its bandwidth): compute-bound on NDP."""
-        key = (id(expert), 7, tokens, 0)
-        value = self._memo.get(key)
-        if value is None:
-            unit = self.system.ndp_unit
-            ridge = unit.achievable_flops_per_s(expert.dtype) / unit.achievable_bandwidth_bytes_per_s
-            value = self._store(key, expert, expert.flops(tokens) / expert.weight_bytes() > ridge)
-        return bool(value)
-
-    def copy_bandwidth(self, sources: int) -> float:
-        """Bytes/s of a weight copy reading ``sources`` DIMMs in parallel (0 sources: PCIe only)."""
-        pcie = self.system.host_link.bandwidth_bytes_per_s
-        if sources <= 0:
-            return pcie
-        return min(pcie, sources * self.system.ndp_unit.host_read_bandwidth_bytes_per_s)
-
-    def transfer_s(self, expert: ExpertShape, sources: int = 1) -> float:
-        key = (id(expert), 2, sources, 0)
-        value = self._memo.get(key)
-        if value is None:
-            seconds = self.system.host_link.latency_s + expert.weight_bytes() / self.copy_bandwidth(sources)
-            value = self._store(key, expert, seconds)
-        return value
-
-    def copy_read_s(self, expert: ExpertShape, sources: int) -> float:
-        """DRAM time one source DIMM gives up to a copy of ``expert`` read from ``sources`` DIMMs."""
-        if sources <= 0:
-            return 0.0
-        key = (id(expert), 4, sources, 0)
-        value = self._memo.get(key)
-        if value is None:
-            unit = self.system.ndp_unit
-            value = self._store(key, expert, expert.weight_bytes() / sources / unit.achievable_bandwidth_bytes_per_s)
-        return value
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What a policy may read about the run: the system, costs and memory budgets (one GPU memory pool), and how
-    many DIMMs one expert's copy reads in parallel under the policy's weight layout (:meth:`Policy.copy_sources`)."""
-
-    system: SystemSpec
-    layers: tuple[MoELayerShape, ...]
-    costs: ExpertCosts
-    residency_cap_bytes: float
-    staging_cap_bytes: float
-    copy_sources: int
-    drift_threshold: float = 0.25
-    drift_smoothing: float = 0.1
-    prefetch_interval_tokens: int = 32
-    prefetch_decay: float = 0.5
-    # per layer, a small id shared by the layers whose placement decisions and layouts coincide for equal
-    # decisions: equal expert shape (by value, so every layer of a model shares one) and top_k (it sets the
-    # activation copy); the memo keys of layouts and packer decisions start with it
-    layer_classes: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    # per layer, the bytes of one stored expert (``layer.expert.weight_bytes()``)
-    expert_bytes: tuple[float, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        classes: dict[tuple[ExpertShape, int], int] = {}
-        layer_classes = tuple(classes.setdefault((lay.expert, lay.top_k), len(classes)) for lay in self.layers)
-        object.__setattr__(self, "layer_classes", layer_classes)  # derived fields of a frozen dataclass
-        object.__setattr__(self, "expert_bytes", tuple(layer.expert.weight_bytes() for layer in self.layers))
-        if self.residency_cap_bytes < 0 or self.staging_cap_bytes < 0:
-            raise WorkloadError("residency and staging caps must be non-negative")
-        if self.drift_threshold < 0:
-            raise WorkloadError("drift_threshold must be non-negative")
-        if not 0.0 < self.drift_smoothing <= 1.0:
-            raise WorkloadError(f"drift_smoothing must be in (0, 1], got {self.drift_smoothing}")
 
 
 def row_selector(layers: Sequence[int]) -> slice | Sequence[int]:
@@ -355,20 +216,18 @@ def numpy_row_sum(values: list[float], start: int, count: int) -> float:
 
 
 @dataclass
-class PolicyState:
-    """Mutable per-run state of a policy: residency (prefetcher / LRU), cached plans, counters."""
+class PolicyState(LayoutState):
+    """Mutable per-run state of a policy: residency (prefetcher / LRU), cached plans, counters (and the layouts'
+    memos, :class:`~hw_model.layout.LayoutState`)."""
 
     prefetcher: ExpertPrefetcher | None = None
     lru: ExpertLRUCache | None = None
     histograms: dict[str, DriftTracker] = field(default_factory=dict)  # per phase
     pack_memo: dict[tuple, Any] = field(default_factory=dict)  # packer and balancing-rule decisions
-    layout_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)
-    item_memo: dict[tuple, LayoutSummary] = field(default_factory=dict)  # see InvocationLayout.gpu_or_sliced
     recomputations: int = 0
     reuses: int = 0
     decode_recomputations: int = 0
     decision_times_s: list[float] = field(default_factory=list)
-    on_demand_bytes: float = 0.0
     staged_ahead: dict[int, set[int]] = field(default_factory=dict)
 
 
@@ -428,10 +287,11 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def get_policy(name: str) -> Policy:
-    """The registered policy ``name``; unknown names raise :class:`WorkloadError` listing the known ones."""
+    """The registered policy ``name``; unknown names raise :class:`SettingsError` listing the known ones (the one
+    check of a policy's name, which :class:`hw_model.settings.SimulationSettings` makes)."""
     policy = _REGISTRY.get(name)
     if policy is None:
-        raise WorkloadError(f"unknown policy {name!r} (known: {', '.join(_REGISTRY)})")
+        raise SettingsError(f"unknown policy {name!r} (known: {', '.join(_REGISTRY)})", "policy")
     return policy
 
 
@@ -683,7 +543,7 @@ class TensorParallelLoadBalanced(Policy):
         tracker = state.histograms.get(phase)
         if tracker is None:
             width = max(layer.num_experts for layer in ctx.layers)
-            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.drift_smoothing)
+            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.tuning.drift_smoothing)
         tracker.update(layers, counts)
 
     def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
@@ -1038,8 +898,8 @@ POLICIES: tuple[str, ...] = policy_names()
 def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
     config = PrefetchConfig(
         residency_cap_bytes=ctx.residency_cap_bytes,
-        update_interval_tokens=ctx.prefetch_interval_tokens,
-        decay=ctx.prefetch_decay,
+        update_interval_tokens=ctx.tuning.prefetch_interval_tokens,
+        decay=ctx.tuning.prefetch_decay,
     )
     return ExpertPrefetcher(
         [layer.num_experts for layer in ctx.layers], [layer.expert.weight_bytes() for layer in ctx.layers], config
@@ -1054,7 +914,7 @@ def _scheduled_gpu_set(
     the smoothed activation histogram stays close to the plan's)."""
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
-    if tracker.drift.pop(layer_index) <= ctx.drift_threshold:
+    if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
         state.reuses += 1
         # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
@@ -1185,7 +1045,6 @@ def _lower_bound(ctx: RunContext, out: InvocationLayout) -> None:
 
 
 __all__ = [
-    "DEFAULT_POLICY",
     "POLICIES",
     "ExpertCosts",
     "Policy",

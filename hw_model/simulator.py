@@ -33,8 +33,10 @@ from hw_model.cost import kernel_time_s
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
-from hw_model.policies import DEFAULT_POLICY, POLICIES, ExpertCosts, RunContext, get_policy, row_selector
+from hw_model.policies import POLICIES, get_policy, row_selector
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
+from hw_model.run_context import ExpertCosts, RunContext
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings
 from hw_model.timeline import LayerTimeline, TimelineEvent
 from hw_model.units import human_bytes
 from hw_model.workload import MoELayerShape, WeightFormat
@@ -42,7 +44,6 @@ from hw_model.workload import MoELayerShape, WeightFormat
 PHASES = ("prefill", "decode")
 _SCAN_IN_PYTHON = 64  # a step with at most this many counts lists its active experts in plain Python
 USABLE_GPU_MEMORY_FRACTION = 0.9  # assumption: allocator slack, CUDA context, activations
-DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -213,37 +214,37 @@ class MoESimulator:
     """Simulates MoE layers one invocation at a time under a scheduling policy (see :mod:`hw_model.policies`).
 
     GPU memory is one pool: ``USABLE_GPU_MEMORY_FRACTION`` of the GPU's memory less ``gpu_reserved_bytes``
-    (non-expert weights and the KV cache). Policies that keep experts resident use ``residency_fraction`` of
-    the pool for them and stage on-demand copies in the rest (at least one expert); the others stage in all
-    of it. ``weight_format`` (a :class:`~hw_model.workload.WeightFormat` or a dtype name such as ``"int4"``,
-    with ``quant_block_size``) sets how many bytes each stored expert weight takes. :attr:`capacity` says
-    whether the experts fit the DIMMs (a configuration that does not fit still simulates, flagged).
+    (non-expert weights and the KV cache). ``settings`` (a :class:`~hw_model.settings.SimulationSettings`, or a
+    policy's name for the default settings with that policy) gives the policy and its tuning knobs: policies that
+    keep experts resident use its ``residency_fraction`` of the pool for them and stage on-demand copies in the rest
+    (at least one expert); the others stage in all of it. ``system`` is the system simulated
+    (:meth:`from_settings` takes the settings' own). ``weight_format`` (a :class:`~hw_model.workload.WeightFormat`
+    or a dtype name such as ``"int4"``, with ``quant_block_size``) sets how many bytes each stored expert weight
+    takes. :attr:`capacity` says whether the experts fit the DIMMs (a configuration that does not fit still
+    simulates, flagged).
     """
 
     def __init__(
         self,
         system: SystemSpec,
         layers: Sequence[MoELayerShape],
-        policy: str = DEFAULT_POLICY,
+        settings: SimulationSettings | str = DEFAULT_POLICY,
         *,
         gpu_reserved_bytes: float = 0.0,
-        residency_fraction: float = DEFAULT_RESIDENCY_FRACTION,
-        drift_threshold: float = 0.25,
-        drift_smoothing: float = 0.1,
-        prefetch_interval_tokens: int = 32,
-        prefetch_decay: float = 0.5,
         weight_format: WeightFormat | str | None = None,
         quant_block_size: int = 32,
     ) -> None:
+        if isinstance(settings, str):
+            settings = SimulationSettings(hw=system, policy=settings)
+        self.settings = settings
+        policy = settings.policy
         self.policy_impl = get_policy(policy)
         if self.policy_impl.needs_ndp and system.num_ndp_units < 1:
             raise WorkloadError(f"policy {policy!r} needs at least one NDP unit")
         if not layers:
             raise WorkloadError("the simulator needs at least one MoE layer")
-        if not 0.0 <= residency_fraction <= 1.0:
-            raise WorkloadError(f"residency_fraction must be in [0, 1], got {residency_fraction}")
-        if gpu_reserved_bytes < 0 or drift_threshold < 0:
-            raise WorkloadError("gpu_reserved_bytes and drift_threshold must be non-negative")
+        if gpu_reserved_bytes < 0:
+            raise WorkloadError("gpu_reserved_bytes must be non-negative")
         if isinstance(weight_format, str):
             weight_format = WeightFormat(weight_format, block_size=quant_block_size)
         if weight_format is not None:
@@ -257,7 +258,7 @@ class MoESimulator:
             0.0, USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
         )
         if self.policy_impl.keeps_residents:
-            self.residency_cap_bytes = self.gpu_pool_bytes * residency_fraction
+            self.residency_cap_bytes = self.gpu_pool_bytes * settings.residency_fraction
             self.staging_cap_bytes = max(self.gpu_pool_bytes - self.residency_cap_bytes, largest_expert_bytes)
             self.residency_cap_bytes = max(
                 0.0, min(self.residency_cap_bytes, self.gpu_pool_bytes - largest_expert_bytes)
@@ -274,10 +275,8 @@ class MoESimulator:
             residency_cap_bytes=self.residency_cap_bytes,
             staging_cap_bytes=self.staging_cap_bytes,
             copy_sources=self.policy_impl.copy_sources(system.num_ndp_units),
-            drift_threshold=drift_threshold,
-            drift_smoothing=drift_smoothing,
-            prefetch_interval_tokens=prefetch_interval_tokens,
-            prefetch_decay=prefetch_decay,
+            tensor_parallel=self.policy_impl.tensor_parallel,
+            tuning=settings,
         )
         self._state = self.policy_impl.new_state(self.context)
         self._invocations = {phase: 0 for phase in PHASES}
@@ -293,6 +292,26 @@ class MoESimulator:
         self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
         self._median_of = -1  # summary(): len(decision_times_s) the cached median was computed over
         self._median_s = 0.0
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: SimulationSettings,
+        layers: Sequence[MoELayerShape],
+        *,
+        gpu_reserved_bytes: float = 0.0,
+        weight_format: WeightFormat | str | None = None,
+        quant_block_size: int = 32,
+    ) -> MoESimulator:
+        """A simulator of ``settings.system`` under ``settings`` (the way every entry builds one)."""
+        return cls(
+            settings.system,
+            layers,
+            settings,
+            gpu_reserved_bytes=gpu_reserved_bytes,
+            weight_format=weight_format,
+            quant_block_size=quant_block_size,
+        )
 
     def _check_capacity(self) -> CapacityCheck:
         """Expert bytes per DIMM (whole experts: the fullest home unit) against the DIMM capacity."""
@@ -399,7 +418,7 @@ class MoESimulator:
             # hits against the residency the invocation is scheduled with
             hits, misses = hit_counter.count_hits(layer_index, active) if hit_counter is not None else (0, 0)
             recomputed_before = state.recomputations
-            out = InvocationLayout(context, policy, state, layer_index, active, active_tokens)
+            out = InvocationLayout(context, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
             summary = out.summary
             copied = 0.0

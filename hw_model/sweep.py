@@ -66,8 +66,9 @@ from typing import Any
 from hw_model.bench import BenchConfig, Job, run_job, write_json_atomic
 from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
 from hw_model.figures import save_png
-from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, system_from_dict
+from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, load_system, system_from_dict
 from hw_model.models import get_model
+from hw_model.settings import DEFAULT_HW, SimulationSettings
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
 from ndp_io import atomic_write
 
@@ -189,7 +190,7 @@ class SweepGrid:
     """The axes of a sweep (see the module docstring); validated on construction."""
 
     models: tuple[str, ...]
-    hw: tuple[str, ...] = ("paper",)
+    hw: tuple[str, ...] = (DEFAULT_HW,)
     ndp_units: tuple[int, ...] = (4,)
     policies: tuple[str, ...] = ("tp+lb+prefetch",)
     skew: tuple[str | float, ...] = ("typical",)
@@ -479,15 +480,10 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
                 gantt=False,
                 default_units=point.ndp_units,
             )
-            job = Job(
-                get_model(point.model),
-                point.ndp_units,
-                point.policy,
-                point.skew_level,
-                point.skew,
-                residency_fraction=point.residency_fraction,
-                section="sweep",
+            settings = SimulationSettings(  # the system loaded here: a sweep's point may have no NDP unit
+                hw=load_system(hw, point.ndp_units), policy=point.policy, residency_fraction=point.residency_fraction
             )
+            job = Job(get_model(point.model), settings, point.skew_level, point.skew, section="sweep")
             result = run_job(job, config, cache)
         except HwModelError as exc:
             record["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 # the hw_model modules compiled (hw_model/<name>.py); the one place the list is kept
-MODULES = ("cost", "timeline", "layout", "prefetch", "policies", "simulator")
+MODULES = ("cost", "run_context", "timeline", "layout", "prefetch", "policies", "simulator")
 # mypyc group: names the shared library, <GROUP>__mypyc.<EXT_SUFFIX>, at the top of site-packages
 GROUP = "hw_model"
 # gcc's -O level for the generated C (mypyc's default is "3"). Measured on 2 cores, one C file (mypyc's default;

@@ -19,7 +19,7 @@ _LAZY = {
     "devices": "ndp_ep.ep",
     "get_ep_name": "ndp_ep.ep",
     "get_library_path": "ndp_ep.ep",
-    "last_report": "ndp_ep.ep",
+    "last_report": "ndp_ep.reporter",
     "register": "ndp_ep.ep",
     "session_options": "ndp_ep.ep",
 }

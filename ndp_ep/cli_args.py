@@ -7,16 +7,24 @@ exit code 2, before anything is allocated)::
 
     add_hardware_args(parser)          # --hw (presets listed from hw_model/presets), --ndp-units
     add_shards_arg(parser)             # --shards
-    add_policy_arg(parser)             # --policy, choices from hw_model's policy list (None: its default)
+    add_policy_arg(parser)             # --policy (None: the settings' default)
+    add_dtype_arg(parser)              # --dtype
+    add_tuning_args(parser)            # one option per tuning knob of hw_model.tuning.SimulatorTuning
+    settings_from_args(args)           # the run's hw_model.SimulationSettings, from the options above
     add_feed_args(parser)              # --seq-len, --seed
     add_seed_arg(parser, of=...)       # --seed alone (a command without random feeds)
     add_json_args(parser)              # --json (stdout) [and --json-out FILE]
 
+The simulation options (``--hw``, ``--ndp-units``, ``--policy``, ``--dtype`` and the tuning knobs) are built from the
+fields of :class:`hw_model.settings.SimulationSettings` (their ``metadata["help"]``, default and type) and are
+checked by it, once, when the command builds its settings (:func:`settings_from_args`): a bad one is
+:class:`hw_model.SettingsError`, one line and exit code 2, before any work.
+
 Bounds (why each one):
 
-- ``--ndp-units`` 1..64 (:data:`hw_model.hardware.MAX_NDP_UNITS`, which every hardware system obeys): a host has
-  at most a few dozen DIMM slots; the simulator's state grows with the unit count (a run with 10,000 units took
-  113 s and 10^8 exhausted memory).
+- ``--ndp-units`` 1..64 (:data:`hw_model.hardware.MAX_NDP_UNITS`, which every hardware system obeys; checked by the
+  settings): a host has at most a few dozen DIMM slots; the simulator's state grows with the unit count (a run
+  with 10,000 units took 113 s and 10^8 exhausted memory).
 - ``--shards`` 1..256: a shard is a column slice of one expert; more shards than that are never useful and the
   number of weight tensors grows as experts x shards.
 - ``--seq-len`` 1..65,536: random feeds are allocated from it (2e9 reached 24 GB before the OOM killer).
@@ -26,14 +34,14 @@ Bounds (why each one):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from hw_model.hardware import MAX_NDP_UNITS
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings
 
 MAX_SHARDS = 256
 MAX_SEQ_LEN = 65_536
-DEFAULT_HW = "paper"
 DEFAULT_SEQ_LEN = 8
 DEFAULT_SEED = 0
 # an option whose default is resolved after parsing (its default is None) names it in --help through this
@@ -98,34 +106,40 @@ def policy_names() -> tuple[str, ...]:
     return registered()
 
 
-def default_policy() -> str:
-    from hw_model.policies import DEFAULT_POLICY
-
-    return DEFAULT_POLICY
-
-
 def _count_option(parser: argparse.ArgumentParser, flag: str, most: int, default: int | None, help: str) -> None:
     """An ``N`` option taking a whole number from 1 to ``most``."""
     parser.add_argument(flag, type=bounded_int(1, most), default=default, metavar="N", help=help)
 
 
-def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str = DEFAULT_HW, units: bool = True) -> None:
-    """``--hw NAME|FILE.toml`` (help lists the presets found) and, unless ``units=False``, ``--ndp-units N``."""
-    presets = ", ".join(preset_names())
-    parser.add_argument(
-        "--hw",
-        default=default_hw,
-        metavar="NAME|FILE.toml",
-        help=f"hardware: a preset ({presets}) or a TOML file with the same fields",
+_SETTINGS = {f.name: f for f in SimulationSettings.option_fields()}
+
+
+def _plain_int(text: str) -> int | str:
+    """A plain integer's value; any other text as it is, for the settings to refuse naming it (``1e8``)."""
+    stripped = text.strip()
+    return int(stripped) if stripped.isascii() and stripped.isdigit() else text
+
+
+def _add_setting(parser: argparse.ArgumentParser, name: str, **kwargs) -> argparse.Action:
+    """The option of settings field ``name``: ``--name-with-dashes``, its help (``{...}`` filled from ``kwargs``'
+    ``fill``), metavar and default from the field."""
+    spec = _SETTINGS[name]
+    fill = kwargs.pop("fill", {})
+    kwargs.setdefault("default", spec.default)
+    if "metavar" in spec.metadata:
+        kwargs.setdefault("metavar", spec.metadata["metavar"])
+    return parser.add_argument(
+        "--" + name.replace("_", "-"), dest=name, help=spec.metadata["help"].format(**fill), **kwargs
     )
+
+
+def add_hardware_args(parser: argparse.ArgumentParser, *, default_hw: str | None = None, units: bool = True) -> None:
+    """``--hw NAME|FILE.toml`` (help lists the presets found; default the settings', unless a command measuring
+    other hardware names its own) and, unless ``units=False``, ``--ndp-units N``."""
+    presets = {"presets": ", ".join(preset_names())}
+    _add_setting(parser, "hw", fill=presets, **({"default": default_hw} if default_hw is not None else {}))
     if units:
-        _count_option(
-            parser,
-            "--ndp-units",
-            MAX_NDP_UNITS,
-            None,
-            f"number of NDP units (1-{MAX_NDP_UNITS}; default: the preset's own count)",
-        )
+        _add_setting(parser, "ndp_units", type=_plain_int, fill={"max_units": MAX_NDP_UNITS})
 
 
 def add_shards_arg(
@@ -145,38 +159,57 @@ def add_shards_arg(
     )
 
 
-class _PolicyNames(Sequence[str]):
-    """:func:`policy_names`, read when argparse first looks at them (a ``--policy`` given, ``--help``): building
-    the parser does not import the simulator's policies, which a run then imports while ONNX Runtime builds
-    its session (:class:`ndp_ep.session.InferenceSession`)."""
+class _PolicyNames:
+    """:func:`policy_names` as ``--help`` lists them, read only when the help is shown: building the parser does
+    not import the simulator's policies, which a run then imports while ONNX Runtime builds its session
+    (:class:`ndp_ep.session.InferenceSession`)."""
 
-    def _names(self) -> tuple[str, ...]:
-        return policy_names()
-
-    def __getitem__(self, index):
-        return self._names()[index]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._names()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
+    def __str__(self) -> str:
+        return ", ".join(policy_names())
 
 
 def add_policy_arg(parser: argparse.ArgumentParser) -> None:
-    """``--policy``: one of the simulator's policies; None when not given (the simulator's default, which
+    """``--policy``: one of the simulator's policies; None when not given (the settings' default, which
     ``--help`` names: :data:`HELP_DEFAULT`)."""
-    action = parser.add_argument(
-        "--policy",
-        choices=_PolicyNames(),
-        default=None,
-        metavar="POLICY",
-        help="scheduling policy the simulator applies: %(choices)s",
-    )
-    setattr(action, HELP_DEFAULT, default_policy)
+    action = _add_setting(parser, "policy", default=None, fill={"policies": "%(policies)s"})
+    action.policies = _PolicyNames()  # type: ignore[attr-defined]  # argparse fills %(policies)s from it
+    setattr(action, HELP_DEFAULT, lambda: DEFAULT_POLICY)
+
+
+def add_dtype_arg(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``: the dtype every expert's weights are costed in (None: as stored, float experts in bf16)."""
+    from hw_model.hardware import DTYPE_BYTES
+
+    _add_setting(parser, "dtype", metavar="{" + ",".join(sorted(DTYPE_BYTES)) + "}")
+
+
+def add_tuning_args(parser: argparse.ArgumentParser) -> None:
+    """One option per tuning knob of :class:`hw_model.tuning.SimulatorTuning` (``--residency-fraction F``...):
+    None when not given (the settings' default, which ``--help`` names)."""
+    from dataclasses import fields
+
+    from hw_model.tuning import SimulatorTuning
+
+    for spec in fields(SimulatorTuning):
+        if spec.metadata.get("cli", True):
+            number = int if isinstance(spec.default, int) else float
+            action = _add_setting(parser, spec.name, type=number, default=None)
+            setattr(action, HELP_DEFAULT, lambda default=spec.default: default)
+
+
+def settings_from_args(args: argparse.Namespace) -> SimulationSettings:
+    """The run's :class:`hw_model.SimulationSettings` from the simulation options a command added (those not given
+    keep the settings' defaults); a bad one raises :class:`hw_model.SettingsError` naming it."""
+    from hw_model.errors import SettingsError
+
+    given = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name, None) is not None}
+    try:
+        return SimulationSettings(**given)
+    except SettingsError as exc:  # named as argparse names an option: "argument --ndp-units: expected ..."
+        if exc.setting is None:
+            raise
+        problem = str(exc).removeprefix(f"{exc.setting}: ")
+        raise SettingsError(f"argument --{exc.setting.replace('_', '-')}: {problem}", exc.setting) from None
 
 
 def add_feed_args(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ the converted model, so ``onnxruntime_genai.Model(output_dir)`` loads the conver
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from graph_passes.convert import BackgroundChecks, ConversionReport, convert
 from graph_passes.model_io import CommitRefused, output_files, save_rewritten
 from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
 from hw_model.hardware import SystemSpec
-from hw_model.policies import DEFAULT_POLICY
+from hw_model.settings import SimulationSettings
 from ndp_ep.errors import ConversionError, graph_pass_errors
 from ndp_ep.partition import annotate_placement
 from ndp_ep.text import plural
@@ -48,7 +49,8 @@ def convert_model(
     source: str | Path | bytes | onnx.ModelProto,
     output_path: str | Path,
     *,
-    hw: str | Path | SystemSpec = "paper",
+    settings: SimulationSettings | None = None,
+    hw: str | Path | SystemSpec | None = None,
     ndp_units: int | None = None,
     shards: int | None = None,
     strict: bool = False,
@@ -57,25 +59,27 @@ def convert_model(
     """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
 
     ``source`` is a path, serialized bytes or an ``onnx.ModelProto``, as :class:`ndp_ep.InferenceSession` takes.
-    ``shards`` defaults to the number of NDP units of ``hw`` (``ndp_units`` overrides it). Raises
-    :class:`hw_model.HardwareConfigError` for an ``ndp_units`` outside 1 to 64, :class:`NdpEpError` for a shard
+    The experts are placed under ``settings`` (a :class:`hw_model.SimulationSettings`; or ``hw``, default ``paper``,
+    and ``ndp_units``, as for :class:`ndp_ep.InferenceSession`). ``shards`` defaults to the number of NDP units.
+    Raises :class:`hw_model.SettingsError` for an ``ndp_units`` outside 1 to 64, :class:`NdpEpError` for a shard
     count or a system's unit count below 1 (the experts are placed on the NDP units, so the system needs one,
     even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not ONNX and
     :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
     """
-    from ndp_ep.ep import check_positive, system_of
+    from ndp_ep.ep import check_positive, settings_of
     from ndp_ep.session import model_source
 
     source = model_source(source)
-    system = system_of(hw, ndp_units)
+    settings = settings_of(settings, hw=hw, ndp_units=ndp_units)
+    system = settings.system
     check_positive("shards", shards)
     check_positive(
         f"num_ndp_units of {system.name!r} (conversion places the experts on the NDP units)", system.num_ndp_units
     )
     output_path = Path(output_path)
     inputs = [] if isinstance(source, onnx.ModelProto) else [Path(source)]
-    if isinstance(hw, str | Path):  # a hardware TOML file is an input too (a preset name matches no file)
-        inputs.append(Path(hw))
+    if isinstance(settings.hw, str | os.PathLike):  # a hardware TOML file is an input too (a preset name matches
+        inputs.append(Path(settings.hw))  # no file)
     try:  # never clobber an input: checked before any work, and again with the input's data files
         check_output_path(output_path)
         check_no_clobber(output_files(output_path), inputs)
@@ -102,20 +106,20 @@ def convert_model(
             return checks.settled() is not None
 
     try:
-        files = _save(rewritten, output_path, system, inputs, external_data, confirmed)
+        files = _save(rewritten, output_path, settings, inputs, external_data, confirmed)
         report = checks.settled()
     except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again, checked
         with graph_pass_errors():
             rewritten, report = convert(source, shards=requested, strict=strict)
-        files = _save(rewritten, output_path, system, inputs, external_data, None)
+        files = _save(rewritten, output_path, settings, inputs, external_data, None)
     if genai is not None:
         files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
     return ConversionResult(report, tuple(files), system, requested, already)
 
 
-def _save(rewritten, output_path: Path, system: SystemSpec, inputs: list[Path], external_data, before_commit):
+def _save(rewritten, output_path: Path, settings: SimulationSettings, inputs: list[Path], external_data, before_commit):
     """Annotate the placement and write ``rewritten`` (``before_commit``: see :func:`save_rewritten`)."""
-    annotate_placement(rewritten.model, system, DEFAULT_POLICY)
+    annotate_placement(rewritten.model, settings.system, settings.policy)
     data_files = rewritten.store.data_files if rewritten.store is not None else []
     try:
         check_no_clobber(output_files(output_path), [*inputs, *data_files])

@@ -25,7 +25,8 @@ from graph_passes.graph_index import constant_value, copy_fields, copy_without_i
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from ndp_ep.partition import is_ndp_supported
-from ndp_ep.reporter import MAX_COSTED_SHAPES
+
+MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 
 FREE_OPS = {
     "Shape",

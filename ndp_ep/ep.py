@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ndp_ep.errors import NdpEpError
 
 if TYPE_CHECKING:
     from hw_model.hardware import SystemSpec
+    from hw_model.settings import SimulationSettings
 
 EP_NAME = "NdpExecutionProvider"
 OPTION_PREFIX = "ep.ndpexecutionprovider."
@@ -185,8 +186,8 @@ def session_options(options=None, **ep_options):
     options (``hw``, ``ndp_units``, ``policy``, ``routing_capacity``...; values are passed as strings).
 
     The options are checked first (:func:`parse_ep_options`), so a bad one fails here rather than at the first
-    report. A ``session_key`` is added when absent, so :func:`last_report` can find the session's routing. On ONNX
-    Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
+    report. A ``session_key`` is added when absent, so :func:`ndp_ep.last_report` can find the session's routing.
+    On ONNX Runtime 1.23 the op's schema is registered here too (later versions take it from the provider).
     """
     values = _option_texts(ep_options)
     parse_ep_options(values)
@@ -212,44 +213,20 @@ def _option_texts(ep_options: Mapping[str, object]) -> dict[str, str]:
     return {str(k): str(v) for k, v in ep_options.items() if v is not None}
 
 
-class EpOptions(NamedTuple):
-    """Provider options checked and parsed by :func:`parse_ep_options` (None: not given; a named tuple, not a frozen
-    dataclass: this module is imported at every ``ndp-ep run``'s start, where a dataclass costs ~0.5 ms to define)."""
-
-    system: SystemSpec | None  # ``hw`` loaded, with ``ndp_units`` applied
-    policy: str | None
-    dtype: str | None
-
-
-def parse_ep_options(values: Mapping[str, str]) -> EpOptions:
+def parse_ep_options(values: Mapping[str, str]) -> SimulationSettings:
     """The provider options ``values`` (text, as ONNX Runtime stores them), checked by the rules the reports read
     them with: one home for :func:`session_options` (before the session exists) and for a plain session's reporter
     (:func:`ndp_ep.reporter.reporter_for`, from the session's config entries).
 
-    Raises :class:`hw_model.HardwareConfigError` for ``hw`` and ``ndp_units`` (:func:`check_ndp_units`), and
-    :class:`NdpEpError` for an unknown key (naming the known ones), policy or dtype, a ``routing_capacity`` that
-    is not a positive integer, a ``record_routing`` other than 0 or 1, or an empty ``session_key``. Only what is
-    given is read: the hardware is loaded (once) when ``hw`` is given, the policies imported when ``policy`` is.
+    Returns the report options (``hw``, default the default hardware, ``ndp_units``, ``policy``, ``dtype``) as one
+    run's :class:`hw_model.settings.SimulationSettings`, which checks them (:class:`hw_model.SettingsError`; a bad
+    ``hw`` or ``ndp_units`` names its EP option). The library's own are checked here: :class:`NdpEpError` for an
+    unknown key (naming the known ones), a ``routing_capacity`` that is not a positive integer, a
+    ``record_routing`` other than 0 or 1, or an empty ``session_key``.
     """
     unknown = sorted(set(values) - set(EP_OPTION_KEYS))
     if unknown:
         raise NdpEpError(f"unknown EP option {unknown[0]!r} (known: {', '.join(EP_OPTION_KEYS)})")
-    units = values.get("ndp_units")
-    ndp_units = check_ndp_units(units, "EP option ndp_units") if units is not None else None
-    system = None
-    if "hw" in values:
-        from hw_model.errors import HardwareConfigError
-        from hw_model.hardware import load_system
-
-        try:
-            system = load_system(values["hw"], ndp_units)
-        except HardwareConfigError as exc:
-            raise HardwareConfigError(f"EP option hw: {exc}") from None
-    policy, dtype = values.get("policy"), values.get("dtype")
-    if policy is not None:
-        check_policy(policy)
-    if dtype is not None:
-        check_dtype(dtype)
     capacity = values.get("routing_capacity")
     if capacity is not None and not _is_positive_integer(capacity):
         raise NdpEpError(f"EP option routing_capacity must be a positive integer, got {capacity!r}")
@@ -257,7 +234,18 @@ def parse_ep_options(values: Mapping[str, str]) -> EpOptions:
         raise NdpEpError(f"EP option record_routing must be 0 or 1, got {values['record_routing']!r}")
     if values.get(SESSION_KEY_OPTION) == "":
         raise NdpEpError(f"EP option {SESSION_KEY_OPTION} must not be empty")
-    return EpOptions(system, policy, dtype)
+    from hw_model.errors import HardwareConfigError
+    from hw_model.settings import SimulationSettings, check_ndp_units
+
+    given: dict[str, object] = {key: values[key] for key in REPORT_OPTION_KEYS if key in values}
+    if "ndp_units" in given:  # text, as ONNX Runtime keeps it: a plain integer is read as one
+        text = str(given["ndp_units"])
+        number = int(text) if text.isascii() and text.isdigit() else text
+        given["ndp_units"] = check_ndp_units(number, "EP option ndp_units")
+    try:
+        return SimulationSettings(**given)  # type: ignore[arg-type]
+    except HardwareConfigError as exc:
+        raise HardwareConfigError(f"EP option hw: {exc}") from None
 
 
 def _is_positive_integer(text: str) -> bool:
@@ -270,50 +258,27 @@ def check_positive(name: str, value: object) -> None:
         raise NdpEpError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_ndp_units(value: object, option: str = "ndp_units") -> int:
-    """``value`` (an integer or its decimal text) as a count of NDP units, 1 to
-    :data:`hw_model.hardware.MAX_NDP_UNITS` (the bound ``--ndp-units`` and every hardware system have); else
-    :class:`hw_model.HardwareConfigError` naming ``option``."""
-    import argparse
+def settings_of(
+    settings: SimulationSettings | None = None,
+    *,
+    hw: str | os.PathLike[str] | SystemSpec | None = None,
+    ndp_units: int | None = None,
+    policy: str | None = None,
+    dtype: str | None = None,
+) -> SimulationSettings:
+    """The settings an API call names: ``settings`` as given, or built from ``hw`` (default: the default
+    hardware), ``ndp_units``, ``policy`` and ``dtype`` (None: the default); both at once is an :class:`NdpEpError`."""
+    from hw_model.settings import SimulationSettings
 
-    from hw_model.errors import HardwareConfigError
-    from hw_model.hardware import MAX_NDP_UNITS
-    from ndp_ep.cli_args import bounded_int
-
-    try:  # str(True) is "True", refused like any text that is not a plain integer
-        return bounded_int(1, MAX_NDP_UNITS)(str(value))
-    except argparse.ArgumentTypeError as exc:
-        raise HardwareConfigError(f"{option}: {exc}") from None
-
-
-def system_of(hw: str | os.PathLike[str] | SystemSpec, ndp_units: object = None) -> SystemSpec:
-    """The simulated system an API call's ``hw`` (a preset name, a hardware TOML file or a :class:`SystemSpec`) and
-    ``ndp_units`` (checked by :func:`check_ndp_units`; None keeps the system's count) name."""
-    from hw_model.hardware import SystemSpec, load_system
-
-    units = check_ndp_units(ndp_units) if ndp_units is not None else None
-    if isinstance(hw, SystemSpec):
-        return hw.with_ndp_units(units) if units is not None else hw
-    return load_system(hw, units)
-
-
-def check_policy(name: str) -> str:
-    """``name`` when it is a registered scheduling policy, else :class:`NdpEpError` listing the known ones."""
-    from hw_model.policies import policy_names
-
-    known = policy_names()
-    if name not in known:
-        raise NdpEpError(f"unknown policy {name!r} (known: {', '.join(known)})")
-    return name
-
-
-def check_dtype(dtype: str) -> str:
-    """``dtype`` when the reports can cost weights in it, else :class:`NdpEpError` listing the known ones."""
-    from hw_model.hardware import DTYPE_BYTES
-
-    if dtype not in DTYPE_BYTES:
-        raise NdpEpError(f"unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
-    return dtype
+    named = {"hw": hw, "ndp_units": ndp_units, "policy": policy, "dtype": dtype}
+    given = {key: value for key, value in named.items() if value is not None}
+    if settings is not None:
+        if given:
+            raise NdpEpError(f"give either settings= or {', '.join(f'{k}=' for k in given)}, not both")
+        if not isinstance(settings, SimulationSettings):
+            raise NdpEpError(f"settings must be a hw_model.SimulationSettings, got {type(settings).__name__}")
+        return settings
+    return SimulationSettings(**given)  # type: ignore[arg-type]
 
 
 def config_entry(options, key: str) -> str | None:
@@ -422,11 +387,3 @@ def _columns(meta: list[int], counts: np.ndarray) -> tuple[list[int], list[int],
     """The records taken, as :meth:`RoutingReader.take` returns them, from their meta values in a row."""
     m = ROUTING_META
     return meta[0::m], meta[1::m], meta[2::m], meta[3::m], counts
-
-
-def last_report(session):
-    """The simulated-latency report of the newest run of a session created with :func:`session_options`
-    (or an ``ndp_ep.InferenceSession``); None before the first run."""
-    from ndp_ep.reporter import reporter_for
-
-    return reporter_for(session).last_report

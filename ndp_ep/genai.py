@@ -24,6 +24,7 @@ from ndp_ep.reporter import DEFAULT_REPORT_RING
 
 if TYPE_CHECKING:
     from hw_model.hardware import SystemSpec
+    from hw_model.settings import SimulationSettings
     from ndp_ep.report import RunReport
 
 GENAI_CONFIG = "genai_config.json"
@@ -183,8 +184,9 @@ def step_shapes(model, config: dict) -> Callable[[int, int], dict[str, tuple[int
 class GenerationReports:
     """The reports of a generation that ONNX Runtime GenAI runs on the provider (see the module docstring).
 
-    ``model_dir``: a GenAI folder whose decoder ``ndp-ep convert`` converted; ``hw`` (a preset, a TOML file or a
-    :class:`SystemSpec`), ``ndp_units``, ``policy`` as for :class:`ndp_ep.InferenceSession`. With ``prompt_tokens``
+    ``model_dir``: a GenAI folder whose decoder ``ndp-ep convert`` converted; ``settings`` (a
+    :class:`hw_model.SimulationSettings`) or ``hw`` (a preset, a TOML file or a :class:`SystemSpec`), ``ndp_units``,
+    ``policy`` as for :class:`ndp_ep.InferenceSession`. With ``prompt_tokens``
     (a generation of batch 1 whose prompt has that many tokens) each run's non-expert work is costed at its shapes:
     its tokens (from its routing) after the generation's tokens before it, so tokens appended to a running
     generation are costed too; a generation whose first run is not ``prompt_tokens`` long (another prompt, or a
@@ -193,54 +195,54 @@ class GenerationReports:
     only and say so. ``report_ring``: reports kept (default: every run of one generation, the config's
     context length + 1, at least 256). ``routing_capacity``: routing records kept while no report is read. Bad
     input raises :class:`ndp_ep.ModelLoadError` (the folder, its config, its decoder), :class:`ndp_ep.NdpEpError`
-    (an unconverted decoder, a bad option) or :class:`hw_model.HardwareConfigError`.
+    (an unconverted decoder, a bad option), :class:`hw_model.SettingsError` or :class:`hw_model.HardwareConfigError`.
     """
 
     def __init__(
         self,
         model_dir: str | Path,
         *,
-        hw: str | Path | SystemSpec = "paper",
+        settings: SimulationSettings | None = None,
+        hw: str | Path | SystemSpec | None = None,
         ndp_units: int | None = None,
         policy: str | None = None,
         prompt_tokens: int | None = None,
         report_ring: int | None = None,
         routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
     ) -> None:
-        from ndp_ep.ep import system_of
+        from ndp_ep.ep import settings_of
         from ndp_ep.errors import NdpEpError
 
-        system = system_of(hw, ndp_units)
+        settings = settings_of(settings, hw=hw, ndp_units=ndp_units, policy=policy)
         folder = Path(model_dir)
         config = read_config(folder)
         decoder = load_decoder(folder, config)
         if not is_converted(decoder):
             raise NdpEpError(f"{decoder_path(folder, config)} is not converted: run ndp-ep convert on it first")
-        self._set_up(decoder, config, system, policy, prompt_tokens, report_ring, routing_capacity)
+        self._set_up(decoder, config, settings, prompt_tokens, report_ring, routing_capacity)
 
     @classmethod
     def of_decoder(
         cls,
         decoder,
         config: dict,
-        system: SystemSpec,
+        settings: SimulationSettings,
         *,
-        policy: str | None = None,
         prompt_tokens: int | None = None,
         report_ring: int | None = None,
         routing_capacity: int = DEFAULT_ROUTING_CAPACITY,
     ) -> GenerationReports:
-        """The reports of a converted decoder graph whose folder's config was read already (:func:`read_config`)."""
+        """The reports of a converted decoder graph whose folder's config was read already (:func:`read_config`),
+        simulated under ``settings``."""
         reports = cls.__new__(cls)
-        reports._set_up(decoder, config, system, policy, prompt_tokens, report_ring, routing_capacity)
+        reports._set_up(decoder, config, settings, prompt_tokens, report_ring, routing_capacity)
         return reports
 
     def _set_up(
         self,
         decoder,
         config: dict,
-        system: SystemSpec,
-        policy: str | None,
+        settings: SimulationSettings,
         prompt_tokens: int | None,
         report_ring: int | None,
         routing_capacity: int,
@@ -250,7 +252,8 @@ class GenerationReports:
 
         check_positive("prompt_tokens", prompt_tokens)
         check_positive("routing_capacity", routing_capacity)
-        self.system = system
+        self.settings = settings
+        self.system = settings.system
         self.session_key = new_session_key()
         self._routing_capacity = routing_capacity
         if report_ring is None:  # every run of one generation: a prefill and at most context_length - 1 steps
@@ -260,9 +263,8 @@ class GenerationReports:
         self._step_shapes = step_shapes(decoder, config)
         self.reporter = SessionReporter(
             decoder,
-            system,
+            settings,
             self.session_key,
-            policy=policy,
             report_ring=report_ring,
             untagged_shapes=self._run_shapes,
         )
@@ -291,12 +293,10 @@ class GenerationReports:
 
     @property
     def provider_options(self) -> dict[str, str]:
-        """The provider options GenAI's config needs (``set_provider_option``), the session key among them."""
+        """The provider options GenAI's config needs (``set_provider_option``): the library's own, the session key
+        among them (the reports take their settings from this object)."""
         return {
             "session_key": self.session_key,
-            "hw": self.system.name,
-            "ndp_units": str(self.system.num_ndp_units),
-            "policy": self.reporter.policy,
             "routing_capacity": str(self._routing_capacity),
         }
 

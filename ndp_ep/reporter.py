@@ -33,8 +33,9 @@ import numpy as np
 
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX, QUANTIZED_WEIGHT_DTYPES
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
+from hw_model.settings import SimulationSettings
 from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
-from ndp_ep.ep import RoutingReader, check_dtype, check_policy, check_positive
+from ndp_ep.ep import RoutingReader, check_positive
 from ndp_ep.errors import NdpEpError
 from ndp_ep.partition import ClaimedNode, claim
 from ndp_ep.report import RunReport, StepLayers, simulated_summary
@@ -43,7 +44,6 @@ DEFAULT_REPORT_RING = 256
 DEPLOYMENT_DTYPE = "bf16"  # what float experts are costed in unless a dtype is given
 UNTAGGED_RUN_BASE = 1 << 40  # native/src/routing_log.h kUntaggedRunBase: run ids the library numbered itself
 MAX_PENDING_SHAPES = 4096  # input shapes of tagged runs not yet reported (oldest forgotten first)
-MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a run's input shapes, (name, shape) in feed order
 EMPTY_RUN_NOTE = "the run had no tokens (a zero-size input): no expert work"
 UNTAGGED_NOTE = "non-expert GPU work not costed: the run's input shapes are unknown (untagged run)"
@@ -84,11 +84,9 @@ class SessionReporter:
     def __init__(
         self,
         model,
-        system: SystemSpec,
+        settings: SimulationSettings,
         session_key: str,
         *,
-        policy: str | None = None,
-        dtype: str | None = None,
         report_ring: int = DEFAULT_REPORT_RING,
         claimed: tuple[ClaimedNode, ...] | None = None,
         notes: Sequence[str] = (),
@@ -97,14 +95,13 @@ class SessionReporter:
         if report_ring is None:  # check_positive lets None (an option not given) through
             raise NdpEpError("report_ring must be a positive integer, got None")
         check_positive("report_ring", report_ring)
-        if dtype is not None:
-            check_dtype(dtype)
         # imported here, not with the module: a session imports the simulator while ONNX Runtime builds its own
-        from hw_model.policies import DEFAULT_POLICY
         from hw_model.simulator import MoESimulator
 
-        self.system = system
-        self.policy = check_policy(policy) if policy else DEFAULT_POLICY  # also without MoE layers to simulate
+        self.settings = settings
+        self.system = settings.system
+        self.policy = settings.policy  # also without MoE layers to simulate
+        dtype = settings.dtype
         self.dtype = dtype or DEPLOYMENT_DTYPE
         self.claimed = claim(model) if claimed is None else claimed
         # an explicit dtype costs every expert's weights in it; otherwise quantized experts move the bytes they
@@ -126,7 +123,7 @@ class SessionReporter:
             self.notes += ("the model has no MoE block the provider runs: there is no expert work to simulate",)
         self.non_expert_weight_bytes = non_expert_weight_bytes(model, self.claimed, self.dtype)
         self.simulator = (
-            MoESimulator(system, self.layers, self.policy, gpu_reserved_bytes=self.non_expert_weight_bytes)
+            MoESimulator.from_settings(settings, self.layers, gpu_reserved_bytes=self.non_expert_weight_bytes)
             if self.layers
             else None
         )
@@ -351,6 +348,8 @@ class SessionReporter:
         costed = self._costed.get(shapes)
         if costed is None:
             input_shapes = dict(shapes)
+            from ndp_ep.costing import MAX_COSTED_SHAPES  # imported with the coster just built
+
             cost = self._non_expert_coster().cost(input_shapes)
             seconds = cost.time_s
             if self._unconverted_moe:
@@ -586,7 +585,6 @@ def reporter_for(session) -> SessionReporter:
     own = getattr(session, "reporter", None)
     if isinstance(own, SessionReporter):
         return own
-    from ndp_ep.cli_args import DEFAULT_HW
     from ndp_ep.ep import EP_NAME, REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
 
     with _plain_lock:
@@ -607,12 +605,17 @@ def reporter_for(session) -> SessionReporter:
                 "(or pass session_key in the provider options)"
             )
         given = {name: value for name in REPORT_OPTION_KEYS if (value := option(name)) is not None}
-        parsed = parse_ep_options({"hw": DEFAULT_HW, **given})
-        assert parsed.system is not None  # hw is given
+        settings = parse_ep_options(given)
         model = _session_model(session)
-        reporter = SessionReporter(model, parsed.system, key, policy=parsed.policy, dtype=parsed.dtype)
+        reporter = SessionReporter(model, settings, key)
         _plain_reporters[session] = reporter
         return reporter
+
+
+def last_report(session):
+    """The simulated-latency report of the newest run of a session created with :func:`ndp_ep.session_options`
+    (or an ``ndp_ep.InferenceSession``); None before the first run."""
+    return reporter_for(session).last_report
 
 
 def _session_model(session):

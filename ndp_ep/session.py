@@ -51,7 +51,7 @@ from ndp_ep.ep import (
     config_entry,
     native,
     new_session_key,
-    system_of,
+    settings_of,
 )
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
@@ -60,6 +60,8 @@ from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReport
 
 if TYPE_CHECKING:
     import onnx
+
+    from hw_model.settings import SimulationSettings
 
 PROVIDER_NAME = EP_NAME
 _ORT_TYPES = {
@@ -78,9 +80,11 @@ _ORT_TYPES = {
 class InferenceSession:
     """An ONNX Runtime session whose MoE experts run on the NDP provider (see the module docstring).
 
-    ``hw``: a preset name, a TOML file or a :class:`SystemSpec`; ``ndp_units`` overrides its unit count (1 to
-    64, else :class:`hw_model.HardwareConfigError`); ``policy``: a scheduling policy of :data:`hw_model.POLICIES`
-    (default ``tp+lb+prefetch``; an unknown name raises :class:`NdpEpError` listing the known ones); ``shards``:
+    ``settings``: the run's :class:`hw_model.SimulationSettings` (hardware, NDP units, policy, dtype, the
+    simulator's knobs), or instead the keyword arguments it is built from (an out-of-range or unknown one raises
+    :class:`hw_model.SettingsError` naming it): ``hw``, a preset name, a TOML file or a :class:`SystemSpec`
+    (default ``paper``); ``ndp_units`` overrides its unit count (1 to 64); ``policy``: a scheduling policy of
+    :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
     shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
     raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
@@ -103,7 +107,8 @@ class InferenceSession:
         providers: Sequence[str] | None = None,
         provider_options: Sequence[dict] | None = None,
         *,
-        hw: str | Path | SystemSpec = "paper",
+        settings: SimulationSettings | None = None,
+        hw: str | Path | SystemSpec | None = None,
         ndp_units: int | None = None,
         policy: str | None = None,
         shards: int | None = None,
@@ -116,10 +121,11 @@ class InferenceSession:
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
         _check_requested_providers(providers, provider_options)
-        self.system = system_of(hw, ndp_units)
+        self.settings = settings_of(settings, hw=hw, ndp_units=ndp_units, policy=policy, dtype=dtype)
+        self.system = self.settings.system
         check_positive("shards", shards)
         check_positive("routing_capacity", routing_capacity)
-        self.dtype = dtype if dtype is not None else DEPLOYMENT_DTYPE  # what non-expert work is costed in
+        self.dtype = self.settings.dtype or DEPLOYMENT_DTYPE  # what non-expert work is costed in
         proto, base_dir, source_path = _load(path_or_bytes)  # checked but for :func:`_finish_checks`
         claimed = _claim(proto)
         checks_pending = bool(claimed)
@@ -136,16 +142,12 @@ class InferenceSession:
             ort_model = converted.SerializeToString()
         self.converted_model = converted
         self.session_key = new_session_key()
-        # checked here (hw, ndp_units) and by the reporter (policy, dtype) rather than by session_options, which
-        # would load the hardware again and could not load a SystemSpec or a hardware file's name
+        # only the options the library reads: the reports take the settings from this object, not the session's
+        # config entries (which a plain session created with session_options reports from)
         options = add_provider(
             _copy_session_options(sess_options),
             {
                 "session_key": self.session_key,
-                "hw": self.system.name,
-                "ndp_units": self.system.num_ndp_units,
-                "policy": policy,  # absent: the simulator's default
-                "dtype": dtype,
                 "routing_capacity": routing_capacity,  # absent: the library's default
             },
         )
@@ -157,10 +159,8 @@ class InferenceSession:
             try:  # Python first, which ONNX Runtime's thread can cut into between its loading and compiling steps
                 self.reporter = SessionReporter(
                     converted,
-                    self.system,
+                    self.settings,
                     self.session_key,
-                    policy=policy,
-                    dtype=dtype,
                     report_ring=report_ring,
                     claimed=claimed,
                     notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
@@ -172,7 +172,7 @@ class InferenceSession:
                 raise
             if checks_pending:  # a model handed to ONNX Runtime as it is: its last checks, meanwhile (onnx's
                 _finish_checks(proto)  # schema registry, built here, holds the GIL ~10 ms in one call)
-            self.policy = self.reporter.policy
+            self.policy = self.settings.policy
             annotate_placement(converted, self.system, self.policy, claimed)
         except BaseException:  # this error is the one raised (the session is dropped), as when it came first
             creating.wait()

@@ -92,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
     from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
-    from hw_model.hardware import load_system
     from hw_model.models import MODELS
     from hw_model.policies import POLICIES
+    from hw_model.settings import SimulationSettings
     from hw_model.traces import DEFAULT_SKEW_LEVELS
     from ndp_io import check_no_clobber, write_text
 
-    system = load_system(args.hw)  # validate --hw first: one clear error for a bad preset name or TOML file
+    # --hw first: one clear error for a bad preset name or TOML file (each job's settings add units and a policy)
+    system = SimulationSettings(hw=args.hw).system
     out_dir = Path(args.out) if args.out else None
     sweeps_file = out_dir / "sweeps.json" if out_dir else None
     check_no_clobber([args.json_out, args.markdown, sweeps_file], [args.trace, args.hw])  # before any work

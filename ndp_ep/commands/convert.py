@@ -68,6 +68,7 @@ def print_report_lines(report, block_line: Callable[[Any], str], skipped: str) -
 
 def run(args: argparse.Namespace) -> int:
     from graph_passes.sharded_op import DOMAIN, OP_TYPE
+    from ndp_ep.cli_args import settings_from_args
     from ndp_ep.convert import convert_model
     from ndp_ep.text import plural
 
@@ -75,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     result = convert_model(
         args.model,
         output,
-        hw=args.hw,
-        ndp_units=args.ndp_units,
+        settings=settings_from_args(args),
         shards=args.shards,
         strict=args.strict,
         external_data=args.external_data,

@@ -138,22 +138,21 @@ def _request(session, stock, prompt, steps: int) -> tuple[list, list, float]:
     return feeds, session.reports, worst
 
 
-def _replay(model: Path, system, policy: str, feeds: list) -> PolicyRun:
+def _replay(model: Path, settings, feeds: list) -> PolicyRun:
     """The same token feeds under another policy (the numerics do not depend on the policy)."""
     from ndp_ep.session import InferenceSession
 
-    session = InferenceSession(model, hw=system, policy=policy)
+    session = InferenceSession(model, settings=settings)
     for ids in feeds:
         session.run(None, {"input_ids": ids})
-    return PolicyRun.from_reports(policy, session.reports, session.simulator.summary())
+    return PolicyRun.from_reports(settings.policy, session.reports, session.simulator.summary())
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     import onnxruntime as ort
 
-    from hw_model.hardware import load_system
-    from ndp_ep.cli_args import default_policy
+    from ndp_ep.cli_args import settings_from_args
     from ndp_ep.convert import convert_model
     from ndp_ep.samples import sample_path
     from ndp_ep.session import InferenceSession
@@ -161,18 +160,19 @@ def run(args: argparse.Namespace) -> int:
     sample = sample_path(SAMPLE)
     with np.load(sample_path(SAMPLE_FEEDS)) as archive:
         prompt = archive["input_ids"]
-    system = load_system(args.hw, args.ndp_units)
-    ours_policy = default_policy()
+    settings = settings_from_args(args)  # ours: the default policy
+    system = settings.system
+    ours_policy = settings.policy
     with tempfile.TemporaryDirectory(prefix="ndp-ep-demo-") as scratch:
         out_dir = Path(args.out) if args.out else Path(scratch)
         if args.out:
             out_dir.mkdir(parents=True, exist_ok=True)
         converted = out_dir / "moe_decoder.ndp.onnx"
-        result = convert_model(sample, converted, hw=system)
-        session = InferenceSession(converted, hw=system, policy=ours_policy)
+        result = convert_model(sample, converted, settings=settings)
+        session = InferenceSession(converted, settings=settings)
         stock = ort.InferenceSession(str(sample), providers=["CPUExecutionProvider"])
         feeds, reports, worst = _request(session, stock, prompt, args.decode_steps)
-        runs = [_replay(converted, system, policy, feeds) for policy in baseline_policies()]
+        runs = [_replay(converted, settings.replace(policy=policy), feeds) for policy in baseline_policies()]
     ours = PolicyRun.from_reports(ours_policy, reports, session.simulator.summary())
     best = min(runs, key=lambda r: r.total_s)
     speedup = best.total_s / ours.total_s if ours.total_s > 0 else None  # None: nothing was simulated

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_policy_arg,
         add_seed_arg,
         add_shards_arg,
+        add_tuning_args,
         bounded_int,
     )
 
@@ -55,13 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check", action="store_true", help="do not generate the reference tokens")
     add_hardware_args(parser)
     add_policy_arg(parser)
+    add_tuning_args(parser)
     add_shards_arg(parser, purpose="shards per expert when converting")
     add_seed_arg(parser, of="the prompt's token ids")
     add_json_args(parser, what="the tokens and the simulated latency")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ndp_ep.cli_args import settings_from_args
     from ndp_ep.errors import NdpEpError
+
+    settings = settings_from_args(args)  # every simulation option checked, before any work
 
     try:
         import onnxruntime_genai as og
@@ -81,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
         folder = model_dir
         if not converted:
             reference = reference or model_dir
-            folder = _convert_folder(model_dir, config, Path(tmp) / "model", args)
+            folder = _convert_folder(model_dir, config, Path(tmp) / "model", settings, args.shards)
             decoder = load_decoder(folder, config, check=False)  # just written by the conversion
-        result = _generate(og, folder, config, decoder, args, shown=model_dir)
+        result = _generate(og, folder, config, decoder, settings, args, shown=model_dir)
         result["converted_in_memory"] = not converted
         if reference is not None and not args.no_check:
             expected = _greedy(og, reference, reference_config, result["prompt"], args.new_tokens, None)
@@ -118,7 +123,7 @@ def check_fits(folder: Path, config: dict, prompt_tokens: int, new_tokens: int) 
     )
 
 
-def _convert_folder(source: Path, config: dict, target: Path, args) -> Path:
+def _convert_folder(source: Path, config: dict, target: Path, settings, shards: int | None) -> Path:
     """A converted copy of a GenAI folder, its layout kept (the config names the decoder by its relative path):
     the decoder rewritten, every other file copied."""
     from ndp_ep.convert import convert_model
@@ -134,7 +139,7 @@ def _convert_folder(source: Path, config: dict, target: Path, args) -> Path:
             shutil.copy2(item, copy)
     converted = target / decoder.relative_to(source)
     converted.parent.mkdir(parents=True, exist_ok=True)
-    result = convert_model(decoder, converted, hw=args.hw, ndp_units=args.ndp_units, shards=args.shards)
+    result = convert_model(decoder, converted, settings=settings, shards=shards)
     if not result.report.blocks:
         raise ConversionError(f"{source}: no MoE block converted ({len(result.report.skipped)} skipped)")
     return target
@@ -188,22 +193,21 @@ def _greedy(
     return tokens, model
 
 
-def _generate(og, folder: Path, config: dict, graph_model, args, shown: Path) -> dict:
+def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown: Path) -> dict:
     """Generation on the provider in ``folder`` (``graph_model``: its decoder's graph), with the reports."""
     import time
 
     import numpy as np
 
-    from hw_model.hardware import load_system
     from ndp_ep.cli import warn
     from ndp_ep.commands.run import shard_mismatch
     from ndp_ep.genai import GenerationReports
 
     vocab = config["model"].get("vocab_size", 2)
     prompt = np.random.default_rng(args.seed).integers(0, vocab, args.prompt_tokens).tolist()
-    system = load_system(args.hw, args.ndp_units)
+    system = settings.system
     generation = GenerationReports.of_decoder(
-        graph_model, config, system, policy=args.policy, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
+        graph_model, config, settings, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
     )
     reporter = generation.reporter
     mismatch = shard_mismatch((c.spec for c in reporter.claimed), system.num_ndp_units)

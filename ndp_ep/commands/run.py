@@ -16,7 +16,16 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from ndp_ep.cli_args import add_feed_args, add_hardware_args, add_json_args, add_policy_arg, output_file
+from ndp_ep.cli_args import (
+    add_dtype_arg,
+    add_feed_args,
+    add_hardware_args,
+    add_json_args,
+    add_policy_arg,
+    add_tuning_args,
+    output_file,
+    settings_from_args,
+)
 
 if TYPE_CHECKING:
     from graph_passes.sharded_op import ShardedOpSpec
@@ -25,8 +34,6 @@ HELP = "run an ONNX model (converted or not) through the NDP provider and report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hw_model.hardware import DTYPE_BYTES
-
     parser.add_argument("model", help="ONNX model (converted by ndp-ep convert, or an exported MoE model)")
     parser.add_argument(
         "--inputs", metavar="FEEDS.npz", help=".npz of input feeds (default: random feeds from the input signature)"
@@ -34,12 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outputs", type=output_file, metavar="OUT.npz", help="write the outputs to this .npz file")
     add_hardware_args(parser)
     add_policy_arg(parser)
-    parser.add_argument(
-        "--dtype",
-        choices=sorted(DTYPE_BYTES),
-        help="cost every expert's weights in this dtype (default: quantized experts as stored, float experts in "
-        "bf16, the deployment dtype)",
-    )
+    add_dtype_arg(parser)
+    add_tuning_args(parser)
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
     parser.add_argument(
@@ -146,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
     from ndp_ep.feeds_io import load_feeds, save_arrays
     from ndp_ep.session import InferenceSession, one_run_session_options
 
+    settings = settings_from_args(args)  # every simulation option checked, before any work
     outputs = [args.outputs, args.trace]
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
         from graph_passes.model_io import model_files
@@ -158,10 +162,7 @@ def _run(args: argparse.Namespace) -> int:
     session = InferenceSession(
         args.model,
         options,
-        hw=args.hw,
-        ndp_units=args.ndp_units,
-        policy=args.policy,
-        dtype=args.dtype,
+        settings=settings,
         input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
     )
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked

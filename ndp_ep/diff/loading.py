@@ -29,9 +29,9 @@ from onnx import TensorProto, helper
 
 from graph_passes.errors import InvalidModelError
 from graph_passes.model_check import check_text
-from graph_passes.model_io import external_data_path
-from ndp_ep.diff.moe import ShardedOpInfo, read_sharded_ops
+from graph_passes.tensors import external_data_path
 from ndp_ep.diff.result import NodeRef, TensorRef, shape_text
+from ndp_ep.diff.sharded_ops import ShardedOpInfo, read_sharded_ops
 from ndp_ep.errors import ModelLoadError
 
 HASH_CHUNK_BYTES = 1 << 20

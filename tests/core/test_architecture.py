@@ -1,9 +1,14 @@
-"""Layering rules of the agreed architecture, and the fast import path of the custom-op bridge."""
+"""Layering rules of the agreed architecture, no import circle among the packages' modules, and the fast import
+path of the custom-op bridge."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import networkx as nx
 
 PROBE = """
 import importlib, pkgutil, sys
@@ -42,3 +47,65 @@ def test_a_session_run_and_its_report_import_no_heavy_optional_packages(repo_roo
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, check=True)
     assert done.stdout.strip() == "[]"
+
+
+PACKAGES = ("ndp_io", "graph_passes", "hw_model", "ndp_ep")
+
+
+def _module_names(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Every module of ``packages`` under ``root`` (a package's ``__init__.py`` is the package's name)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` (module ``name``) imports anywhere: at module level, inside
+    functions and under ``if TYPE_CHECKING:`` alike (``from a import b`` names module ``a.b`` when there is one)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets.update(
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            )
+    return {target for target in targets if target in modules and target != name}
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> nx.DiGraph:
+    """Module -> the modules it imports, among ``packages`` under ``root``."""
+    modules = _module_names(root, packages)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        graph.add_edges_from((name, target) for target in _imports_of(name, path, modules))
+    return graph
+
+
+def test_the_import_graph_check_finds_a_circle_through_function_level_and_type_checking_imports(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.b import g\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    (package / "d.py").write_text("from pkg import a\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert sorted(map(sorted, nx.simple_cycles(graph))) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert graph.has_edge("pkg.d", "pkg.a")
+
+
+def test_no_import_circle_among_the_packages_modules(repo_root):
+    graph = import_graph(Path(repo_root))
+    assert graph.number_of_edges() > 100  # the packages were read
+    circles = [" -> ".join([*cycle, cycle[0]]) for cycle in nx.simple_cycles(graph)]
+    assert circles == [], "import circles:\n" + "\n".join(circles)

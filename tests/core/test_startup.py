@@ -324,8 +324,8 @@ def test_an_error_setting_up_the_reports_is_raised_once_the_session_build_ended(
     from ndp_ep import NdpEpError
 
     before = threading.active_count()
-    with pytest.raises(NdpEpError, match="unknown policy 'no-such-policy'"):
-        InferenceSession(samples_dir / "moe_block.onnx", policy="no-such-policy")
+    with pytest.raises(NdpEpError, match="report_ring must be a positive integer"):  # the policy is the settings'
+        InferenceSession(samples_dir / "moe_block.onnx", report_ring=0)
     assert threading.active_count() == before  # the build was waited for, not left running
 
 
@@ -430,7 +430,8 @@ def test_parsing_a_run_command_line_leaves_the_simulator_to_the_session(repo_roo
 
 
 def test_the_policy_option_keeps_its_choices_default_and_refusal(capsys):
-    from hw_model.policies import DEFAULT_POLICY, policy_names
+    from hw_model.policies import policy_names
+    from hw_model.settings import DEFAULT_POLICY
     from ndp_ep.cli import build_parser, main
 
     assert build_parser(["run", "m.onnx"]).parse_args(["run", "m.onnx"]).policy is None  # the simulator's default
@@ -440,7 +441,8 @@ def test_the_policy_option_keeps_its_choices_default_and_refusal(capsys):
     assert f"scheduling policy the simulator applies: {', '.join(policy_names())} (default: {DEFAULT_POLICY})" in shown
     assert main(["run", "m.onnx", "--policy", "no-such-policy"]) == 2
     refusal = capsys.readouterr().err
-    assert "invalid choice: 'no-such-policy'" in refusal and all(repr(name) in refusal for name in policy_names())
+    assert refusal.startswith("ndp-ep run: error: argument --policy: unknown policy 'no-such-policy' (known: ")
+    assert refusal.count("\n") == 1 and all(name in refusal for name in policy_names())
 
 
 def test_session_options_loads_the_named_hardware_once_and_leaves_onnx_and_the_policies_unimported(repo_root):

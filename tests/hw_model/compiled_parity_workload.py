@@ -11,8 +11,8 @@ import json
 import sys
 
 import hw_model
-from hw_model.hardware import load_system
 from hw_model.policies import POLICIES
+from hw_model.settings import SimulationSettings
 from hw_model.simulator import MoESimulator
 from hw_model.traces import TraceKnobs, synthetic_trace
 from hw_model.workload import ExpertShape, MoELayerShape
@@ -42,7 +42,8 @@ def summary_record(sim: MoESimulator) -> dict:
 
 def run(policy: str, layers: list[MoELayerShape], units: int, decode_steps: int) -> dict:
     trace = synthetic_trace(len(layers), layers[0].num_experts, layers[0].top_k, 24, decode_steps, TraceKnobs(0.8))
-    sim = MoESimulator(load_system("paper", units), layers, policy, residency_fraction=0.5)
+    settings = SimulationSettings(ndp_units=units, policy=policy, residency_fraction=0.5)
+    sim = MoESimulator.from_settings(settings, layers)
     out: dict = {"prefill": [layer_record(r) for r in sim.simulate_step("prefill", trace.prefill_step_counts())]}
     steps = []
     for token in range(24, trace.num_tokens):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hw_model import load_system
-from hw_model.errors import WorkloadError
+from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import get_model
 from hw_model.policies import (
     ExpertCosts,
@@ -19,6 +19,7 @@ from hw_model.policies import (
 )
 from hw_model.scheduler import PlacementProblem
 from hw_model.scheduler import best_prefix as scheduler_best_prefix
+from hw_model.settings import SimulationSettings
 from hw_model.simulator import MoESimulator
 from hw_model.timeline import build_layer_timeline
 from hw_model.workload import ExpertShape, MoELayerShape, WeightFormat
@@ -31,8 +32,10 @@ CHANNEL_BPS = 25.6e9 * DDR4_ETA
 DIMM_BPS = 2 * CHANNEL_BPS
 
 
-def _sim(policy: str, units: int = 4, model=QWEN, layers: int = 2, **kw) -> MoESimulator:
-    return MoESimulator(load_system("paper", units), model.moe_layer_shapes()[:layers], policy, **kw)
+def _sim(policy: str, units: int = 4, model=QWEN, layers: int = 2, residency_fraction=None, **kw) -> MoESimulator:
+    knobs = {} if residency_fraction is None else {"residency_fraction": residency_fraction}
+    settings = SimulationSettings(hw=load_system("paper", units), policy=policy, **knobs)  # 0 units: GPU only
+    return MoESimulator.from_settings(settings, model.moe_layer_shapes()[:layers], **kw)
 
 
 def test_every_registered_policy_declares_its_protocol_fields():
@@ -44,7 +47,7 @@ def test_every_registered_policy_declares_its_protocol_fields():
         assert policy.description and policy.source
     assert len(policy_names("ours")) == 1
     assert set(policy_names("baseline")) >= {"gpu-offload", "ndp-expert-per-unit", "monde", "monde+cache", "duplex"}
-    with pytest.raises(WorkloadError, match="unknown policy"):
+    with pytest.raises(SettingsError, match="unknown policy"):
         get_policy("fastest")
 
 

@@ -19,6 +19,7 @@ from hw_model.chrome_trace import (
 )
 from hw_model.errors import WorkloadError
 from hw_model.models import get_model
+from hw_model.settings import SimulationSettings
 
 NON_EXPERT_GAP_S = 50e-6
 
@@ -184,7 +185,7 @@ def test_bench_traces_one_file_per_model_and_policy_from_the_gantt_mapping(tmp_p
 def test_bench_traces_accept_job_results(tmp_path):
     model = get_model("olmoe-1b-7b")
     config = quick_config(BenchConfig(models=(model.name,), ndp_units=(2,), policies=("tp",)))
-    result = run_job(Job(model, 2, "tp", "typical", 1.0, want_gantt=True), config)
+    result = run_job(Job(model, SimulationSettings(ndp_units=2, policy="tp"), "typical", 1.0, want_gantt=True), config)
     (path,) = write_bench_traces([result], tmp_path)
     trace = json.loads(path.read_text())
     assert path.name == "trace_olmoe-1b-7b_2ndp_tp.json"

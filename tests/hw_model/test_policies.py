@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hw_model import load_system
-from hw_model.errors import WorkloadError
+from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import get_model
 from hw_model.policies import POLICIES
 from hw_model.simulator import MoESimulator
@@ -99,7 +99,7 @@ def test_gpu_offload_copies_misses_and_hits_its_cache():
 def test_policies_needing_ndp_refuse_zero_units_and_unknown_policy_is_refused():
     with pytest.raises(WorkloadError, match="NDP unit"):
         _sim("tp", units=0)
-    with pytest.raises(WorkloadError, match="unknown policy"):
+    with pytest.raises(SettingsError, match="unknown policy"):
         _sim("fastest")
     result = _sim("gpu-offload", units=0).simulate_layer(0, np.eye(QWEN.num_experts, dtype=int)[0], "decode")
     assert result.placement == {0: "gpu"}

@@ -179,7 +179,7 @@ def test_richer_optimum_bounds_the_decisions_of_ours_and_the_extensions_on_real_
     # twelve decode tokens, then the 16-token prompt; every third active expert resident
     for counts in [trace.counts(0, t, t + 1) for t in range(16, 28)] + [trace.prefill_counts(0)]:
         active = np.flatnonzero(counts).tolist()
-        out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, counts[active].tolist())
+        out = InvocationLayout(sim.context, sim._state, 0, active, counts[active].tolist())
         resident = [i % 3 == 0 for i in range(len(active))]
         problem, modes = richer_problem(sim.context, out, resident)
         optimum = makespan_modes_s(problem, modes, solve_exact_modes(problem, modes))

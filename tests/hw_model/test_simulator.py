@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from hw_model import load_system
-from hw_model.errors import WorkloadError
+from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import get_model
-from hw_model.simulator import DEFAULT_POLICY, MoESimulator, gpu_op_time_s
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings
+from hw_model.simulator import MoESimulator, gpu_op_time_s
 from hw_model.traces import TraceKnobs, synthetic_trace
 
 OLMOE = get_model("olmoe-1b-7b")
 
 
-def _sim(policy: str = DEFAULT_POLICY, **kw) -> MoESimulator:
-    return MoESimulator(load_system("paper", 4), OLMOE.moe_layer_shapes(), policy, **kw)
+def _sim(policy: str = DEFAULT_POLICY, **knobs) -> MoESimulator:
+    return MoESimulator.from_settings(SimulationSettings(ndp_units=4, policy=policy, **knobs), OLMOE.moe_layer_shapes())
 
 
 def _one_hot(experts: list[int]) -> np.ndarray:
@@ -129,7 +130,7 @@ def test_bad_input_is_refused():
         sim.simulate_layer(99, _one_hot([1]), "decode")
     with pytest.raises(WorkloadError, match="expert token counts"):
         sim.simulate_layer(0, [1, 2, 3], "decode")
-    with pytest.raises(WorkloadError, match="residency_fraction"):
+    with pytest.raises(SettingsError, match="residency_fraction"):
         _sim(residency_fraction=2.0)
 
 

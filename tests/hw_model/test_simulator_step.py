@@ -10,6 +10,7 @@ import hw_model.simulator as simulator_module
 from hw_model import load_system
 from hw_model.errors import WorkloadError
 from hw_model.policies import policy_names
+from hw_model.settings import SimulationSettings
 from hw_model.simulator import MoESimulator
 from hw_model.traces import TraceKnobs, predicted_counts, synthetic_trace
 from hw_model.workload import ExpertShape, MoELayerShape
@@ -89,8 +90,10 @@ def test_a_step_in_any_layer_order_equals_the_same_calls_one_by_one(policy):
     trace = _trace()
     order = [2, 0, 3, 1]  # layer 0 (where the prefetcher re-plans, here at every token) in the middle
     stepped, single = (
-        MoESimulator(
-            load_system("paper", 4), LAYERS, policy, gpu_reserved_bytes=0.899 * 16e9, prefetch_interval_tokens=1
+        MoESimulator.from_settings(
+            SimulationSettings(ndp_units=4, policy=policy, prefetch_interval_tokens=1),
+            LAYERS,
+            gpu_reserved_bytes=0.899 * 16e9,
         )
         for _ in range(2)
     )

@@ -13,6 +13,7 @@ from hw_model.bench import BenchConfig, Job, run_job
 from hw_model.errors import HwModelError
 from hw_model.hardware import PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
+from hw_model.settings import SimulationSettings
 from hw_model.sweep import (
     SweepGridError,
     add_speedups,
@@ -115,7 +116,8 @@ def test_a_hardware_axis_point_equals_a_hand_edited_preset_file(tmp_path):
     (tmp_path / "edited.toml").write_text(text.replace("\nranks = 2\n", "\nranks = 1\n"))
     model = get_model("olmoe-1b-7b")
     config = BenchConfig(hw=str(tmp_path / "edited.toml"), ndp_units=(4,), models=(model.name,), **TINY)
-    expected = run_job(Job(model, 4, "monde", "typical", skew_for(model.name, "typical")), config).record
+    settings = SimulationSettings(hw=config.hw, ndp_units=4, policy="monde")
+    expected = run_job(Job(model, settings, "typical", skew_for(model.name, "typical")), config).record
     record = run_point(point)
     assert record["hw.ndp_unit.ranks"] == 1
     assert record["latency_s"] == expected["latency_s"]

@@ -50,10 +50,10 @@ def _packed_layer(sim: MoESimulator, counts: np.ndarray, resident: list[bool]) -
     placement of one invocation of layer 0."""
     active = np.flatnonzero(counts).tolist()
     tokens = counts[active].tolist()
-    out = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, tokens)
+    out = InvocationLayout(sim.context, sim._state, 0, active, tokens)
     problem, _ = richer_problem(sim.context, out, resident)
     on_gpu = pack(problem)
-    laid = InvocationLayout(sim.context, sim.policy_impl, sim._state, 0, active, tokens)
+    laid = InvocationLayout(sim.context, sim._state, 0, active, tokens)
     for e, t, g, r in zip(active, tokens, on_gpu, resident, strict=True):
         if g:
             laid.to_gpu(e, t, r)

@@ -332,14 +332,16 @@ def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_pat
     huge = _paper_with_units(tmp_path / "huge.toml", 10**9)
     in_file = "num_ndp_units must be an integer from 0 to 64, got 1000000000"  # 0: a GPU-only system
     given = "ndp_units: expected an integer from 1 to 64, got 1,000,000,000"  # an override must add units
-    for call, expected in (
-        (lambda: InferenceSession(model, ndp_units=10**9), given),
-        (lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9), given),
-        (lambda: convert_model(model, tmp_path / "o.onnx", ndp_units=10**9), given),
-        (lambda: InferenceSession(model, hw=huge), in_file),
-        (lambda: convert_model(model, tmp_path / "o.onnx", hw=huge), in_file),
+    from hw_model.errors import SettingsError
+
+    for call, error, expected in (
+        (lambda: InferenceSession(model, ndp_units=10**9), SettingsError, given),
+        (lambda: InferenceSession(model, hw=load_system("paper"), ndp_units=10**9), SettingsError, given),
+        (lambda: convert_model(model, tmp_path / "o.onnx", ndp_units=10**9), SettingsError, given),
+        (lambda: InferenceSession(model, hw=huge), HardwareConfigError, in_file),
+        (lambda: convert_model(model, tmp_path / "o.onnx", hw=huge), HardwareConfigError, in_file),
     ):
-        with pytest.raises(HardwareConfigError, match=expected):
+        with pytest.raises(error, match=expected):
             call()
     for argv in (
         ["run", str(model), "--hw", str(huge)],
@@ -350,6 +352,7 @@ def test_an_ndp_unit_count_beyond_64_is_refused_by_file_override_and_api(tmp_pat
 
 
 def test_converting_for_a_system_without_ndp_units_is_refused_and_writes_nothing(tmp_path, capsys):
+    from hw_model.errors import SettingsError
     from hw_model.hardware import load_system
 
     model = tmp_path / "m.onnx"
@@ -357,8 +360,8 @@ def test_converting_for_a_system_without_ndp_units_is_refused_and_writes_nothing
     gpu_only = _paper_with_units(tmp_path / "gpu_only.toml", 0)
     out = tmp_path / "o.onnx"
     cases = [
-        ({"ndp_units": 0}, HardwareConfigError, "ndp_units: expected an integer from 1 to 64, got 0"),
-        ({"hw": load_system("paper"), "ndp_units": 0}, HardwareConfigError, "expected an integer from 1 to 64, got 0"),
+        ({"ndp_units": 0}, SettingsError, "ndp_units: expected an integer from 1 to 64, got 0"),
+        ({"hw": load_system("paper"), "ndp_units": 0}, SettingsError, "expected an integer from 1 to 64, got 0"),
         ({"hw": gpu_only}, NdpEpError, "conversion places the experts on the NDP units"),
         ({"hw": gpu_only, "shards": 2}, NdpEpError, "conversion places the experts on the NDP units"),
     ]

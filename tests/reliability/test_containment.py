@@ -7,7 +7,7 @@ import os
 import pytest
 
 from graph_passes.errors import InvalidModelError, UnsafeModelError
-from graph_passes.model_io import external_data_path
+from graph_passes.tensors import external_data_path
 from ndp_ep import InferenceSession, convert_model
 from ndp_ep.cli import main
 from ndp_ep.diff import diff_models

@@ -1,0 +1,75 @@
+"""The simulator's tuning knobs: the part of :class:`hw_model.settings.SimulationSettings` the policies read.
+
+A frozen dataclass of its own, below :mod:`hw_model.policies` (whose :class:`~hw_model.policies.RunContext` holds
+it), so that the settings, which check a policy's name against the policies' registry, sit above the policies
+without an import circle. Each field's ``metadata`` holds its ``help`` text, from which the command line builds
+its option (:func:`ndp_ep.cli_args.add_tuning_args`); docs/settings.md says how to add a knob.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hw_model.errors import SettingsError
+
+DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
+
+
+def setting(default: Any, help: str, **metadata: Any) -> Any:
+    """A settings field: its default and the ``help`` text its command-line option shows (plus, optionally,
+    ``metavar``; ``cli=False`` keeps it off the command line)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SettingsError(f"{name} must be a finite number, got {value!r}", name)
+    return float(value)
+
+
+def check_fraction(name: str, value: object, *, open_low: bool = False) -> None:
+    """:class:`SettingsError` naming ``name`` unless ``value`` is a number in [0, 1] ((0, 1] with ``open_low``)."""
+    number = _number(name, value)
+    above_low = number > 0.0 if open_low else number >= 0.0
+    if not above_low or number > 1.0:
+        raise SettingsError(f"{name} must be in {'(0' if open_low else '[0'}, 1], got {value!r}", name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatorTuning:
+    """How the simulator and its policies are tuned (every field has the default the paper's runs use)."""
+
+    residency_fraction: float = setting(
+        DEFAULT_RESIDENCY_FRACTION,
+        "share (0-1) of the GPU expert pool that policies keeping experts resident use for them; the rest stages "
+        "on-demand copies",
+        metavar="F",
+    )
+    drift_threshold: float = setting(
+        0.25,
+        "L1 drift of a layer's smoothed activation histogram from the one its placement was planned on beyond "
+        "which the placement is recomputed (0: every invocation)",
+        metavar="F",
+    )
+    drift_smoothing: float = setting(
+        0.1, "weight (0-1, not 0) of the newest invocation in the smoothed activation histograms", metavar="F"
+    )
+    prefetch_interval_tokens: int = setting(
+        32, "decode steps between the prefetcher's re-plans of the resident experts", metavar="N"
+    )
+    prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
+
+    def __post_init__(self) -> None:
+        check_fraction("residency_fraction", self.residency_fraction)
+        if _number("drift_threshold", self.drift_threshold) < 0:
+            problem = f"drift_threshold must be non-negative, got {self.drift_threshold!r}"
+            raise SettingsError(problem, "drift_threshold")
+        check_fraction("drift_smoothing", self.drift_smoothing, open_low=True)
+        interval = self.prefetch_interval_tokens
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise SettingsError(
+                f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
+            )
+        check_fraction("prefetch_decay", self.prefetch_decay)
