@@ -132,7 +132,9 @@ def load_expert(
 ) -> ExpertArrays:
     """Expert ``expert``'s canonical weights; ``read_expert(initializer, e)`` returns ``initializer[e]``.
 
-    With ``views`` the matrices are :func:`canonical_view` s of what ``read_expert`` returned (no copy).
+    With ``views`` the matrices are :func:`canonical_view` s (no transposing copy) of what ``read_expert``
+    returned, or of the float32 matrix a quantized one dequantizes to (NumPy's BLAS multiplies such views as
+    they are).
     """
     w = plan.weights
     to_canonical = canonical_view if views else canonical_matrix
@@ -142,8 +144,6 @@ def load_expert(
             return None
         raw = read_expert(m.per_expert[expert], -1) if m.per_expert else read_expert(m.initializer, expert)
         if m.scales:
-            if views:
-                raise ValueError("quantized experts have no float view; slice the packed rows instead")
             zero_points = read_expert(m.zero_points, expert) if m.zero_points else None
             scales = read_expert(m.scales, expert)
             raw = quant.dequantize(raw, scales, zero_points, plan.bits, plan.quant_block_size, inputs)
