@@ -80,24 +80,25 @@ _ORT_TYPES = {
 class InferenceSession:
     """An ONNX Runtime session whose MoE experts run on the NDP provider (see the module docstring).
 
-    ``settings``: the run's :class:`hw_model.SimulationSettings` (hardware, NDP units, policy, dtype, the
-    simulator's knobs), or instead the keyword arguments it is built from (an out-of-range or unknown one raises
-    :class:`hw_model.SettingsError` naming it): ``hw``, a preset name, a TOML file or a :class:`SystemSpec`
-    (default ``paper``); ``ndp_units`` overrides its unit count (1 to 64); ``policy``: a scheduling policy of
-    :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
-    shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
-    raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
-    quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
-    many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
-    is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
-    noted in the next reports); ``input_shapes``: the input shapes of the runs to come, when known
-    (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
-    of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
-    attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
-    overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
-    ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
-    on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
-    provider requested), and ``get_providers()`` says so.
+        ``settings``: the run's :class:`hw_model.SimulationSettings` (hardware, NDP units, policy, dtype, the
+        simulator's knobs), or instead the keyword arguments it is built from (an out-of-range or unknown one raises
+        :class:`hw_model.SettingsError` naming it): ``hw``, a preset name, a TOML file or a :class:`SystemSpec`
+        (default ``paper``); ``ndp_units`` overrides its unit count (1 to 64); ``policy``: a scheduling policy of
+        :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
+        shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
+        raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
+        quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
+        many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
+        is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
+        noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
+    nothing is recorded beyond the reports); ``input_shapes``: the input shapes of the runs to come, when known
+        (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
+        of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
+        attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
+        overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
+        ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
+        on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
+        provider requested), and ``get_providers()`` says so.
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class InferenceSession:
         report_ring: int = DEFAULT_REPORT_RING,
         routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
+        capture_routing: bool = False,
         **kwargs,
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
@@ -166,6 +168,10 @@ class InferenceSession:
                     notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
                 )
                 self.reporter.prepare_costing(input_shapes)
+                if capture_routing:
+                    from ndp_ep.routing import start_capture
+
+                    start_capture(self.reporter)
             except BaseException:
                 if checks_pending:  # an error they find comes first, as when they ran first
                     _finish_checks(proto)
@@ -285,6 +291,14 @@ class InferenceSession:
         MoE layers): its ``summary()`` holds the counters since the session started."""
         self.reporter.reports  # noqa: B018 - simulates the runs not yet seen
         return self.reporter.simulator
+
+    def routing_trace(self):
+        """The routing trace of every run so far (:class:`hw_model.routing_trace.CapturedTrace`; save it with
+        ``hw_model.routing_trace_io.save_trace``): captured from the start with ``capture_routing=True``, else
+        from this first call if no report was read before it (:mod:`ndp_ep.routing`)."""
+        from ndp_ep.routing import reporter_trace
+
+        return reporter_trace(self.reporter, source="ndp_ep.InferenceSession")
 
     @property
     def aggregates(self):
