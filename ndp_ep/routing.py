@@ -85,25 +85,6 @@ def capture_header(
     )
 
 
-def check_trace_path(path: str | None) -> None:
-    """:class:`NdpEpError` unless ``path`` (a ``--save-routing`` value, None: not given) ends in ``.npz``."""
-    if path is not None and not str(path).lower().endswith(".npz"):
-        raise NdpEpError(f"--save-routing: a routing trace file must end in .npz, got {path!r}")
-
-
-def add_save_routing_arg(parser) -> None:
-    """The ``--save-routing FILE.npz`` option of ``ndp-ep run`` and ``ndp-ep generate``."""
-    from ndp_ep.cli_args import output_file
-
-    parser.add_argument(
-        "--save-routing",
-        type=output_file,
-        metavar="FILE.npz",
-        help="write the run's routing (per step and MoE layer, with the model's shapes) as a routing trace "
-        "(docs/trace_format.md), for ndp-ep bench --trace and ndp-ep trace-stats",
-    )
-
-
 def versions() -> dict[str, str]:
     """The ndp-ep and ONNX Runtime versions of this process."""
     import onnxruntime

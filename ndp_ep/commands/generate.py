@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shards_arg(parser, purpose="shards per expert when converting")
     add_seed_arg(parser, of="the prompt's token ids")
     add_json_args(parser, what="the tokens and the simulated latency")
-    from ndp_ep.routing import add_save_routing_arg
+    from ndp_ep.cli_args import add_save_routing_arg
 
     add_save_routing_arg(parser)
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)  # every simulation option checked, before any work
     if args.save_routing:
-        from ndp_ep.routing import check_trace_path
+        from ndp_ep.cli_args import check_trace_path
         from ndp_io import check_no_clobber
 
         check_trace_path(args.save_routing)

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write the simulated timeline as Chrome trace-event JSON (Perfetto)",
     )
-    from ndp_ep.routing import add_save_routing_arg
+    from ndp_ep.cli_args import add_save_routing_arg
 
     add_save_routing_arg(parser)
 
@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)  # every simulation option checked, before any work
     outputs = [args.outputs, args.trace, args.save_routing]
     if args.save_routing:
-        from ndp_ep.routing import check_trace_path
+        from ndp_ep.cli_args import check_trace_path
 
         check_trace_path(args.save_routing)
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
