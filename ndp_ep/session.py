@@ -80,25 +80,25 @@ _ORT_TYPES = {
 class InferenceSession:
     """An ONNX Runtime session whose MoE experts run on the NDP provider (see the module docstring).
 
-        ``settings``: the run's :class:`hw_model.SimulationSettings` (hardware, NDP units, policy, dtype, the
-        simulator's knobs), or instead the keyword arguments it is built from (an out-of-range or unknown one raises
-        :class:`hw_model.SettingsError` naming it): ``hw``, a preset name, a TOML file or a :class:`SystemSpec`
-        (default ``paper``); ``ndp_units`` overrides its unit count (1 to 64); ``policy``: a scheduling policy of
-        :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
-        shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
-        raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
-        quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
-        many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
-        is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
-        noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
+    ``settings``: the run's :class:`hw_model.SimulationSettings` (hardware, NDP units, policy, dtype, the
+    simulator's knobs), or instead the keyword arguments it is built from (an out-of-range or unknown one raises
+    :class:`hw_model.SettingsError` naming it): ``hw``, a preset name, a TOML file or a :class:`SystemSpec`
+    (default ``paper``); ``ndp_units`` overrides its unit count (1 to 64); ``policy``: a scheduling policy of
+    :data:`hw_model.POLICIES` (default ``tp+lb+prefetch``); ``shards``:
+    shards per expert when converting in memory (default: the NDP unit count); ``strict``: a skipped MoE block
+    raises :class:`ConversionError`; ``dtype``: the dtype the report costs every expert's weights in (default:
+    quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
+    many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
+    is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
+    noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
     nothing is recorded beyond the reports); ``input_shapes``: the input shapes of the runs to come, when known
-        (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
-        of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
-        attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
-        overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
-        ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
-        on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
-        provider requested), and ``get_providers()`` says so.
+    (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
+    of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
+    attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
+    overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
+    ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
+    on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
+    provider requested), and ``get_providers()`` says so.
     """
 
     def __init__(
