@@ -121,3 +121,25 @@ def test_capture_memory_stays_bounded_over_a_512_plus_512_generation():
     assert steps.counts[lo:hi].sum() == 512 * top_k
     capture.close()
     assert capture.spooled_bytes == 0 and capture.num_steps == 0
+
+
+def test_bench_on_a_truncated_captured_trace_is_one_line_and_exit_2(samples_dir, tmp_path, capsys):
+    path = tmp_path / "r.npz"
+    assert main(["run", str(samples_dir / "moe_decoder.onnx"), "--seq-len", "3", "--save-routing", str(path)]) == 0
+    path.write_bytes(path.read_bytes()[:-40])
+    capsys.readouterr()
+    assert main(["bench", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated or corrupt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_on_a_run_trace_replays_the_run(samples_dir, tmp_path, capsys):
+    path = tmp_path / "r.npz"
+    argv = ["run", str(samples_dir / "moe_decoder.onnx"), "--seq-len", "6", "--ndp-units", "2", "--json"]
+    assert main([*argv, "--save-routing", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["bench", "--trace", str(path), "--ndp-units", "2", "--policies", "tp+lb+prefetch", "--json"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["latency_s"] == report["simulated_latency_s"] and record["model"] == "moe_decoder"
+    assert main(["bench", "--trace", str(path), "--models", "olmoe-1b-7b"]) == 2
+    assert "--models names built-in models" in capsys.readouterr().err
