@@ -292,6 +292,16 @@ class InferenceSession:
         self.reporter.reports  # noqa: B018 - simulates the runs not yet seen
         return self.reporter.simulator
 
+    def end_profiling(self) -> str:
+        """ONNX Runtime's ``end_profiling`` (its profile's path), with each reported run's simulated GPU / NDP /
+        PCIe spans added beside ONNX Runtime's measured events (:mod:`ndp_ep.profiling`)."""
+        path = self._session.end_profiling()
+        if path and self._has_moe:
+            from ndp_ep.profiling import add_simulated_tracks
+
+            add_simulated_tracks(path, self.reporter.reports)
+        return path
+
     def routing_trace(self):
         """The routing trace of every run so far (:class:`hw_model.routing_trace.CapturedTrace`; save it with
         ``hw_model.routing_trace_io.save_trace``): captured from the start with ``capture_routing=True``, else
