@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shards_arg(parser, purpose="shards per expert when converting")
     add_seed_arg(parser, of="the prompt's token ids")
     add_json_args(parser, what="the tokens and the simulated latency")
+    from ndp_ep.cli_args import add_save_routing_arg
+
+    add_save_routing_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.errors import NdpEpError
 
     settings = settings_from_args(args)  # every simulation option checked, before any work
+    if args.save_routing:
+        from ndp_ep.cli_args import check_trace_path
+        from ndp_io import check_no_clobber
+
+        check_trace_path(args.save_routing)
+        check_no_clobber([args.save_routing], [args.model_dir, args.reference, args.hw])
 
     try:
         import onnxruntime_genai as og
@@ -210,6 +219,10 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         graph_model, config, settings, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
     )
     reporter = generation.reporter
+    if args.save_routing:
+        from ndp_ep.routing import start_capture
+
+        start_capture(reporter)
     mismatch = shard_mismatch((c.spec for c in reporter.claimed), system.num_ndp_units)
     if mismatch:  # as ndp-ep run says it
         warn("generate", mismatch)
@@ -218,6 +231,13 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
     wall_s = time.perf_counter() - start
     reports = reporter.reports  # read while the model (and the provider's routing log) is alive
     del model
+    if args.save_routing:
+        from hw_model.routing_trace_io import save_trace
+        from ndp_ep.routing import reporter_trace
+
+        source = f"ndp-ep generate {shown}"
+        trace = reporter_trace(reporter, prompt_tokens=len(prompt), new_tokens=len(tokens), source=source)
+        save_trace(trace, args.save_routing)
     prefill, steps = (reports[0], reports[1:]) if reports else (None, [])
     decode_s = [r.simulated_latency_s for r in steps]
     return {

@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write the simulated timeline as Chrome trace-event JSON (Perfetto)",
     )
+    from ndp_ep.cli_args import add_save_routing_arg
+
+    add_save_routing_arg(parser)
 
 
 def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None:
@@ -150,7 +153,11 @@ def _run(args: argparse.Namespace) -> int:
     from ndp_ep.session import InferenceSession, one_run_session_options
 
     settings = settings_from_args(args)  # every simulation option checked, before any work
-    outputs = [args.outputs, args.trace]
+    outputs = [args.outputs, args.trace, args.save_routing]
+    if args.save_routing:
+        from ndp_ep.cli_args import check_trace_path
+
+        check_trace_path(args.save_routing)
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
         from graph_passes.model_io import model_files
         from ndp_io import check_no_clobber
@@ -164,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         options,
         settings=settings,
         input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
+        capture_routing=bool(args.save_routing),
     )
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
@@ -203,6 +211,11 @@ def _run(args: argparse.Namespace) -> int:
         from hw_model.chrome_trace import write_chrome_trace
 
         write_chrome_trace(args.trace, report.chrome_trace())
+    if args.save_routing:
+        from hw_model.routing_trace_io import save_trace
+        from ndp_ep.routing import reporter_trace
+
+        save_trace(reporter_trace(session.reporter, source=f"ndp-ep run {args.model}"), args.save_routing)
     if args.json:
         import json
 
