@@ -158,6 +158,13 @@ def warn(command: str, message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (0 ok, 1 a negative answer such as ``diff``'s, 2 bad input)."""
+    from ndp_ep.text import terminal_streams
+
+    with terminal_streams():  # nothing printed sends a control character to the terminal (ndp_ep/text.py)
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     except SystemExit as done:  # --help, --version, or a usage error already printed as one line
