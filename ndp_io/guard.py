@@ -71,3 +71,17 @@ def check_no_clobber(outputs: Iterable[PathLike | None], inputs: Iterable[PathLi
         for other in out_paths[position + 1 :]:
             if os.path.realpath(out) == os.path.realpath(other) or _same_file(out, other):
                 raise ClobberError(f"two outputs are the same file: {out} and {other}")
+
+
+def inside_folder(folder: PathLike, path: PathLike) -> Path | None:
+    """``path`` resolved (symbolic links followed) when it lies inside ``folder`` (also resolved), else None.
+
+    The containment check of every file ndp-ep reads beside a model (GenAI side files, the config, the decoder):
+    a link whose target is outside the folder, a link loop or a missing target gives None, so the caller refuses
+    it without opening the target."""
+    try:
+        base = Path(os.path.realpath(folder))
+        resolved = Path(os.path.realpath(path, strict=True))
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return resolved if resolved == base or base in resolved.parents else None
