@@ -64,21 +64,27 @@ def wrap(text: str, width: int = TERMINAL_WIDTH, indent: str = "", subsequent_in
     ) or [indent.rstrip()]
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # every C0/C1 control but tab and newline
 _SGR = re.compile(r"(\x1b\[(?:[0-9]{1,2};)*[0-9]{1,2}m)")
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")  # and lone surrogates
+
+
 def _visible(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte of a file name that is not UTF-8 (surrogateescape): that byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def terminal_safe(text: str, keep_colours: bool = False) -> str:
     """``text`` with every control character but tab and newline shown as ``\\xNN`` (escape sequences in node
-    names, attributes or a hardware ``name``: cursor moves, window titles, screen clears, ...); with
+    names, attributes or a hardware ``name``: cursor moves, window titles, screen clears, ...), and each byte of a
+    file name that is not UTF-8 (a lone surrogate) as ``\\xNN`` too, so printing never fails on it; with
     ``keep_colours``, plain colour codes (``ESC [ n ; m m``) stay."""
     if not keep_colours:
-        return _CONTROL.sub(_visible, text)
-    return "".join(part if _SGR.fullmatch(part) else _CONTROL.sub(_visible, part) for part in _SGR.split(text))
+        return _UNPRINTABLE.sub(_visible, text)
+    return "".join(part if _SGR.fullmatch(part) else _UNPRINTABLE.sub(_visible, part) for part in _SGR.split(text))
 
 
 class TerminalSafeStream:

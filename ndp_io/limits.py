@@ -13,6 +13,7 @@ import os
 MAX_PARSE_DEPTH = 32  # nesting of objects/arrays/tables; real files nest at most 5 deep
 MAX_CONFIG_FILE_BYTES = 64 << 20  # a TOML or JSON configuration file (a hardware file is a few KB)
 MAX_NAME_CHARS = 256  # a hardware system's ``name`` and other names shown in reports and passed to the runtime
+MAX_DESCRIPTION_CHARS = 4096  # a hardware system's ``description``
 MAX_SESSION_KEY_CHARS = 256  # ``InferenceSession(session_key=...)``
 MAX_CSV_FIELD_BYTES = 128 << 10  # one field of a validation CSV
 MAX_CSV_INTEGER_DIGITS = 30  # an integer field of a validation CSV (sizes and counts)

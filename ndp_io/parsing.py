@@ -82,18 +82,21 @@ def parse_json(text: str, origin: Path | str, error: ErrorType) -> Any:
     return value
 
 
-def parse_toml(text: str, origin: Path | str, error: ErrorType) -> dict[str, Any]:
-    """``text`` parsed as TOML, nested at most :data:`MAX_PARSE_DEPTH` deep; ``error`` otherwise."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+def parse_toml(
+    text: str, origin: Path | str, error: ErrorType, loads: Callable[[str], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """``text`` parsed as TOML (by ``loads``, default the standard library's ``tomllib``; Python 3.10 callers pass
+    ``tomli.loads``), nested at most :data:`MAX_PARSE_DEPTH` deep; ``error`` otherwise."""
+    if loads is None:
+        import tomllib  # Python 3.11+; ndp_io imports only the standard library
+
+        loads = tomllib.loads
     text = text[1:] if text.startswith(BOM) else text
     try:
-        value = tomllib.loads(text)
+        value = loads(text)
     except RecursionError:
         raise error(_too_deep(origin)) from None
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
+    except ValueError as exc:  # TOMLDecodeError is one; also Python's 4,300-digit integer guard
         raise error(f"{origin}: not valid TOML ({str(exc).splitlines()[0][:200]})") from None
     if nesting_depth(value) > MAX_PARSE_DEPTH:
         raise error(_too_deep(origin))
@@ -105,6 +108,6 @@ def read_json(path: Path, error: ErrorType) -> Any:
     return parse_json(read_config_text(path, error), path, error)
 
 
-def read_toml(path: Path, error: ErrorType) -> dict[str, Any]:
+def read_toml(path: Path, error: ErrorType, loads: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The TOML file at ``path`` (:func:`read_config_text`, :func:`parse_toml`)."""
-    return parse_toml(read_config_text(path, error), path, error)
+    return parse_toml(read_config_text(path, error), path, error, loads)
