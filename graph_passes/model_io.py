@@ -100,6 +100,9 @@ def load_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] 
 
 # -- loading -----------------------------------------------------------------------------------------------
 def _read_error(path: Path, exc: OSError) -> InvalidModelError:
+    from ndp_io.guard import shown_path
+
+    path = shown_path(str(path))  # type: ignore[assignment]  # a 4,000-byte path is not shown whole
     if exc.errno == errno.ELOOP:
         return InvalidModelError(f"{path}: symbolic link loop")
     if exc.errno in (errno.EACCES, errno.EPERM):

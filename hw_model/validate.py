@@ -44,6 +44,7 @@ from hw_model.errors import CalibrationDataError, HwModelError
 from hw_model.figures import save_png
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
 from hw_model.workload import ExpertShape, MoELayerShape
+from ndp_io.limits import MAX_CSV_FIELD_BYTES, MAX_CSV_INTEGER_DIGITS, MAX_KIND_NAME_CHARS, limit_note
 
 DRAM_SWEEP_COLUMNS = ("standard", "mapping", "scope", "refresh", "bytes", "time_ns_mean")
 DRAM_CONTENTION_COLUMNS = (
@@ -61,7 +62,7 @@ DRAM_MAPPINGS = {"MOP4CLXOR": "interleaved", "RoBaRaCoCh": "row-sequential"}
 DRAM_SCOPE_RANKS = {"rank_ndp": 1, "dimm_ndp_2rank": 2, "channel_host_2rank": 1}
 KERNEL_COLUMNS = ("kind", "dtype", "d", "f", "tokens", "shards", "median_us", "p10_us", "p90_us", "flops", "bytes")
 TRANSFER_COLUMNS = ("direction", "memory", "bytes", "median_us", "p10_us", "p90_us")
-MOE_LAYER_KIND = re.compile(r"^moe_layer_e(\d+)_k(\d+)$")
+MOE_LAYER_KIND = re.compile(r"^moe_layer_e(\d{1,6})_k(\d{1,6})$")
 SHARD_KINDS = ("shard_graph", "shard_eager")
 TRANSFER_DIRECTIONS = ("h2d", "d2h")
 TRANSFER_MEMORY = ("pinned", "pageable")
@@ -163,10 +164,12 @@ def csv_layout(path: str | Path) -> str:
     """``kernel``, ``transfer``, ``dram_sweep`` or ``dram_contention``, from the CSV's header."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with _open_csv(path) as handle:
             header = {name.strip() for name in (next(csv.reader(handle), None) or ())}
     except UnicodeDecodeError as exc:
         raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except csv.Error as exc:
+        raise _csv_error(path, exc) from None
     for layout, columns in (
         ("kernel", KERNEL_COLUMNS),
         ("transfer", TRANSFER_COLUMNS),
@@ -200,14 +203,23 @@ class DramPrediction:
 
 def load_dram_predictions(path: str | Path) -> list[DramPrediction]:
     """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram`."""
-    from hw_model.dram import get_standard
-
     path = Path(path)
     layout = csv_layout(path)
     if layout not in ("dram_sweep", "dram_contention"):
         raise CalibrationDataError(f"{path}: not a DRAM calibration CSV")
     out: list[DramPrediction] = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    try:
+        return _predict_dram_rows(path, layout, out)
+    except UnicodeDecodeError as exc:
+        raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except csv.Error as exc:
+        raise _csv_error(path, exc) from None
+
+
+def _predict_dram_rows(path: Path, layout: str, out: list[DramPrediction]) -> list[DramPrediction]:
+    from hw_model.dram import get_standard
+
+    with _open_csv(path) as handle:
         for line, raw in enumerate(csv.DictReader(handle), start=2):
             row = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
             try:
@@ -325,7 +337,7 @@ def load_measurements(path: str | Path) -> list[MeasuredRow]:
     """Read a kernel or transfer CSV (see the module docstring); errors name the file, line and column."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with _open_csv(path) as handle:
             reader = csv.DictReader(handle)
             header = tuple(name.strip() for name in (reader.fieldnames or ()))
             if set(KERNEL_COLUMNS) <= set(header):
@@ -344,21 +356,42 @@ def load_measurements(path: str | Path) -> list[MeasuredRow]:
     except UnicodeDecodeError as exc:
         raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
     except csv.Error as exc:
-        raise CalibrationDataError(f"{path}: not a valid CSV file ({exc})") from None
+        raise _csv_error(path, exc) from None
     if not rows:
         raise CalibrationDataError(f"{path}: no data rows")
     return rows
 
 
+def _open_csv(path: Path) -> Any:
+    """A calibration CSV opened as text: UTF-8, a leading byte-order mark dropped (spreadsheets write one)."""
+    return path.open(newline="", encoding="utf-8-sig")
+
+
+def _csv_error(path: Path, exc: csv.Error) -> CalibrationDataError:
+    if "field larger than field limit" in str(exc):  # the csv module's own bound, which is ours
+        return CalibrationDataError(
+            f"{path}: a field is over {MAX_CSV_FIELD_BYTES:,} bytes {limit_note('MAX_CSV_FIELD_BYTES')}"
+        )
+    return CalibrationDataError(f"{path}: not a valid CSV file ({exc})")
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...") + f" ({len(text):,} characters)"
+
+
 def _number(path: Path, line: int, raw: Mapping[str, str], column: str, integer: bool = False) -> float:
     text = raw.get(column, "")
+    if integer and len(text.lstrip("+-")) > MAX_CSV_INTEGER_DIGITS:
+        raise CalibrationDataError(
+            f"{path}:{line}: column '{column}' has {len(text):,} digits {limit_note('MAX_CSV_INTEGER_DIGITS')}"
+        )
     try:
         value = int(text) if integer else float(text)
     except ValueError:
         kind = "an integer" if integer else "a number"
-        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be {kind}, got {text!r}") from None
+        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be {kind}, got {_shown(text)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be positive, got {text!r}")
+        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be positive, got {_shown(text)}")
     return value
 
 
@@ -371,12 +404,17 @@ def _times(path: Path, line: int, raw: Mapping[str, str]) -> tuple[float, float,
 
 def _parse_kernel_row(path: Path, line: int, raw: Mapping[str, str]) -> MeasuredRow:
     kind, dtype = raw["kind"], raw["dtype"]
+    if len(kind) > MAX_KIND_NAME_CHARS:
+        raise CalibrationDataError(
+            f"{path}:{line}: kind {_shown(kind)} is too long {limit_note('MAX_KIND_NAME_CHARS')}"
+        )
     if kind not in SHARD_KINDS and not MOE_LAYER_KIND.match(kind):
         raise CalibrationDataError(
-            f"{path}:{line}: unknown kind {kind!r} (known: {', '.join(SHARD_KINDS)}, moe_layer_e<E>_k<K>)"
+            f"{path}:{line}: unknown kind {kind!r} (known: {', '.join(SHARD_KINDS)}, moe_layer_e<E>_k<K>, "
+            "E and K of at most 6 digits)"
         )
     if dtype not in DTYPE_BYTES:
-        raise CalibrationDataError(f"{path}:{line}: unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
+        raise CalibrationDataError(f"{path}:{line}: unknown dtype {_shown(dtype)} (known: {', '.join(DTYPE_BYTES)})")
     hidden, ffn, tokens, shards = (
         int(_number(path, line, raw, c, integer=True)) for c in ("d", "f", "tokens", "shards")
     )

@@ -261,9 +261,12 @@ def write_bytes(target: PathLike, data: bytes) -> Path:
 
 
 def write_text(target: PathLike, text: str, encoding: str = "utf-8") -> Path:
-    """Replace ``target`` atomically with ``text``; returns the target."""
-    with atomic_write(target, "w", encoding=encoding) as handle:
-        handle.write(text)
+    """Replace ``target`` atomically with ``text``; returns the target. A character the encoding cannot hold (a
+    lone surrogate: a byte of a file name that is not UTF-8, quoted in a report) is written as its ``\\uXXXX``
+    escape, which JSON reads back as that character."""
+    data = text.encode(encoding, errors="backslashreplace")
+    with atomic_write(target, "wb") as handle:
+        handle.write(data)
     return Path(target)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -83,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         raise NdpEpError("ndp-ep generate needs onnxruntime-genai: pip install 'ndp-ep[genai]'") from None
     model_dir = Path(args.model_dir)
     reference = Path(args.reference) if args.reference else None
+    for folder in (model_dir, reference):  # ONNX Runtime GenAI takes a folder as UTF-8 text only
+        if folder is not None and not _is_utf8(folder):
+            raise NdpEpError(
+                f"{folder}: ONNX Runtime GenAI opens only folders whose path is UTF-8; "
+                "rename it (or link to it from a UTF-8 path)"
+            )
     config = read_config(model_dir)
     check_fits(model_dir, config, args.prompt_tokens, args.new_tokens)
     reference_config = read_config(reference) if reference is not None else config
@@ -104,6 +111,15 @@ def run(args: argparse.Namespace) -> int:
             result["reference_tokens_identical"] = expected == result["tokens"]
         _print(result, args)
         return 0 if result.get("reference_tokens_identical", True) else 1
+
+
+def _is_utf8(path: Path) -> bool:
+    try:
+        os.fsencode(path).decode("utf-8")
+        str(path).encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
 
 
 def check_fits(folder: Path, config: dict, prompt_tokens: int, new_tokens: int) -> None:
