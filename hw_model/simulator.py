@@ -147,6 +147,16 @@ class LayerResult:
         return self.busy_by_resource().get(resource, 0.0)
 
     @property
+    def system(self) -> SystemSpec:
+        """The system the invocation was simulated on."""
+        return self._plan.ctx.system
+
+    @property
+    def dtype(self) -> str:
+        """The dtype its experts compute in."""
+        return self._plan.expert.dtype
+
+    @property
     def work(self) -> tuple[float, ...]:
         """The invocation's work (:data:`hw_model.energy.WORK_FIELDS`), its prefetch copies included."""
         work = list(self._plan.summary.work)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
-    from hw_model.bench_energy import format_energy_table
+    from hw_model.bench_energy_tables import format_energy_table
     from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.models import MODELS
