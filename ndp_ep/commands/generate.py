@@ -256,6 +256,9 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         save_trace(trace, args.save_routing)
     prefill, steps = (reports[0], reports[1:]) if reports else (None, [])
     decode_s = [r.simulated_latency_s for r in steps]
+    energies = [r.energy for r in reports]
+    known = bool(energies) and all(e is not None for e in energies)
+    decode_j = [e.total_j for e in energies[1:]] if known else None
     return {
         "model_dir": str(shown),
         "prompt": prompt,
@@ -268,6 +271,10 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         "decode_steps": len(steps),
         "decode_s_per_token": decode_s,
         "simulated_total_s": sum(r.simulated_latency_s for r in reports),
+        # energy (hw_model/energy.py): the prompt's joules per prompt token, each decode step's joules (one token)
+        "prefill_j_per_token": energies[0].total_j / max(1, prefill.tokens) if known and prefill else None,
+        "decode_j_per_token": decode_j,
+        "energy_j": sum(e.total_j for e in energies) if known else None,
         "simulator": reports[-1].simulator if reports else {},
         "notes": sorted({n for r in reports for n in r.notes}),
     }
@@ -303,5 +310,12 @@ def _print(result: dict, args) -> None:
             f"max {max(decode) * 1e3:.3f})"
         )
     print(f"  total                  {result['simulated_total_s'] * 1e3:10.3f} ms")
+    if result["energy_j"] is not None:
+        decode_j = result["decode_j_per_token"]
+        per_token = f", decode {statistics.mean(decode_j) * 1e3:.3f} mJ/token" if decode_j else ""
+        print(
+            f"  energy   {result['energy_j'] * 1e3:.3f} mJ: prefill {result['prefill_j_per_token'] * 1e3:.3f} "
+            f"mJ/prompt token{per_token}"
+        )
     for note in result["notes"]:
         print(f"  note: {note}")
