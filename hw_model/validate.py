@@ -484,18 +484,65 @@ def predict_row_s(system: SystemSpec, row: MeasuredRow) -> float:
 
 
 def find_inconsistent(rows: Sequence[MeasuredRow]) -> set[int]:
-    """Indices of rows measured slower (p10) than a run with more work (p90); see the module docstring."""
+    """Indices of rows measured slower (p10) than a run with more work (p90); see the module docstring.
+
+    O(n log n): per group, rows are swept from the most work (size) down; a prefix-minimum tree over the shard
+    counts holds the fastest p90 of the rows with more size seen so far (at most as many shards), and rows of
+    the same size are compared with those of strictly fewer shards. A row is flagged when the fastest p90 among
+    the rows that do more work than it, plus the margin, is below its p10 (the same rows the pairwise
+    definition, :meth:`MeasuredRow.has_at_least_the_work_of`, picks)."""
     by_group: dict[tuple[Any, ...], list[int]] = {}
     for index, row in enumerate(rows):
         by_group.setdefault(row.group, []).append(index)
     flagged: set[int] = set()
     for members in by_group.values():
-        for i in members:
-            if any(
-                rows[j].has_at_least_the_work_of(rows[i]) and rows[j].p90_s * (1 + INCONSISTENCY_MARGIN) < rows[i].p10_s
-                for j in members
-            ):
-                flagged.add(i)
+        flagged.update(_inconsistent_in_group(rows, members))
+    return flagged
+
+
+def _inconsistent_in_group(rows: Sequence[MeasuredRow], members: list[int]) -> list[int]:
+    scale = 1 + INCONSISTENCY_MARGIN
+    shard_values = sorted({rows[i].shards for i in members})
+    rank = {value: position + 1 for position, value in enumerate(shard_values)}  # 1-based for the tree
+    tree = [math.inf] * (len(shard_values) + 1)  # Fenwick tree of prefix minima of p90 over shard ranks
+
+    def fastest_up_to(position: int) -> float:
+        best = math.inf
+        while position > 0:
+            best = min(best, tree[position])
+            position -= position & -position
+        return best
+
+    def add(position: int, value: float) -> None:
+        while position < len(tree):
+            tree[position] = min(tree[position], value)
+            position += position & -position
+
+    order = sorted(members, key=lambda i: -rows[i].size)
+    flagged: list[int] = []
+    start = 0
+    while start < len(order):
+        end = start
+        while end < len(order) and rows[order[end]].size == rows[order[start]].size:
+            end += 1
+        same_size = sorted(order[start:end], key=lambda i: rows[i].shards)
+        fewer_shards = math.inf  # fastest p90 of this size's rows with strictly fewer shards
+        position = 0
+        while position < len(same_size):
+            last = position
+            shards = rows[same_size[position]].shards
+            while last < len(same_size) and rows[same_size[last]].shards == shards:
+                last += 1
+            for i in same_size[position:last]:
+                best = min(fastest_up_to(rank[shards]), fewer_shards)
+                if best * scale < rows[i].p10_s:
+                    flagged.append(i)
+            for i in same_size[position:last]:
+                fewer_shards = min(fewer_shards, rows[i].p90_s)
+            position = last
+        for i in same_size:  # now rows of smaller size see these (more size, at most as many shards)
+            add(rank[rows[i].shards], rows[i].p90_s)
+        start = end
     return flagged
 
 

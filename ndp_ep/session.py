@@ -215,6 +215,14 @@ class InferenceSession:
         :class:`RunError`."""
         _check_mapping(input_feed)
         shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
+        # ONNX Runtime reads an array's bytes in this machine's order whatever its dtype says (a big-endian int64
+        # [1, 2] ran as [72057594037927936, ...]): such a feed is converted, its values kept
+        input_feed = {
+            name: value.astype(value.dtype.newbyteorder("="))
+            if isinstance(value, np.ndarray) and not value.dtype.isnative
+            else value
+            for name, value in input_feed.items()
+        }
         return self._tagged_run(self._session.run, output_names, input_feed, run_options, shapes, _array_signature)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
@@ -269,6 +277,12 @@ class InferenceSession:
             expected = _ORT_TYPES.get(spec.type)
             if expected is not None and dtype != expected:
                 got = dtype.name if isinstance(dtype, np.dtype) else dtype
+                if isinstance(dtype, np.dtype) and dtype.newbyteorder("=") == expected:  # same type, other order
+                    order = "big" if dtype.byteorder == ">" else "little"
+                    raise FeedError(
+                        f"input {name!r} must be {np.dtype(expected).name} in this machine's byte order, got "
+                        f"{order}-endian {got} ({dtype.str!r}): convert it with .astype({np.dtype(expected).str!r})"
+                    )
                 raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {got}")
             if len(spec.shape) != len(shape):
                 raise FeedError(f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {shape}")
@@ -464,9 +478,7 @@ def _check_input_shapes(shapes) -> None:
             isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 or d > 2**62 for d in dims
         )
         if not isinstance(name, str) or bad:
-            raise NdpEpError(
-                f"input_shapes[{name!r}] must be a sequence of non-negative integers, got {shape!r}"[:300]
-            )
+            raise NdpEpError(f"input_shapes[{name!r}] must be a sequence of non-negative integers, got {shape!r}"[:300])
 
 
 def _check_no_provider_added(options) -> None:

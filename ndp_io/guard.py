@@ -50,6 +50,30 @@ def check_output_path(path: PathLike) -> Path:
         )
     if _is_dir(target):
         raise OutputWriteError(f"cannot write {shown_path(text)}: it is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):  # found before the work, not after it
+        raise OutputWriteError(f"cannot write {shown_path(text)}: permission denied in {shown_path(str(directory))}")
+    return target
+
+
+def check_output_dir(path: PathLike) -> Path:
+    """``path`` as a :class:`Path` when a command can create (or fill) a directory there, checked before any work:
+    no file of that name, the nearest existing ancestor a directory this process may write in, a usable length.
+    :class:`OutputWriteError` otherwise."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise OutputWriteError("output directory is empty")
+    if "\0" in text or len(os.fsencode(text)) > MAX_PATH_BYTES:
+        raise OutputWriteError(f"cannot create {shown_path(text)}: not a usable path {limit_note('MAX_PATH_BYTES')}")
+    target = Path(text)
+    ancestor = target
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor == target and not _is_dir(target):
+        raise OutputWriteError(f"{shown_path(text)} is a file, not a directory")
+    if not _is_dir(ancestor):
+        raise OutputWriteError(f"cannot create {shown_path(text)}: {shown_path(str(ancestor))} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputWriteError(f"cannot create {shown_path(text)}: permission denied in {shown_path(str(ancestor))}")
     return target
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir
+from ndp_io import temporary_directory
 
 HELP = "convert and run a bundled MoE sample, check it against stock ONNX Runtime, compare ours with the baselines"
 PARITY_TOLERANCE = 1e-5  # max |provider - stock| relative to max |stock|
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)  # ours: the default policy
     system = settings.system
     ours_policy = settings.policy
-    with tempfile.TemporaryDirectory(prefix="ndp-ep-demo-") as scratch:
+    with temporary_directory("ndp-ep-demo-") as scratch:  # removed on SIGTERM/SIGHUP/SIGINT too (ndp_io)
         out_dir = Path(args.out) if args.out else Path(scratch)
         if args.out:
             out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ndp_ep.genai import GENAI_CONFIG, decoder_path, is_converted, load_decoder, read_config
+from ndp_io import temporary_directory
 
 if TYPE_CHECKING:
     from ndp_ep.genai import GenerationReports
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         load_decoder(reference, reference_config)
     decoder = load_decoder(model_dir, config)
     converted = is_converted(decoder)
-    with tempfile.TemporaryDirectory(prefix="ndp-ep-generate-") as tmp:
+    with temporary_directory("ndp-ep-generate-") as tmp:  # removed on SIGTERM/SIGHUP/SIGINT too (ndp_io)
         folder = model_dir
         if not converted:
             reference = reference or model_dir
