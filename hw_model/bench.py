@@ -259,7 +259,12 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     energy = sim.energy(total, extra_gpu_busy_s=total - expert_s)
     record.update(
         energy_fields(
-            energy, prefill_energy, latency_s=total, prompt_tokens=prompt, generated_tokens=trace.generated_tokens
+            energy,
+            prefill_energy,
+            simulator=sim.energy(),
+            latency_s=total,
+            prompt_tokens=prompt,
+            generated_tokens=trace.generated_tokens,
         )
     )
     return JobResult(record, gantt)

@@ -155,6 +155,38 @@ def run_energy_of(layers: Sequence[LayerReport], elapsed_s: float, non_expert_gp
     )
 
 
+def power_levels(energy: Any, trace: dict[str, Any], units: int) -> dict[str, tuple[float, float]]:
+    """(idle W, busy W) per trace resource such that the counters integrate to ``energy`` (an
+    :class:`hw_model.energy.EnergyReport`): each resource's static power when idle, plus its dynamic joules spread
+    over its busy time in ``trace`` (the GPU's memory energy with the GPU, the DRAM, core and host-copy energy over
+    the NDP units, PCIe's over both directions)."""
+    from hw_model.chrome_trace import busy_s_by_resource
+
+    busy = busy_s_by_resource(trace)
+    elapsed = energy.elapsed_s or 1.0
+    total, static = energy.by_resource_j, energy.static_j
+    ndp = [f"ndp{u}" for u in range(units)]
+    groups = {
+        ("gpu",): (("gpu", "gpu_memory"), ("gpu",)),
+        ("pcie", "pcie_d2h"): (("pcie",), ("pcie",)),
+        tuple(ndp): (("ndp_core", "ndp_dram", "host"), ("ndp_core", "ndp_dram")),
+        ("ndp_link",): (("ndp_link",), ("ndp_link",)),
+    }
+    levels: dict[str, tuple[float, float]] = {}
+    for resources, (parts, static_parts) in groups.items():
+        if not resources:
+            continue
+        static_j = sum(static.get(p, 0.0) for p in static_parts)
+        dynamic_j = sum(total.get(p, 0.0) for p in parts) - static_j
+        busy_s = sum(busy.get(r, 0.0) for r in resources)
+        idle_w = static_j / elapsed / len(resources)
+        if busy_s <= 0:  # nothing ran there: its dynamic joules (if any) spread over the run
+            idle_w += dynamic_j / elapsed / len(resources)
+        for resource in resources:
+            levels[resource] = (idle_w, idle_w + (dynamic_j / busy_s if busy_s > 0 else 0.0))
+    return levels
+
+
 def simulated_summary(snapshot: Any) -> dict[str, Any]:
     """A report's ``simulator``: the summary of a :class:`hw_model.simulator.SummarySnapshot` without its measured
     wall-clock values (:data:`MEASURED_SUMMARY_KEYS`), so that a report depends only on the routing simulated."""
@@ -295,7 +327,7 @@ class RunReport:
         The MoE layers run one after another, each preceded by an equal share of ``non_expert_gpu_s`` on the
         GPU (the session charges the non-expert ops that way), so the trace spans ``simulated_latency_s``.
         """
-        from hw_model.chrome_trace import TraceLayer, chrome_trace, sequential_layers
+        from hw_model.chrome_trace import TraceLayer, add_power_counters, chrome_trace, sequential_layers
 
         meta = {k: v for k, v in self.to_json().items() if k not in ("layers", "simulator")}
         if not self.layers:
@@ -304,7 +336,10 @@ class RunReport:
         invocations = [(layer.index, self.phase, layer.events, layer.latency_s) for layer in self.layers]
         gap = self.non_expert_gpu_s / len(self.layers)
         names = [layer.name for layer in self.layers]
-        return chrome_trace(sequential_layers(invocations, gap, "non-expert ops", names=names), metadata=meta)
+        trace = chrome_trace(sequential_layers(invocations, gap, "non-expert ops", names=names), metadata=meta)
+        if self.energy is not None:
+            add_power_counters(trace, power_levels(self.energy, trace, self.ndp_units), self.simulated_latency_s)
+        return trace
 
     def format_text(self) -> str:
         """The headline (simulated latency, phase, tokens, hardware, policy, the dtype weights are costed as),
