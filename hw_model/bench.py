@@ -79,6 +79,7 @@ class BenchConfig:
     gantt: bool = True
     default_units: int = 4
     lookahead_accuracy: float = 0.8
+    placement: str | None = None  # a placement file (hw_model/pins.py) every job simulates with
 
     def __post_init__(self) -> None:
         if not self.ndp_units or any(n < 0 for n in self.ndp_units):
@@ -253,7 +254,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     for key in ("prefetch_hits", "prefetch_misses", "prefetch_hit_rate", "prefetch_bytes_moved"):
         if key in summary:
             record[key] = summary[key]
-    for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved"):
+    for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved", "pin_cost_s"):
         if key in summary:
             record[key] = summary[key]
     energy = sim.energy(total, extra_gpu_busy_s=total - expert_s)
@@ -282,7 +283,7 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
     """Every simulation the bench runs: the main table, then the sweeps."""
     jobs: list[Job] = []
     main_level = config.skew_levels[0]
-    base = SimulationSettings(hw=config.hw)
+    base = SimulationSettings(hw=config.hw, placement=config.placement)
     by_units = {units: base.replace(ndp_units=units) for units in {*config.ndp_units, config.default_units}}
 
     def settings(units: int, policy: str, **knobs: float) -> SimulationSettings:

@@ -29,10 +29,18 @@ CAPTURED_LEVEL = "captured"
 
 
 def trace_settings(
-    trace: CapturedTrace, hw: str | None, ndp_units: Sequence[int], policies: Sequence[str]
+    trace: CapturedTrace,
+    hw: str | None,
+    ndp_units: Sequence[int],
+    policies: Sequence[str],
+    placement: str | None = None,
 ) -> list[SimulationSettings]:
-    """The settings of every (NDP count, policy) to replay: the trace's own, with these replaced."""
-    base = settings_of_header(trace.header.settings, **({"hw": hw} if hw is not None else {}))
+    """The settings of every (NDP count, policy) to replay: the trace's own, with these replaced (``placement``
+    when given)."""
+    changes = {"hw": hw} if hw is not None else {}
+    if placement is not None:
+        changes["placement"] = placement
+    base = settings_of_header(trace.header.settings, **changes)
     by_units = {units: base.replace(ndp_units=units) for units in ndp_units}
     return [by_units[units].replace(policy=policy) for units in ndp_units for policy in policies]
 
@@ -68,7 +76,7 @@ def replay_record(trace: CapturedTrace, settings: SimulationSettings, model_name
         "host_to_gpu_bytes": summary["host_to_gpu_bytes"],
         "on_demand_weight_bytes": summary["on_demand_weight_bytes"],
     }
-    for key in ("prefetch_hit_rate", "prefetch_bytes_moved", "cache_hit_rate", "cache_bytes_moved"):
+    for key in ("prefetch_hit_rate", "prefetch_bytes_moved", "cache_hit_rate", "cache_bytes_moved", "pin_cost_s"):
         if key in summary:
             record[key] = summary[key]
     return record
@@ -86,9 +94,11 @@ def run_trace_bench(
     policies: Sequence[str] = POLICIES,
     jobs_in_parallel: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    placement: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every (NDP count, policy) replay of ``trace``, with the speedups filled in."""
-    work = [(trace, settings, model_name) for settings in trace_settings(trace, hw, ndp_units, policies)]
+    chosen = trace_settings(trace, hw, ndp_units, policies, placement)
+    work = [(trace, settings, model_name) for settings in chosen]
     records: list[dict[str, Any]] = []
     if progress:
         progress(0, len(work))

@@ -272,6 +272,35 @@ class InvocationLayout:
         self.state.on_demand_bytes += self.layer.expert.weight_bytes() / k
         self.decisions.append((SPLIT, tokens, k, 0))
 
+    def repin(self, gpu: frozenset[int], ndp: frozenset[int]) -> float:
+        """Move the pinned experts among the recorded decisions where the pins say (``gpu``: on the GPU, resident;
+        ``ndp``: on the NDP units as the policy's layout has them) and finish again; returns the pinned latency
+        less the policy's own (0.0 when no active expert is pinned, or the policy laid out its own timeline)."""
+        if self._placement is not None and not self.decisions and self._unrecorded is None:
+            return 0.0  # finished with a timeline of its own (finish_with_timeline): no decisions to move
+        self._recorded()
+        units = self.units
+        before = self.summary.latency_s
+        moved = False
+        for i in range(len(self.ids)):
+            e = self.ids[i]
+            kind, tokens, a, _ = self.decisions[i]
+            if e in gpu and not (kind == GPU and a == 1):
+                if kind == GPU:  # its copy was counted as on-demand: resident now
+                    self.state.on_demand_bytes -= self.ctx.expert_bytes[self.layer_index]
+                self.decisions[i] = (GPU, tokens, 1, 0)
+                moved = True
+            elif e in ndp and units > 0 and kind in (GPU, SPLIT):
+                self.decisions[i] = (
+                    (SLICED, tokens, 0, 0) if self.ctx.tensor_parallel else (WHOLE, tokens, e % units, 0)
+                )
+                moved = True
+        if not moved:
+            return 0.0
+        self._timeline = None
+        self._placement = None
+        return self.finish().latency_s - before
+
     def finish(self) -> LayoutSummary:
         """Set :attr:`summary` from the recorded decisions (from the run's memo, laid out on a miss); returns it."""
         key = (self.ctx.layer_classes[self.layer_index], tuple(sorted(self.decisions)))

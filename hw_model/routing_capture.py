@@ -1,7 +1,8 @@
 """A bounded-memory recorder of routing, step by step: what a session's routing capture appends to.
 
 :class:`RoutingCapture` keeps each step's routing compressed-sparse (per MoE layer, the non-zero expert counts:
-``top_k`` entries for a one-token decode step, whatever the expert count), in memory up to ``resident_bytes``;
+``top_k`` entries for a one-token decode step, whatever the expert count; the steps held in memory are kept dense,
+``[layers, experts]`` each, and made sparse together), in memory up to ``resident_bytes``;
 beyond that the chunk held is appended to an anonymous temporary file (the spool, deleted when the capture is
 closed or collected) and memory starts over, so a long generation holds at most ``resident_bytes`` (plus one step)
 in memory however long it runs. :meth:`RoutingCapture.steps` reads everything back as
@@ -22,7 +23,6 @@ from hw_model.routing_trace import ABSENT, STEP_PHASES, RoutingSteps
 DEFAULT_RESIDENT_BYTES = 1 << 20  # routing held in memory before it is spooled to disk
 # the per-step arrays and the per-entry arrays, in spool order: (name, dtype)
 _STEP_FIELDS = (("phase", np.uint8), ("gap_s", np.float64), ("reported_s", np.float64))
-_ENTRY_FIELDS = (("experts", np.int32), ("counts", np.int32))
 
 
 class RoutingCapture:
@@ -43,7 +43,9 @@ class RoutingCapture:
         self._reset_chunk()
 
     def _reset_chunk(self) -> None:
-        self._chunk = {"phase": [], "gap_s": [], "reported_s": [], "layer_tokens": [], "sizes": [], "entries": []}
+        # per step held in memory: its phase, seconds, tokens per layer and dense counts [layers, width] (made
+        # sparse, all steps at once, when the chunk is spooled or read)
+        self._chunk = {"phase": [], "gap_s": [], "reported_s": [], "layer_tokens": [], "dense": []}
         self._resident = 0
 
     @property
@@ -64,40 +66,44 @@ class RoutingCapture:
         (``[len(layers), >= their experts]``), the non-expert seconds it was costed with and the latency reported."""
         if phase not in STEP_PHASES:
             raise WorkloadError(f"step phase must be one of {STEP_PHASES}, got {phase!r}")
-        tokens = np.full(self.num_layers, ABSENT, dtype=np.int32)
-        sizes = np.zeros(self.num_layers, dtype=np.int64)
-        entries = np.zeros((2, 0), dtype=np.int32)
-        if layers is not None and counts is not None and len(layers):
-            index = np.asarray(layers, dtype=np.int64)
-            tokens[index] = np.asarray(layer_tokens, dtype=np.int32)
-            dense = np.asarray(counts)[:, : self.width]
-            order = np.argsort(index, kind="stable")  # cells are stored in layer order
-            rows, experts = np.nonzero(dense[order])
-            sizes[index[order]] = np.bincount(rows, minlength=len(index))
-            entries = np.stack([experts.astype(np.int32), dense[order][rows, experts].astype(np.int32)])
+        num_layers, width = self.num_layers, self.width
+        if layers is not None and counts is not None and len(layers) == num_layers and layers[-1] == num_layers - 1:
+            tokens = list(layer_tokens)  # the usual step: every layer, in order (the rows are distinct and sorted)
+            dense = np.array(counts[:, :width] if counts.shape[1] > width else counts, dtype=np.int32)
+        else:
+            tokens = [ABSENT] * num_layers
+            dense = np.zeros((num_layers, width), dtype=np.int32)
+            if layers is not None and counts is not None:
+                for row, layer in enumerate(layers):
+                    tokens[int(layer)] = int(layer_tokens[row])
+                    dense[int(layer)] = counts[row, :width]
         chunk = self._chunk
         chunk["phase"].append(STEP_PHASES.index(phase))
         chunk["gap_s"].append(float(gap_s))
         chunk["reported_s"].append(float(reported_s))
         chunk["layer_tokens"].append(tokens)
-        chunk["sizes"].append(sizes)
-        chunk["entries"].append(entries)
-        self._resident += 17 + tokens.nbytes + sizes.nbytes + entries.nbytes
+        chunk["dense"].append(dense)
+        self._resident += 17 + 4 * num_layers + dense.nbytes
         self.num_steps += 1
         if self._resident > self.resident_bytes_limit:
             self._spill()
 
     def _chunk_arrays(self) -> list[np.ndarray]:
+        """The chunk's arrays: phase, gap_s, reported_s, layer_tokens, cell sizes, experts, counts."""
         chunk = self._chunk
         arrays = [np.array(chunk[name], dtype=dtype) for name, dtype in _STEP_FIELDS]
-        arrays.append(np.stack(chunk["layer_tokens"]).astype(np.int32))
-        arrays.append(np.stack(chunk["sizes"]).astype(np.int64))
-        entries = np.concatenate(chunk["entries"], axis=1) if chunk["entries"] else np.zeros((2, 0), np.int32)
-        arrays += [entries[0].copy(), entries[1].copy()]
+        arrays.append(np.array(chunk["layer_tokens"], dtype=np.int32).reshape(-1, self.num_layers))
+        dense = np.stack(chunk["dense"]) if chunk["dense"] else np.zeros((0, self.num_layers, self.width), np.int32)
+        steps, layers, experts = np.nonzero(dense)  # C order: by step, then layer, then expert
+        cells = steps * self.num_layers + layers
+        size = dense.shape[0] * self.num_layers
+        arrays.append(np.bincount(cells, minlength=size).astype(np.int64).reshape(-1, self.num_layers))
+        arrays.append(experts.astype(np.int32))
+        arrays.append(dense[steps, layers, experts].astype(np.int32))
         return arrays
 
     def _spill(self) -> None:
-        """Append the chunk held in memory to the spool."""
+        """Append the chunk held in memory to the spool (sparse)."""
         if not self._chunk["phase"]:
             return
         if self._spool is None:
@@ -124,9 +130,7 @@ class RoutingCapture:
         if self._chunk["phase"]:
             parts.append(self._chunk_arrays())
         if not parts:
-            empty = [np.zeros((0,), np.uint8), np.zeros((0,)), np.zeros((0,))]
-            empty += [np.zeros((0, self.num_layers), np.int32), np.zeros((0, self.num_layers), np.int64)]
-            parts.append([*empty, np.zeros(0, np.int32), np.zeros(0, np.int32)])
+            parts.append(self._chunk_arrays())  # an empty chunk: every array empty
         joined = [np.concatenate([part[i] for part in parts]) for i in range(7)]
         offsets = np.zeros(joined[4].size + 1, dtype=np.int64)
         offsets[1:] = np.cumsum(joined[4].reshape(-1))

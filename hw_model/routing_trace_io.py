@@ -9,7 +9,7 @@ Reading refuses, with one :class:`~hw_model.errors.TraceFormatError` line each: 
 (foreign), one whose zip directory is missing or whose members fail their CRC (truncated or corrupt), members it
 does not know, a missing header or array, a header that is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`,
 names another format or version, or has a field of the wrong type, arrays of the wrong dtype, shape or content,
-and an archive whose members would inflate past ``max_bytes`` (checked from the zip directory before anything is
+an archive whose members would inflate past ``max_bytes`` (checked from the zip directory before anything is
 decompressed; a member never inflates past the size its entry states).
 """
 
@@ -90,7 +90,7 @@ def _load(path: Path, max_bytes: int) -> CapturedTrace:
     try:
         with zipfile.ZipFile(path) as archive:
             return _read_archive(archive, max_bytes)
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as exc:
         if isinstance(exc, TraceFormatError):
             raise
         raise TraceFormatError(f"truncated or corrupt ({type(exc).__name__}: {exc})") from None
@@ -177,10 +177,10 @@ def _read_array(name: str, data: bytes, dtype: str, ndim: int) -> np.ndarray:
             shape, fortran, found = np.lib.format.read_array_header_2_0(stream)
         else:
             raise TraceFormatError(f"array {name!r}: .npy version {version} not read")
-    except ValueError as exc:
-        if isinstance(exc, TraceFormatError):
-            raise
-        raise TraceFormatError(f"array {name!r} is not a .npy array ({exc})") from None
+    except TraceFormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy parses the header dict with tokenize and literal_eval
+        raise TraceFormatError(f"array {name!r} is not a .npy array ({type(exc).__name__})") from None
     if found != np.dtype(dtype) or fortran or len(shape) != ndim:
         raise TraceFormatError(f"array {name!r} must be {dtype} with {ndim} dimension(s), got {found} {shape}")
     body = len(data) - stream.tell()

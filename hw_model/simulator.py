@@ -297,9 +297,19 @@ class MoESimulator:
         self.layers = tuple(layers)
         self.policy = policy
         largest_expert_bytes = max(layer.expert.weight_bytes() for layer in self.layers)
-        self.gpu_pool_bytes = max(
-            0.0, USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
-        )
+        pool = USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
+        # what-if pins (hw_model/pins.py): per layer, the experts pinned to the GPU and to the NDP units
+        self._pin_sets: list[tuple[frozenset[int], frozenset[int]]] | None = None
+        self._pin_cost_s = 0.0
+        pins = settings.pins
+        if pins is not None:
+            pins.check([layer.num_experts for layer in self.layers])
+            self._pin_sets = [(pins.gpu(i), pins.ndp(i)) for i in range(len(self.layers))]
+            if pins.gpu_pool_cap_bytes > 0:
+                pool = min(pool, pins.gpu_pool_cap_bytes)
+            for i in range(len(self.layers)):  # GPU-pinned experts stay resident: out of the pool
+                pool -= len(self._pin_sets[i][0]) * self.layers[i].expert.weight_bytes()
+        self.gpu_pool_bytes = max(0.0, pool)
         if self.policy_impl.keeps_residents:
             self.residency_cap_bytes = self.gpu_pool_bytes * settings.residency_fraction
             self.staging_cap_bytes = max(self.gpu_pool_bytes - self.residency_cap_bytes, largest_expert_bytes)
@@ -436,6 +446,7 @@ class MoESimulator:
         context = self.context
         policy = self.policy_impl
         prefetcher = state.prefetcher
+        pin_sets = self._pin_sets
         policy.begin_step(context, state, indices, counts, phase)
         decode = phase == "decode"
         between = gap_before_layer_s > 0 or predictions is not None  # work before each invocation
@@ -469,6 +480,10 @@ class MoESimulator:
             recomputed_before = state.recomputations
             out = InvocationLayout(context, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
+            if pin_sets is not None:
+                gpu_pins, ndp_pins = pin_sets[layer_index]
+                if gpu_pins or ndp_pins:
+                    self._pin_cost_s += out.repin(gpu_pins, ndp_pins)
             summary = out.summary
             copied = 0.0
             added: Sequence[tuple[str, float, float, str]] = ()
@@ -697,6 +712,8 @@ class MoESimulator:
             "feasible": self.capacity.feasible,
             "infeasible_reason": self.capacity.reason,
         }
+        if self._pin_sets is not None:  # what the placement pins cost against the policy's own placement
+            values["pin_cost_s"] = self._pin_cost_s
         prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
         cache = state.lru.stats_values() if state.lru is not None else None
         return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)

@@ -257,3 +257,8 @@ def add_save_routing_arg(parser) -> None:
         help="write the run's routing (per step and MoE layer, with the model's shapes) as a routing trace "
         "(docs/trace_format.md), for ndp-ep bench --trace and ndp-ep trace-stats",
     )
+
+
+def add_placement_arg(parser: argparse.ArgumentParser) -> None:
+    """``--placement FILE.toml``: experts pinned per layer and a GPU pool cap (:mod:`hw_model.pins`)."""
+    _add_setting(parser, "placement")

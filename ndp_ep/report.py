@@ -370,6 +370,12 @@ class RunReport:
                 f"(most on {energy.dominant}: {energy.by_resource_j[energy.dominant] * 1e3:.3f} mJ)"
             )
         lines += table(rows, "<><<", indent="  ")
+        pin_cost = self.simulator.get("pin_cost_s") if isinstance(self.simulator, dict) else None
+        if pin_cost is not None:  # hw_model/pins.py: the session's runs so far, against the policy's own choice
+            lines.append(
+                f"  placement pins: {pin_cost * 1e3:+.4f} ms over the session's runs so far against the policy's "
+                "own placement"
+            )
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 

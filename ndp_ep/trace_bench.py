@@ -168,7 +168,9 @@ def run_model_bench(args, trace: CapturedTrace, name: str, notes: list[str], ndp
     from hw_model.bench import ProgressBar
     from hw_model.bench_trace import format_trace_table, run_trace_bench
 
-    records = run_trace_bench(trace, name, args.hw, ndp_units, policies, args.jobs, ProgressBar())
+    records = run_trace_bench(
+        trace, name, args.hw, ndp_units, policies, args.jobs, ProgressBar(), placement=args.placement
+    )
     header = trace.header
     title = (
         f"{name} ({len(header.layers)} MoE layers, {header.layers[0].num_experts} experts top-{header.layers[0].top_k},"

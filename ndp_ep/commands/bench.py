@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir, output_file
 
     add_hardware_args(parser, units=False)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     parser.add_argument(
         "--ndp-units",
         type=_unit_counts,
@@ -115,7 +118,11 @@ def run(args: argparse.Namespace) -> int:
     system = SimulationSettings(hw=args.hw).system
     out_dir = Path(args.out) if args.out else None
     sweeps_file = out_dir / "sweeps.json" if out_dir else None
-    check_no_clobber([args.json_out, args.markdown, sweeps_file], [args.trace, args.hw, args.model_from])
+    check_no_clobber(
+        [args.json_out, args.markdown, sweeps_file], [args.trace, args.hw, args.model_from, args.placement]
+    )
+    if args.placement:  # checked once, before any work (each job loads it again)
+        SimulationSettings(hw=args.hw, placement=args.placement)
     ndp_units = args.ndp_units or system.supported_ndp_units or (2, 4, 6)
     from ndp_ep.trace_bench import is_captured_trace
 
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         locality=args.locality,
         shift_at=None if args.shift_at < 0 else args.shift_at,
         trace_file=args.trace,
+        placement=args.placement,
         seed=args.seed,
         sweeps=not args.no_sweeps,
         default_units=default_units,
@@ -225,7 +233,7 @@ def _run_one_model(args: argparse.Namespace, ndp_units: tuple[int, ...]) -> int:
         level = parts[0] if parts[0] in DEFAULT_SKEW_LEVELS else "typical"
         skew = None if parts[0] in DEFAULT_SKEW_LEVELS else float(parts[0])
         prompt, new = (32, 8) if args.quick else (512, 512)
-        settings = SimulationSettings(hw=args.hw, ndp_units=ndp_units[0])
+        settings = SimulationSettings(hw=args.hw, ndp_units=ndp_units[0], placement=args.placement)
         trace, notes = trace_from_model(
             args.model_from, settings, prompt_tokens=prompt, new_tokens=new, level=level, skew=skew, seed=args.seed
         )

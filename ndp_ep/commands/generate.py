@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_hardware_args(parser)
     add_policy_arg(parser)
     add_tuning_args(parser)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     add_shards_arg(parser, purpose="shards per expert when converting")
     add_seed_arg(parser, of="the prompt's token ids")
     add_json_args(parser, what="the tokens and the simulated latency")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         from ndp_io import check_no_clobber
 
         check_trace_path(args.save_routing)
-        check_no_clobber([args.save_routing], [args.model_dir, args.reference, args.hw])
+        check_no_clobber([args.save_routing], [args.model_dir, args.reference, args.hw, args.placement])
 
     try:
         import onnxruntime_genai as og

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_policy_arg(parser)
     add_dtype_arg(parser)
     add_tuning_args(parser)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
     parser.add_argument(
@@ -162,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         from graph_passes.model_io import model_files
         from ndp_io import check_no_clobber
 
-        check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
+        check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw, args.placement])
     feeds = load_feeds(args.inputs) if args.inputs else None
     options = one_run_session_options()  # imports ONNX Runtime
     warm_up()  # its one-time work on a thread of its own while the session imports onnx and checks the model

@@ -212,3 +212,37 @@ def test_layer_fields_are_checked():
         TraceLayer(
             "x", num_experts=2, top_k=1, hidden=4, ffn=4, weight_dtype="int8", block_size=0, scale_dtype="float16"
         )
+
+
+def test_mutated_files_load_or_are_refused_with_one_typed_line(tmp_path):
+    import random
+
+    data = encode_trace(_trace()[0])
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    rng = random.Random(0)
+    path = tmp_path / "m.npz"
+    outcomes = {"loaded": 0, "refused": 0}
+    for trial in range(400):
+        if trial % 2:  # bytes of the archive itself
+            blob = bytearray(data)
+            for _ in range(rng.randint(1, 8)):
+                blob[rng.randrange(len(blob))] = rng.randrange(256)
+        else:  # bytes of one member, re-zipped (the CRCs match: the reader's own checks must catch it)
+            name = rng.choice(sorted(members))
+            member = bytearray(members[name])
+            for _ in range(rng.randint(1, 6)):
+                member[rng.randrange(len(member))] = rng.randrange(256)
+            out = io.BytesIO()
+            with zipfile.ZipFile(out, "w") as archive:
+                for other, raw in members.items():
+                    archive.writestr(other, bytes(member) if other == name else raw)
+            blob = bytearray(out.getvalue())
+        path.write_bytes(bytes(blob))
+        try:
+            load_captured(path)
+            outcomes["loaded"] += 1
+        except TraceFormatError as exc:
+            assert "\n" not in str(exc)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 300  # anything else escaping fails the test
