@@ -11,8 +11,9 @@ the contenders in fresh child processes, builds one session of each and runs one
 - ``stock``: ``onnxruntime.InferenceSession`` with the CPU provider on the original model;
 - ``ep``: ``onnxruntime.InferenceSession`` with NdpExecutionProvider on the converted model.
 
-Each child prints its session-creation wall time and its peak resident set (``VmHWM`` from /proc/self/status,
-which includes the interpreter and onnxruntime's import: the baseline before the session is printed too).
+Each child prints its session-creation wall and CPU time and its peak resident set (``VmHWM`` from
+/proc/self/status, which includes the interpreter and onnxruntime's import: the baseline before the session is
+printed too) after creation, after the 1-token run and after a 64-token run (which routes to every expert).
 The script prints the medians and the ratios ep / stock. Goal (issue 28): both within 1.1×.
 """
 
@@ -37,7 +38,7 @@ HIDDEN, EXPERTS, TOP_K, FFN, BLOCK = 2048, 32, 4, 1792, 32
 ALIGN = 1 << 16  # external-data offsets, as onnx aligns tensors for memory mapping
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, sys.argv[1])
@@ -51,18 +52,24 @@ if contender == "ep":
     ndp_ep.register()
 options = ort.SessionOptions()
 options.log_severity_level = 3
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 baseline = status("VmHWM")
-start = time.perf_counter()
+start, start_cpu = time.perf_counter(), cpu()
 if contender == "ep":
     session = ort.InferenceSession(model, ndp_ep.session_options(options, record_routing=0))
 else:
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-created = time.perf_counter() - start
+created, created_cpu = time.perf_counter() - start, cpu() - start_cpu
 peak_created = status("VmHWM")
 x = np.random.default_rng(0).standard_normal((1, int(sys.argv[4]))).astype(np.float32)
 session.run(None, {"x": x})
-print(json.dumps({"create_s": created, "baseline_mib": baseline, "peak_created_mib": peak_created,
-                  "peak_mib": status("VmHWM"), "rss_mib": status("VmRSS")}))
+peak_1 = status("VmHWM")
+x = np.random.default_rng(1).standard_normal((64, int(sys.argv[4]))).astype(np.float32)
+session.run(None, {"x": x})
+print(json.dumps({"create_s": created, "create_cpu_s": created_cpu, "baseline_mib": baseline,
+                  "peak_created_mib": peak_created, "peak_mib": peak_1, "peak_64_mib": status("VmHWM")}))
 """
 
 
@@ -179,17 +186,22 @@ def main() -> None:
             for contender, model in (("stock", original), ("ep", converted)):
                 results[contender].append(measure(model, contender))
         medians = {c: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for c, runs in results.items()}
-        print(f"{'':<6} {'create s':>9} {'baseline MiB':>13} {'peak MiB':>9} {'RSS after run':>14}")
+        print(
+            f"{'':<6} {'create s':>9} {'CPU s':>6} {'baseline MiB':>13} {'peak at creation':>17} {'after 1 token':>14} "
+            f"{'after 64 tokens':>16}"
+        )
         for contender, m in medians.items():
             print(
-                f"{contender:<6} {m['create_s']:>9.2f} {m['baseline_mib']:>13.0f} {m['peak_mib']:>9.0f} "
-                f"{m['rss_mib']:>14.0f}"
+                f"{contender:<6} {m['create_s']:>9.2f} {m['create_cpu_s']:>6.2f} {m['baseline_mib']:>13.0f} "
+                f"{m['peak_created_mib']:>17.0f} {m['peak_mib']:>14.0f} {m['peak_64_mib']:>16.0f}"
             )
         ep, stock = medians["ep"], medians["stock"]
         print(
-            f"ep / stock: creation {ep['create_s'] / stock['create_s']:.2f}x, peak RSS "
+            f"ep / stock: creation {ep['create_s'] / stock['create_s']:.2f}x "
+            f"(CPU {ep['create_cpu_s'] / stock['create_cpu_s']:.2f}x), peak RSS "
             f"{ep['peak_mib'] / stock['peak_mib']:.2f}x (above the baseline "
-            f"{(ep['peak_mib'] - ep['baseline_mib']) / (stock['peak_mib'] - stock['baseline_mib']):.2f}x); "
+            f"{(ep['peak_mib'] - ep['baseline_mib']) / (stock['peak_mib'] - stock['baseline_mib']):.2f}x), "
+            f"after a 64-token run {ep['peak_64_mib'] / stock['peak_64_mib']:.2f}x; "
             f"median of {args.repeats} alternating runs"
         )
     finally:
