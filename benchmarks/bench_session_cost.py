@@ -28,14 +28,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-HIDDEN, EXPERTS, TOP_K, FFN, BLOCK = 2048, 32, 4, 1792, 32
-ALIGN = 1 << 16  # external-data offsets, as onnx aligns tensors for memory mapping
+from sample_models.qmoe_chain import LFM2_8B_A1B, build_chain  # noqa: E402
+
+HIDDEN, EXPERTS, TOP_K, FFN, BLOCK = (
+    LFM2_8B_A1B.hidden,
+    LFM2_8B_A1B.experts,
+    LFM2_8B_A1B.top_k,
+    LFM2_8B_A1B.ffn,
+    LFM2_8B_A1B.block,
+)
+
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -73,78 +78,6 @@ print(json.dumps({"create_s": created, "create_cpu_s": created_cpu, "baseline_mi
 """
 
 
-def _write_external(path: Path, arrays: list[tuple[str, np.ndarray]], data_name: str) -> list[TensorProto]:
-    """Appends each array to the external-data file at ``path`` (aligned offsets); returns their tensor protos."""
-    tensors = []
-    with open(path, "ab") as data:
-        for name, array in arrays:
-            offset = data.seek(0, 2)
-            pad = -offset % ALIGN
-            data.write(b"\0" * pad)
-            offset += pad
-            data.write(np.ascontiguousarray(array).tobytes())
-            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
-            tensor.dims.extend(array.shape)
-            tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(array.nbytes))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            tensors.append(tensor)
-    return tensors
-
-
-def build_model(path: Path, layers: int, bits: int, seed: int = 0) -> None:
-    """The QMoE chain (module docstring) at ``path``, weights in ``path``.data, built one layer at a time."""
-    rng = np.random.default_rng(seed)
-    data_name = path.name + ".data"
-    (path.parent / data_name).unlink(missing_ok=True)
-    nodes, inits = [], []
-    current = "x"
-    per_byte = 8 // bits
-    for layer in range(layers):
-        p = f"/model/layers.{layer}/moe"
-        arrays = [
-            (f"{p}.router", (rng.standard_normal((EXPERTS, HIDDEN)) / np.sqrt(HIDDEN)).astype(np.float32)),
-            (f"{p}.fc1", rng.integers(0, 256, (EXPERTS, 2 * FFN, HIDDEN // per_byte), dtype=np.uint8)),
-            (f"{p}.fc1_scales", rng.uniform(0.01, 0.03, (EXPERTS, 2 * FFN, HIDDEN // BLOCK)).astype(np.float32)),
-            (f"{p}.fc2", rng.integers(0, 256, (EXPERTS, HIDDEN, FFN // per_byte), dtype=np.uint8)),
-            (f"{p}.fc2_scales", rng.uniform(0.01, 0.03, (EXPERTS, HIDDEN, FFN // BLOCK)).astype(np.float32)),
-        ]
-        inits += _write_external(path.parent / data_name, arrays, data_name)
-        del arrays
-        logits, moe, residual = f"{p}/logits", f"{p}/out", f"{p}/residual"
-        nodes.append(helper.make_node("Gemm", [current, f"{p}.router"], [logits], transB=1))
-        nodes.append(
-            helper.make_node(
-                "QMoE",
-                [current, logits, f"{p}.fc1", f"{p}.fc1_scales", "", f"{p}.fc2", f"{p}.fc2_scales"],
-                [moe],
-                name=f"{p}/QMoE",
-                domain="com.microsoft",
-                k=TOP_K,
-                activation_type="swiglu",
-                swiglu_fusion=1,
-                normalize_routing_weights=1,
-                expert_weight_bits=bits,
-                block_size=BLOCK,
-                activation_alpha=1.0,
-                activation_beta=0.0,
-            )
-        )
-        nodes.append(helper.make_node("Add", [current, moe], [residual]))
-        current = residual
-    nodes.append(helper.make_node("Identity", [current], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "real_width_qmoe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", HIDDEN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", HIDDEN])],
-        inits,
-    )
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=10), str(path))
-
-
 def measure(model: Path, contender: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(ROOT), str(model), contender, str(HIDDEN)],
@@ -170,7 +103,7 @@ def main() -> None:
     original, converted = folder / "qmoe.onnx", folder / "qmoe.ndp.onnx"
     try:
         if not (args.reuse and original.exists() and converted.exists()):
-            build_model(original, args.layers, args.bits)
+            build_chain(original, args.layers, args.bits)
             subprocess.run(
                 [sys.executable, "-m", "ndp_ep", "convert", str(original), "-o", str(converted), "--external-data"],
                 check=True,
