@@ -16,10 +16,12 @@ the block is skipped with the error. A block with no matching reading is skipped
 A block whose region would hold more than ``max_weight_bytes`` (a real model's layer of 128 experts) is proven on
 its first :func:`sampled_expert_count` experts: the same region with every stacked expert tensor cut to those
 experts (router logits narrowed to match), run on ids drawn among them, against each reading computed from the
-same experts' stored bytes. The reading's arithmetic is the same for every expert, so this proves the reading
-while holding only a few experts in memory; the convert note names the experts checked. Only a block that not
-even that sample can check (per-expert initializers, a region that does not run cut down) keeps its best
-structural reading (the caller reports that).
+same experts' stored bytes. Where those are external data, ONNX Runtime maps the first experts' bytes (a prefix
+of each stacked tensor) from the model's own files, as it maps a model's data, rather than being handed copies.
+The reading's arithmetic is the same for every expert, so this proves the reading while holding only a few
+experts in memory; the convert note names the experts checked. Only a block that not even that sample can check
+(per-expert initializers, a region that does not run cut down) keeps its best structural reading (the caller
+reports that).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from graph_passes.expert_math import ExpertArrays, expert_ffn, group_slots_by_ex
 from graph_passes.feeds import DecoderConfig, random_feeds
 from graph_passes.graph_index import GraphIndex, live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
+from graph_passes.tensors import element_count
 from graph_passes.weights import WeightStore
 
 DEFAULT_MAX_WEIGHT_BYTES = 512 * 2**20
@@ -131,8 +134,9 @@ def _empty_like(model: onnx.ModelProto, graph_name: str) -> onnx.ModelProto:
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
-    """The bytes of the block's expert matrices a check holds: as stored for float matrices, at float32 size for
-    quantized ones (the check dequantizes them: an int4 matrix takes 8 times its packed size there)."""
+    """The bytes of the block's expert matrices a check holds: at float32 size (the check dequantizes quantized
+    matrices, an int4 one takes 8 times its packed size there, and ONNX Runtime's CPU kernels and the widened probe
+    hold float16 and bfloat16 ones as float32)."""
     w = plan.weights
     inputs = {}
     for matrix, width in ((w.up, plan.hidden), (w.gate, plan.hidden), (w.down, plan.ffn)):
@@ -143,7 +147,7 @@ def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
     total = 0
     for name, width in inputs.items():
         tensor = store.tensors[name]
-        total += math.prod(tensor.dims[:2]) * width * 4 if width else store.nbytes(name)
+        total += math.prod(tensor.dims[:2]) * width * 4 if width else element_count(tensor) * 4
     return total
 
 
@@ -217,7 +221,8 @@ def choose_readings(
             if probe is None:
                 continue
             try:
-                captured = _capture(probe, store, _random_region_feeds(probe, candidate.readings[0], seed))
+                feeds = _random_region_feeds(probe, candidate.readings[0], seed)
+                captured = _capture(probe, store, feeds, map_files=True)
                 break
             except Exception:  # ORT refusing the region (no kernel, an op it cannot run alone)
                 note = "checked on float32 copies of its bfloat16 weights (ONNX Runtime CPU has no bfloat16 kernel)"
@@ -464,6 +469,33 @@ def _first_experts(region: onnx.ModelProto, plan: MoEBlockPlan, names: set[str],
     return True
 
 
+def _mapped_first_experts(
+    region: onnx.ModelProto, store: WeightStore, names: set[str], experts: int
+) -> onnx.ModelProto | None:
+    """A copy of the cut ``region`` (:func:`_first_experts`) whose cut tensors in external data name the first
+    ``experts`` experts' bytes in their source's data file (the prefix of each stacked tensor), for ONNX Runtime to
+    map from the model's folder (:func:`_capture`, ``map_files``; the others, small, stay handed over); None when
+    none is in external data or one is bfloat16 (ONNX Runtime's CPU kernels cannot run it: it is widened from
+    copies instead)."""
+    if store.base_dir is None or any(store.tensors[n].data_type == onnx.TensorProto.BFLOAT16 for n in names):
+        return None
+    mapped = onnx.ModelProto()
+    mapped.CopyFrom(region)
+    count = 0
+    for tensor in mapped.graph.initializer:
+        source = store.tensors.get(tensor.name)
+        if tensor.name not in names or source.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        count += 1
+        _, offset, length = store.external_location(tensor.name)
+        entries = {e.key: e.value for e in source.external_data}
+        del tensor.external_data[:]
+        tensor.external_data.add(key="location", value=entries["location"])
+        tensor.external_data.add(key="offset", value=str(offset))
+        tensor.external_data.add(key="length", value=str(length // source.dims[0] * experts))
+    return mapped if count else None
+
+
 def _widened_to_float32(
     probe: onnx.ModelProto,
     store: WeightStore,
@@ -557,6 +589,7 @@ def _sampled_verdict(
     def check() -> Verdict:
         narrow = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
         widen = _widens(region, narrow)
+        mapped = _mapped_first_experts(region, store, names, experts)
 
         def held(wide: bool) -> dict[str, np.ndarray]:
             """The first experts of each stacked tensor, the narrow ones widened to float32 when ``wide``."""
@@ -564,16 +597,20 @@ def _sampled_verdict(
             return {name: _first_experts_of(store, name, experts, dtype) for name, dtype in wanted.items()}
 
         def attempts():
-            """The widened probe first (its weights read straight into float32), then the probe as stored."""
+            """The probe reading its first experts from their own files (ONNX Runtime maps them: nothing is copied
+            here), then the widened probe (its weights read straight into float32), then the probe as stored."""
+            if mapped is not None:
+                inline = {n for n in names if store.tensors[n].data_location != onnx.TensorProto.EXTERNAL}
+                yield mapped, {n: _first_experts_of(store, n, experts) for n in inline}, True
             if widen:
-                yield _widened_to_float32(region, store, narrow, held(True))
-            yield region, held(False)
+                yield (*_widened_to_float32(region, store, narrow, held(True)), False)
+            yield region, held(False), False
 
         captured = None
-        for probe, values in attempts():
+        for probe, values, from_files in attempts():
             try:
                 feeds = _random_region_feeds(probe, first, seed, experts)
-                captured = _capture(probe, store, feeds, values, background=defer)
+                captured = _capture(probe, store, feeds, values, background=defer, map_files=from_files)
                 break
             except Exception:  # ORT refusing the cut-down region (a shape that hard-codes the expert count)
                 continue
@@ -630,18 +667,25 @@ def _capture(
     feeds: dict[str, np.ndarray],
     arrays: Mapping[str, np.ndarray] | None = None,
     background: bool = False,
+    map_files: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
-    initializers are read from ``store`` unless ``arrays`` holds their values. ``background``: the run
+    initializers are read from ``store`` unless ``arrays`` holds their values; with ``map_files`` ONNX Runtime
+    reads those ``arrays`` does not hold from their files in the model's folder itself (it maps them: float32
+    weights are used in place, nothing is copied here). ``background``: the run
     overlaps the caller's writing (a deferred check), so it takes one thread that never spins. A fused node stock
     ONNX Runtime's CPU kernels refuse (:func:`graph_passes.fused_reference.needs_reference`) is computed by the
     float64 reading of its documented semantics instead, from what ONNX Runtime computed of its inputs."""
     referenced = [n for n in probe.graph.node if fused_reference.needs_reference(n)]
     if not referenced:
-        return _capture_with_onnxruntime(probe, store, feeds, arrays, background)
+        return _capture_with_onnxruntime(probe, store, feeds, arrays, background, map_files)
     held = {t.name: t for t in probe.graph.initializer}
     rest = _without_nodes(probe, referenced)
-    captured = _capture_with_onnxruntime(rest, store, feeds, arrays, background) if rest.graph.output else dict(feeds)
+    captured = (
+        _capture_with_onnxruntime(rest, store, feeds, arrays, background, map_files)
+        if rest.graph.output
+        else dict(feeds)
+    )
 
     def value(name: str) -> np.ndarray:
         if name in captured:
@@ -685,6 +729,7 @@ def _capture_with_onnxruntime(
     feeds: dict[str, np.ndarray],
     arrays: Mapping[str, np.ndarray] | None,
     background: bool,
+    map_files: bool = False,
 ) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
@@ -702,8 +747,13 @@ def _capture_with_onnxruntime(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
     # could not resolve their relative file names anyway
-    external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     arrays = arrays or {}
+    original = probe
+    external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    map_files = map_files and store is not None and store.base_dir is not None
+    if map_files:
+        options.add_session_config_entry(MODEL_FOLDER_CONFIG, str(store.base_dir))
+        external = [n for n in external if n in arrays]  # the rest: read by ONNX Runtime from their files
     weights = {n: np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)) for n in external}
     fed = _fed_weights(probe, external)
     if fed:
@@ -711,12 +761,20 @@ def _capture_with_onnxruntime(
     handed = [n for n in external if n not in fed]
     if handed:
         options.add_external_initializers(handed, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in handed])
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:
+        if not map_files:
+            raise
+        # an ONNX Runtime that cannot read a model's data from a folder: hand the values over instead
+        return _capture_with_onnxruntime(original, store, feeds, arrays, background, map_files=False)
     names = [o.name for o in session.get_outputs()]
     run_feeds = {i.name: weights[i.name] if i.name in fed else feeds[i.name] for i in session.get_inputs()}
     outputs = dict(zip(names, session.run(names, run_feeds), strict=True))
     return {**{n: v for n, v in run_feeds.items() if n not in fed}, **outputs}
 
+
+MODEL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"  # where a model from bytes has its data
 
 FED_WEIGHT_TYPES = {
     onnx.TensorProto.FLOAT,

@@ -1,0 +1,274 @@
+"""Real models' widths, built without downloads: convert, session and run costs against a copy and stock ONNX Runtime.
+
+    python benchmarks/bench_real_widths.py                      # every case (about 11 GB of weights, one at a time)
+    python benchmarks/bench_real_widths.py --cases lfm2_int4 qwen3_int4 --quick
+    python benchmarks/bench_real_widths.py --dir /data/tmp --repeats 20
+
+Cases (seeded random weights; ``--quick``: the same widths with fewer experts or layers, see ``CASES``):
+
+    lfm2_int4 / lfm2_int8   LFM2-8B-A1B widths: hidden 2048, 32 experts top-4, expert FFN 1792, 4 QMoE layers
+    qwen3_int4              Qwen3-30B-A3B widths: hidden 2048, 128 experts top-8, expert FFN 768, 4 QMoE layers
+    gpt_oss_fp32 / _fp16    GPT-OSS-20B widths: hidden 2880, 32 experts top-4, FFN 2880, clamped SwiGLU, one MoE layer
+    mixtral_fp16_torch      a torch (dynamo) export at Mixtral widths: hidden 4096, 8 experts top-2, FFN 14336,
+                            fp16, 2.8 GB of external data (bench_large_model.py's builder)
+
+The fused cases come from sample_models/build_real_widths.py (the layout ONNX Runtime GenAI's model builder emits:
+router Gemm → ``com.microsoft.QMoE``/``MoE``); onnxruntime-genai's builder itself needs torch and the checkpoint
+classes, which this benchmark does without. Per case, in one run, contenders alternating:
+
+* convert / cp: ``ndp-ep convert --external-data`` in a child process (peak RSS from ``os.wait4``) between two
+  copies of the weight file (the faster copy counts); both with fsync (bench_large_model.py's helpers). Target
+  ≤ 1.5× cp, peak RSS ≤ 1 GiB + one expert's tensors. ``CPU s`` is the child's user + system time: on a shared
+  machine the wall times follow the CPU left over.
+* session: ONNX Runtime sessions created in child processes, stock (CPU provider, original model) and EP
+  (the converted model with NdpExecutionProvider, ``ndp_ep.session_options``), alternating ``--sessions`` times;
+  creation wall time (best) and the peak RSS right after creation (``ru_maxrss`` in the child). Target ≤ 1.1×.
+* runs: in those same children, median of ``--repeats`` runs at 1 and 64 tokens (intra-op threads
+  ``--threads``; the best child's). Target ≤ 1.0×. Stock ONNX Runtime runs the torch export at 1 token only: its
+  gathered form copies each routed slot's expert weights (60 GB at 64 tokens), so the 64-token ratio is n/a there.
+* rel err: max |provider − stock| / max |stock| of one 4-token run (the last children's).
+* GenAI 512 + 128: only for a GenAI folder with onnxruntime-genai installed; these built cases are bare models,
+  so the column says n/a.
+
+Every model and output lives in a temporary folder under ``--dir`` (default /tmp), removed after its case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_large_model import (  # noqa: E402
+    COPY_RATIO_TARGET,
+    RSS_ALLOWANCE_BYTES,
+    LargeModelSpec,
+    build_large_model,
+    run_conversion,
+    time_copy,
+)
+from sample_models.build_real_widths import RealWidthSpec, build_real_width_model  # noqa: E402
+
+SESSION_RATIO_TARGET = 1.1
+RUN_RATIO_TARGET = 1.0
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark model: a fused-op ``spec`` or a torch-export ``torch`` spec, and its ``--quick`` variant."""
+
+    name: str
+    spec: RealWidthSpec | LargeModelSpec
+    quick: RealWidthSpec | LargeModelSpec
+    stock_tokens: tuple[int, ...] = (1, 64)  # token counts stock ONNX Runtime runs (the provider runs 1 and 64)
+
+    def chosen(self, quick: bool) -> RealWidthSpec | LargeModelSpec:
+        return self.quick if quick else self.spec
+
+
+def _fused(layers: int, experts: int, top_k: int, hidden: int, ffn: int, precision: str, gpt_oss: bool = False):
+    return RealWidthSpec(layers, experts, top_k, hidden, ffn, precision, gpt_oss_swiglu=gpt_oss)
+
+
+CASES = {
+    case.name: case
+    for case in (
+        Case("lfm2_int4", _fused(4, 32, 4, 2048, 1792, "int4"), _fused(1, 32, 4, 2048, 1792, "int4")),
+        Case("lfm2_int8", _fused(4, 32, 4, 2048, 1792, "int8"), _fused(1, 32, 4, 2048, 1792, "int8")),
+        Case("qwen3_int4", _fused(4, 128, 8, 2048, 768, "int4"), _fused(1, 128, 8, 2048, 768, "int4")),
+        Case("gpt_oss_fp32", _fused(1, 32, 4, 2880, 2880, "fp32", True), _fused(1, 8, 4, 2880, 2880, "fp32", True)),
+        Case("gpt_oss_fp16", _fused(1, 32, 4, 2880, 2880, "fp16", True), _fused(1, 8, 4, 2880, 2880, "fp16", True)),
+        Case(
+            "mixtral_fp16_torch",
+            LargeModelSpec(layers=1, num_experts=8, top_k=2, hidden=4096, ffn=14336, dtype="float16"),
+            LargeModelSpec(layers=1, num_experts=4, top_k=2, hidden=4096, ffn=14336, dtype="float16"),
+            stock_tokens=(1,),  # the gathered form copies each slot's expert: 64 tokens x top-2 = 60 GB
+        ),
+    )
+}
+
+
+def expert_bytes(spec: RealWidthSpec | LargeModelSpec) -> int:
+    """One expert's tensors as stored (the peak-RSS allowance beyond 1 GiB)."""
+    if isinstance(spec, RealWidthSpec):
+        return spec.expert_bytes
+    return spec.largest_tensor_bytes // spec.num_experts + spec.hidden * spec.ffn * spec.itemsize
+
+
+def build(spec: RealWidthSpec | LargeModelSpec, directory: Path) -> tuple[Path, Path]:
+    """The case's model and its weight file in ``directory``."""
+    if isinstance(spec, RealWidthSpec):
+        model = build_real_width_model(spec, directory)
+        return model, model.with_name("model.onnx.data")
+    return build_large_model(spec, directory)
+
+
+SESSION_CHILD = r"""
+import json, resource, statistics, sys, time
+import numpy as np
+import onnxruntime as ort
+kind, path, threads, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+token_counts = [int(t) for t in sys.argv[6].split(",")]
+options = ort.SessionOptions()
+options.intra_op_num_threads = threads
+options.log_severity_level = 3
+start = time.perf_counter()
+if kind == "stock":
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+else:
+    import ndp_ep
+    session = ort.InferenceSession(path, ndp_ep.session_options(options, record_routing=0))
+created = time.perf_counter() - start
+created_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+(value,) = session.get_inputs()
+dtype = np.float16 if value.type == "tensor(float16)" else np.float32
+hidden = value.shape[-1]
+runs = {}
+rng = np.random.default_rng(0)
+for tokens in token_counts:
+    feed = {value.name: rng.standard_normal((tokens, hidden)).astype(dtype)}
+    session.run(None, feed)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t)
+    runs[tokens] = statistics.median(times)
+out = session.run(None, {value.name: np.random.default_rng(7).standard_normal((4, hidden)).astype(dtype)})[0]
+np.save(sys.argv[5], out)
+print(json.dumps({"created_s": created, "created_rss": created_rss, "runs": runs}))
+"""
+
+
+def session_child(kind: str, model: Path, args: argparse.Namespace, output: Path, tokens: tuple[int, ...]) -> dict:
+    """Create a session (``stock`` on the original, ``ep`` on the converted model) in a child process, time it
+    and its runs at ``tokens``; the child's whole peak RSS comes from ``os.wait4``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-c", SESSION_CHILD, kind, str(model), str(args.threads), str(args.repeats)]
+    command += [str(output), ",".join(map(str, tokens))]
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        stdout.seek(0)
+        stderr.seek(0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{kind} session failed: {stderr.read().decode(errors='replace').strip()[-2000:]}")
+        result = json.loads(stdout.read())
+    result["peak_rss"] = usage.ru_maxrss * 1024
+    return result
+
+
+def measure(case: Case, work: Path, args: argparse.Namespace) -> dict:
+    """Every figure of one case (see the module docstring)."""
+    import numpy as np
+
+    spec = case.chosen(args.quick)
+    model, data = build(spec, work)
+    copy_before = time_copy(data)
+    converted = work / "converted" / model.name
+    converted.parent.mkdir()
+    result, _, convert_s, convert_rss, convert_cpu = run_conversion(model, converted, args.shards)
+    copy_after = time_copy(data)
+    _, copy_s, copy_cpu = min(copy_before, copy_after, key=lambda times: times[1])
+    sessions: dict[str, list[dict]] = {"stock": [], "ep": []}
+    for _ in range(args.sessions):
+        for kind, path, tokens in (("stock", model, case.stock_tokens), ("ep", converted, (1, 64))):
+            sessions[kind].append(session_child(kind, path, args, work / f"{kind}.npy", tokens))
+    stock, ours = np.load(work / "stock.npy").astype(np.float64), np.load(work / "ep.npy").astype(np.float64)
+    error = float(np.max(np.abs(ours - stock)) / max(np.max(np.abs(stock)), 1e-30))
+
+    def best(kind: str, key: str) -> float:
+        return min(s[key] for s in sessions[kind])
+
+    def run_s(kind: str, tokens: str) -> float | None:
+        times = [s["runs"][tokens] for s in sessions[kind] if tokens in s["runs"]]
+        return min(times) if times else None
+
+    def run_ratio(tokens: str) -> float | None:
+        ours, stock = run_s("ep", tokens), run_s("stock", tokens)
+        return ours / stock if ours is not None and stock is not None else None
+
+    return {
+        "case": case.name,
+        "weights_gb": data.stat().st_size / 1e9,
+        "blocks": len(result["moe_blocks"]),
+        "copy_s": copy_s,
+        "convert_s": convert_s,
+        "convert_cpu_s": convert_cpu,
+        "copy_cpu_s": copy_cpu,
+        "convert_ratio": convert_s / copy_s,
+        "convert_rss_mib": convert_rss / MIB,
+        "rss_target_mib": (RSS_ALLOWANCE_BYTES + expert_bytes(spec)) / MIB,
+        "stock_session_s": best("stock", "created_s"),
+        "session_ratio": best("ep", "created_s") / best("stock", "created_s"),
+        "stock_session_mib": best("stock", "created_rss") / MIB,
+        "session_rss_ratio": best("ep", "created_rss") / best("stock", "created_rss"),
+        "run1_ratio": run_ratio("1"),
+        "run64_ratio": run_ratio("64"),
+        "stock_run1_ms": run_s("stock", "1") * 1e3,
+        "ep_run64_ms": run_s("ep", "64") * 1e3,
+        "relative_error": error,
+        "genai": "n/a (bare model)",
+    }
+
+
+HEADER = (
+    f"{'case':<19} {'GB':>5} {'cp s':>6} {'conv s':>7} {'conv/cp':>7} {'CPU s':>6} {'RSS MiB':>8} {'target':>7} "
+    f"{'sess s':>7} {'sess/st':>7} {'sess MiB':>8} {'RSS/st':>6} {'1 tok/st':>8} {'64 tok/st':>9} "
+    f"{'st 1 ms':>8} {'ep 64 ms':>8} {'rel err':>8} genai"
+)
+
+
+def row(f: dict) -> str:
+    return (
+        f"{f['case']:<19} {f['weights_gb']:>5.2f} {f['copy_s']:>6.2f} {f['convert_s']:>7.2f} "
+        f"{f['convert_ratio']:>7.2f} {f['convert_cpu_s']:>6.2f} {f['convert_rss_mib']:>8.0f} "
+        f"{f['rss_target_mib']:>7.0f} "
+        f"{f['stock_session_s']:>7.2f} {f['session_ratio']:>7.2f} {f['stock_session_mib']:>8.0f} "
+        f"{f['session_rss_ratio']:>6.2f} {_ratio(f['run1_ratio']):>8} {_ratio(f['run64_ratio']):>9} "
+        f"{f['stock_run1_ms']:>8.2f} {f['ep_run64_ms']:>8.2f} {f['relative_error']:>8.1e} {f['genai']}"
+    )
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="*", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--quick", action="store_true", help="the same widths with fewer experts or layers")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--sessions", type=int, default=2, help="alternating session children per contender")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per token count in each child")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of both sessions")
+    parser.add_argument("--json", action="store_true", help="also print each case's figures as JSON")
+    args = parser.parse_args()
+    print(f"targets: convert <= {COPY_RATIO_TARGET}x cp, RSS <= 1 GiB + one expert; session time and RSS")
+    print(f"<= {SESSION_RATIO_TARGET}x stock; runs <= {RUN_RATIO_TARGET}x stock ({args.threads} threads); ours/stock")
+    print(HEADER)
+    for name in args.cases:
+        work = Path(tempfile.mkdtemp(prefix=f"bench_real_widths.{name}.", dir=args.dir))
+        try:
+            figures = measure(CASES[name], work, args)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(row(figures), flush=True)
+        if args.json:
+            print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
