@@ -36,6 +36,27 @@ DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "bf16": 2, "fp16":
 # A host has at most a few dozen DIMM slots; the simulator's state grows with the unit count (10,000 units took
 # 113 s, 10^8 exhausted memory). 0 units is a GPU-only system.
 MAX_NDP_UNITS = 64
+MAX_RANKS = 64  # ranks per NDP unit: a DIMM has 1-8; the derived bandwidth is ranks x one rank's
+
+
+def finite_number(value: object) -> bool:
+    """``value`` is an int or float (not a bool), neither NaN nor infinite, and within float range: every number
+    of a hardware file is used as a float, and TOML integers have no size limit (``math.isfinite`` raises
+    OverflowError on an integer beyond 1.8e308)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def shown_number(value: object) -> str:
+    """``value`` for an error message: its repr, or the size of an integer too long to print."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        beyond = " (beyond float range)" if value.bit_length() > 1024 else ""
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits{beyond}"
+    return repr(value)
 
 
 # The range a non-zero hardware number may take: wider than any real system (10^-30 s, 10^30 FLOP/s), narrow
@@ -66,7 +87,9 @@ def _require_positive(where: str, value: float, allow_zero: bool = False) -> Non
 def _require_unit_count(where: str, value: Any, low: int) -> None:
     """``value`` is an integer from ``low`` to :data:`MAX_NDP_UNITS`."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_NDP_UNITS:
-        raise HardwareConfigError(f"{where} must be an integer from {low} to {MAX_NDP_UNITS}, got {value!r}")
+        raise HardwareConfigError(
+            f"{where} must be an integer from {low} to {MAX_NDP_UNITS}, got {shown_number(value)}"
+        )
 
 
 def _validate_flops(where: str, table: Mapping[str, float]) -> None:
@@ -184,9 +207,10 @@ class NdpUnitSpec(ComputeSpec):
         super().__post_init__()
         _require_positive("ndp_unit.buffer_bytes", self.buffer_bytes)
         _require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
-        if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
-            raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {self.ranks!r}")
-        trp_ns = 0.0
+        if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or not 1 <= self.ranks <= MAX_RANKS:
+            raise HardwareConfigError(
+                f"ndp_unit.ranks must be an integer from 1 to {MAX_RANKS}, got {shown_number(self.ranks)}"
+            )
         if self.dram:
             from hw_model.dram import get_standard
 
@@ -382,8 +406,8 @@ def _derive_dram_side(values: dict[str, Any], sources: dict[str, str]) -> None:
     if given:
         raise HardwareConfigError(f"ndp_unit.{given[0]}: derived from ndp_unit.dram = {standard.name!r}; remove it")
     ranks = values.get("ranks", 1)
-    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
-        raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {ranks!r}")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
+        raise HardwareConfigError(f"ndp_unit.ranks must be an integer from 1 to {MAX_RANKS}, got {shown_number(ranks)}")
     control = values.get("control_overhead_s", 0.0)
     _require_positive("ndp_unit.control_overhead_s", control, allow_zero=True)
     values["dram"] = standard.name
@@ -411,7 +435,7 @@ def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemS
     num_units = data.get("num_ndp_units", 0)
     supported = data.get("supported_ndp_units", [])
     if not isinstance(supported, list):
-        raise HardwareConfigError(f"supported_ndp_units must be a list of integers, got {supported!r}")
+        raise HardwareConfigError(f"supported_ndp_units must be a list of integers, got {shown_number(supported)}")
     return SystemSpec(
         name=str(data.get("name", Path(origin).stem)),
         description=str(data.get("description", "")),

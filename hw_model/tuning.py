@@ -24,8 +24,14 @@ def setting(default: Any, help: str, **metadata: Any) -> Any:
 
 
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise SettingsError(f"{name} must be a finite number, got {value!r}", name)
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer beyond float range
+        finite = False
+    if not finite:
+        raise SettingsError(f"{name} must be a finite number within float range, got {value!r:.80}", name)
     return float(value)
 
 

@@ -303,6 +303,8 @@ def session_option(options, key: str) -> str | None:
 
 ROUTING_META = 4  # values per record the take call writes (native/src/routing_log.h kRoutingMeta)
 SHARED_KEY = -3  # what the routing calls return when several live sessions share a key (native/src/routing_log.cc)
+NATIVE_FAILED = -4  # ... and when the library failed inside (a C++ exception, caught there: native/src/boundary.h)
+NATIVE_FAILED_MESSAGE = "the provider library failed while reading the routing it captured (out of memory?)"
 
 
 class _RoutingTake(ctypes.Structure):
@@ -341,6 +343,8 @@ class RoutingReader:
         size = self._lib.ndp_ep_routing_layers(self.key, None, 0)
         if size == SHARED_KEY:
             raise NdpEpError(self._shared_key_message())
+        if size == NATIVE_FAILED:
+            raise NdpEpError(NATIVE_FAILED_MESSAGE)
         if size < 0:
             return []
         buffer = ctypes.create_string_buffer(int(size))
@@ -384,6 +388,8 @@ class RoutingReader:
             raise NdpEpError(f"a routing record has more experts than the {width} this session's layers have")
         if got == SHARED_KEY:
             raise NdpEpError(self._shared_key_message())
+        if got == NATIVE_FAILED:
+            raise NdpEpError(NATIVE_FAILED_MESSAGE)
         if not batches:  # -1: no log under this key (the session is gone)
             return [], [], [], [], np.zeros((0, width), np.int32)
         counts = batches[0] if len(batches) == 1 else np.concatenate(batches)

@@ -24,6 +24,7 @@
 #include "float_convert.h"
 #include "moe_kernel.h"
 #include "op_contract_gen.h"  // kDomain, kOpType, kOpsetVersion: generated from graph_passes/sharded_op.py
+#include "boundary.h"
 #include "routing_log.h"
 #include "weight_map.h"
 
@@ -234,9 +235,26 @@ struct CompiledNode {
 
 struct ParallelContext {
   const std::function<void(size_t)>* fn;
+  std::mutex mutex;
+  OrtStatus* error = nullptr;  // the first task's exception, as a status
 };
 
-void RunTask(void* data, size_t index) { (*static_cast<ParallelContext*>(data)->fn)(index); }
+// A task of ONNX Runtime's intra-op pool: called from ONNX Runtime's threads, so nothing may escape it.
+void RunTask(void* data, size_t index) noexcept {
+  auto* context = static_cast<ParallelContext*>(data);
+  try {
+    InjectFault("compute_task");
+    (*context->fn)(index);
+  } catch (...) {
+    OrtStatus* status = StatusFromException(g_api, "compute_task");
+    std::lock_guard<std::mutex> lock(context->mutex);
+    if (context->error == nullptr) {
+      context->error = status;
+    } else {
+      g_api->ReleaseStatus(status);
+    }
+  }
+}
 
 template <typename T>
 void ToFloat(const T* in, float* out, size_t n, float (*convert)(uint16_t)) {
@@ -314,10 +332,13 @@ OrtStatus* ComputeNode(const CompiledNode& node, OrtKernelContext* context) {
       fn(0);
       return;
     }
-    ParallelContext data{&fn};
+    ParallelContext data;
+    data.fn = &fn;
     OrtStatus* status = g_api->KernelContext_ParallelFor(context, RunTask, n, n, &data);
-    if (status != nullptr && parallel_error == nullptr) parallel_error = status;
-    else if (status != nullptr) g_api->ReleaseStatus(status);
+    for (OrtStatus* found : {status, data.error}) {
+      if (found != nullptr && parallel_error == nullptr) parallel_error = found;
+      else if (found != nullptr) g_api->ReleaseStatus(found);
+    }
   };
   const std::string problem = node.kernel.Compute(xf, idp, wf, static_cast<int64_t>(tokens), outf, parallel_for);
   if (parallel_error != nullptr) return parallel_error;
@@ -345,18 +366,15 @@ struct NodeComputeInfo : OrtNodeComputeInfo {
     Compute = ComputeImpl;
     ReleaseState = ReleaseStateImpl;
   }
-  static OrtStatus* ORT_API_CALL CreateStateImpl(OrtNodeComputeInfo* self, OrtNodeComputeContext*, void** state) {
+  static OrtStatus* ORT_API_CALL CreateStateImpl(OrtNodeComputeInfo* self, OrtNodeComputeContext*,
+                                                 void** state) noexcept {
     *state = static_cast<NodeComputeInfo*>(self)->node.get();
     return nullptr;
   }
-  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo*, void* state, OrtKernelContext* context) {
-    try {
-      return ComputeNode(*static_cast<CompiledNode*>(state), context);
-    } catch (const std::exception& e) {
-      return Error(ORT_FAIL, e.what());
-    }
+  static OrtStatus* ORT_API_CALL ComputeImpl(OrtNodeComputeInfo*, void* state, OrtKernelContext* context) noexcept {
+    NDP_GUARD(g_api, "compute", return ComputeNode(*static_cast<CompiledNode*>(state), context);)
   }
-  static void ORT_API_CALL ReleaseStateImpl(OrtNodeComputeInfo*, void*) {}
+  static void ORT_API_CALL ReleaseStateImpl(OrtNodeComputeInfo*, void*) noexcept {}
   std::unique_ptr<CompiledNode> node;
 };
 
@@ -391,18 +409,24 @@ struct NdpEp : OrtEp {
     Compile = CompileImpl;
     ReleaseNodeComputeInfos = ReleaseNodeComputeInfosImpl;
     OnRunStart = [](OrtEp*, const OrtRunOptions* run_options) noexcept -> OrtStatus* {
-      // A caller that tags its runs (ndp_ep.InferenceSession does) finds the tag on the run's records.
-      const char* tag = run_options ? g_api->GetRunConfigEntry(run_options, kRunTagKey) : nullptr;
-      char* end = nullptr;
-      const long long value = tag ? std::strtoll(tag, &end, 10) : 0;
-      BeginRun(tag && end != tag && *end == '\0' && value > 0 ? value : 0);
-      return nullptr;
+      NDP_GUARD(g_api, "run_start", {
+        // A caller that tags its runs (ndp_ep.InferenceSession does) finds the tag on the run's records.
+        const char* tag = run_options ? g_api->GetRunConfigEntry(run_options, kRunTagKey) : nullptr;
+        char* end = nullptr;
+        const long long value = tag ? std::strtoll(tag, &end, 10) : 0;
+        BeginRun(tag && end != tag && *end == '\0' && value > 0 ? value : 0);
+        return nullptr;
+      })
     };
     if (record) log = OpenRoutingLog(session_key, capacity);
   }
 
   static OrtStatus* ORT_API_CALL GetCapabilityImpl(OrtEp* self, const OrtGraph* graph,
                                                    OrtEpGraphSupportInfo* support) noexcept {
+    NDP_GUARD(g_api, "get_capability", return ClaimNodes(self, graph, support);)
+  }
+
+  static OrtStatus* ClaimNodes(OrtEp* self, const OrtGraph* graph, OrtEpGraphSupportInfo* support) {
     size_t count = 0;
     NDP_RETURN_IF_ERROR(g_api->Graph_GetNumNodes(graph, &count));
     std::vector<const OrtNode*> nodes(count);
@@ -440,7 +464,9 @@ struct NdpEp : OrtEp {
                                              size_t count, OrtNodeComputeInfo** infos,
                                              OrtNode** /*ep_context_nodes*/) noexcept {
     auto* ep = static_cast<NdpEp*>(self);
+    for (size_t g = 0; g < count; ++g) infos[g] = nullptr;
     try {
+      InjectFault("compile");
       for (size_t g = 0; g < count; ++g) {
         infos[g] = nullptr;
         size_t n = 0;
@@ -485,12 +511,12 @@ struct NdpEp : OrtEp {
         }
         infos[g] = new NodeComputeInfo(std::move(compiled));
       }
-    } catch (const std::exception& e) {
+    } catch (...) {
       for (size_t g = 0; g < count; ++g) {
         delete static_cast<NodeComputeInfo*>(infos[g]);
         infos[g] = nullptr;
       }
-      return Error(ORT_EP_FAIL, e.what());
+      return StatusFromException(g_api, "compile");
     }
     return nullptr;
   }
@@ -504,7 +530,13 @@ struct NdpEp : OrtEp {
 
 // The output has the hidden state's type and shape. Unknown dims without a name get a fresh symbolic name
 // (ONNX Runtime would otherwise take the -1 of an unknown dim as its value).
-OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) {
+OrtStatus* InferOutputShapeOf(OrtShapeInferContext* context);
+
+OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp*, OrtShapeInferContext* context) noexcept {
+  NDP_GUARD(g_api, "infer_shape", return InferOutputShapeOf(context);)
+}
+
+OrtStatus* InferOutputShapeOf(OrtShapeInferContext* context) {
   static std::atomic<uint64_t> fresh{0};
   OrtTensorTypeAndShapeInfo* hidden = nullptr;  // owned by the context
   NDP_RETURN_IF_ERROR(g_api->ShapeInferContext_GetInputTypeShape(context, 0, &hidden));
@@ -619,12 +651,14 @@ struct NdpEpFactory : OrtEpFactory {
         return nullptr;
       };
       GetCustomOpDomains = [](OrtEpFactory* self, OrtCustomOpDomain** domains, size_t n) noexcept -> OrtStatus* {
-        auto* factory = static_cast<NdpEpFactory*>(self);
-        if (n < 1) return Error(ORT_INVALID_ARGUMENT, "no room for the ndp_ep op domain");
-        std::lock_guard<std::mutex> lock(factory->mutex);
-        if (factory->domain == nullptr) NDP_RETURN_IF_ERROR(MakeSchemaDomain(&factory->domain));
-        domains[0] = factory->domain;
-        return nullptr;
+        NDP_GUARD(g_api, "custom_op_domains", {
+          auto* factory = static_cast<NdpEpFactory*>(self);
+          if (n < 1) return Error(ORT_INVALID_ARGUMENT, "no room for the ndp_ep op domain");
+          std::lock_guard<std::mutex> lock(factory->mutex);
+          if (factory->domain == nullptr) NDP_RETURN_IF_ERROR(MakeSchemaDomain(&factory->domain));
+          domains[0] = factory->domain;
+          return nullptr;
+        })
       };
     }
   }
@@ -636,21 +670,25 @@ struct NdpEpFactory : OrtEpFactory {
                                                          size_t num_devices, OrtEpDevice** ep_devices,
                                                          size_t max_ep_devices, size_t* num_ep_devices) noexcept {
     *num_ep_devices = 0;
-    for (size_t i = 0; i < num_devices && *num_ep_devices < max_ep_devices; ++i) {
-      if (g_api->HardwareDevice_Type(devices[i]) != OrtHardwareDeviceType_CPU) continue;
-      OrtEpDevice* device = nullptr;
-      NDP_RETURN_IF_ERROR(g_ep_api->CreateEpDevice(self, devices[i], nullptr, nullptr, &device));
-      ep_devices[(*num_ep_devices)++] = device;
-      break;  // one CPU device: the host that simulates the GPU + NDP system
-    }
-    return nullptr;
+    NDP_GUARD(g_api, "supported_devices", {
+      for (size_t i = 0; i < num_devices && *num_ep_devices < max_ep_devices; ++i) {
+        if (g_api->HardwareDevice_Type(devices[i]) != OrtHardwareDeviceType_CPU) continue;
+        OrtEpDevice* device = nullptr;
+        NDP_RETURN_IF_ERROR(g_ep_api->CreateEpDevice(self, devices[i], nullptr, nullptr, &device));
+        ep_devices[(*num_ep_devices)++] = device;
+        break;  // one CPU device: the host that simulates the GPU + NDP system
+      }
+      return nullptr;
+    })
   }
 
   static OrtStatus* ORT_API_CALL CreateEpImpl(OrtEpFactory*, const OrtHardwareDevice* const*,
                                               const OrtKeyValuePairs* const*, size_t,
                                               const OrtSessionOptions* options, const OrtLogger*,
                                               OrtEp** ep) noexcept {
+    *ep = nullptr;
     try {
+      InjectFault("create_ep");
       const std::string key = SessionOption(options, "session_key", "");
       const std::string capacity_text = SessionOption(options, "routing_capacity", "");
       size_t capacity = kDefaultRoutingCapacity;
@@ -665,8 +703,8 @@ struct NdpEpFactory : OrtEpFactory {
       const bool record = SessionOption(options, "record_routing", "1") != "0";
       *ep = new NdpEp(key, capacity, record);
       return nullptr;
-    } catch (const std::exception& e) {
-      return Error(ORT_FAIL, e.what());
+    } catch (...) {
+      return StatusFromException(g_api, "create_ep");
     }
   }
 
@@ -684,6 +722,7 @@ bool InitApi(const OrtApiBase* base) {
     g_ort_major = g_ort_minor = 0;  // unknown: taken as older than any QMoE behaviour QuantComputeFor knows
   g_api = api;
   g_ep_api = api->GetEpApi();
+  ReadInjectedFault();
   return g_ep_api != nullptr;
 }
 
@@ -697,15 +736,17 @@ NDP_EXPORT OrtStatus* CreateEpFactories(const char* /*registered_name*/, const O
                                         size_t max_factories, size_t* num_factories) {
   *num_factories = 0;
   if (!ndp::InitApi(ort_api_base)) return nullptr;  // this ONNX Runtime is older than 1.23: no factory
-  if (max_factories < 1)
-    return ndp::Error(ORT_INVALID_ARGUMENT, "ONNX Runtime offered no room for the NdpExecutionProvider factory");
-  factories[0] = new ndp::NdpEpFactory(ndp::g_runtime_api);
-  *num_factories = 1;
-  return nullptr;
+  NDP_GUARD(ndp::g_api, "create_factories", {
+    if (max_factories < 1)
+      return ndp::Error(ORT_INVALID_ARGUMENT, "ONNX Runtime offered no room for the NdpExecutionProvider factory");
+    factories[0] = new ndp::NdpEpFactory(ndp::g_runtime_api);
+    *num_factories = 1;
+    return nullptr;
+  })
 }
 
 NDP_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
-  delete static_cast<ndp::NdpEpFactory*>(factory);
+  delete static_cast<ndp::NdpEpFactory*>(factory);  // destructors throw nothing
   return nullptr;
 }
 
@@ -713,11 +754,13 @@ NDP_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
 // supply it (onnxruntime 1.23).
 NDP_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* ort_api_base) {
   if (!ndp::InitApi(ort_api_base)) return nullptr;
-  // ONNX Runtime does not take ownership: the domain must outlive every session made with these options, so it
-  // lives (one per call, a few bytes) until the process ends.
-  OrtCustomOpDomain* domain = nullptr;
-  NDP_RETURN_IF_ERROR(ndp::MakeSchemaDomain(&domain));
-  return ndp::g_api->AddCustomOpDomain(options, domain);
+  NDP_GUARD(ndp::g_api, "register_custom_ops", {
+    // ONNX Runtime does not take ownership: the domain must outlive every session made with these options, so
+    // it lives (one per call, a few bytes) until the process ends.
+    OrtCustomOpDomain* domain = nullptr;
+    NDP_RETURN_IF_ERROR(ndp::MakeSchemaDomain(&domain));
+    return ndp::g_api->AddCustomOpDomain(options, domain);
+  })
 }
 
 // The ORT API level the factory was created for (23, or 24 when it also supplies the op schema).

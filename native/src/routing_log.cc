@@ -1,6 +1,8 @@
 // Routing capture storage and its C interface for Python (ctypes on the library ONNX Runtime loaded).
 #include "routing_log.h"
 
+#include "boundary.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -101,10 +103,22 @@ void TagNextRun(int64_t tag) { t_next_tag = tag > 0 ? tag : 0; }
 // ---- C interface for ndp_ep/_native.py -------------------------------------------------------------------
 #define NDP_EXPORT extern "C" __attribute__((visibility("default")))
 
+// Called by Python through ctypes: nothing may escape them (boundary.h); a C++ exception returns kRoutingFailed.
+constexpr int64_t kRoutingFailed = -4;
+
 // Moves up to request->max_records records out of the log of request->key (see NdpRoutingTake). Returns the
 // records taken; -1 for an unknown key or bad arguments, -2 when the oldest record has more experts than
-// request->width, -3 when several live sessions share the key.
-NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) {
+// request->width, -3 when several live sessions share the key, -4 when the library failed (out of memory).
+NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) noexcept {
+  try {
+    ndp::InjectFault("routing_take");
+    return ndp::RoutingTake(request);
+  } catch (...) {
+    return kRoutingFailed;
+  }
+}
+
+int64_t ndp::RoutingTake(NdpRoutingTake* request) {
   if (!request || !request->key || request->max_records < 0 || request->width < 0) return -1;
   bool shared = false;
   auto log = ndp::FindRoutingLog(request->key, &shared);
@@ -117,8 +131,18 @@ NDP_EXPORT int64_t ndp_ep_routing_take(NdpRoutingTake* request) {
 }
 
 // The compiled nodes' names, '\n'-separated, in layer-index order; returns the size needed (with the NUL), -1 for
-// an unknown key, -3 when several live sessions share it.
-NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t capacity) {
+// an unknown key, -3 when several live sessions share it, -4 when the library failed (out of memory).
+NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t capacity) noexcept {
+  try {
+    ndp::InjectFault("routing_layers");
+    return ndp::RoutingLayers(key, buffer, capacity);
+  } catch (...) {
+    return kRoutingFailed;
+  }
+}
+
+int64_t ndp::RoutingLayers(const char* key, char* buffer, int64_t capacity) {
+  if (key == nullptr) return -1;
   bool shared = false;
   auto log = ndp::FindRoutingLog(key, &shared);
   if (!log) return shared ? -3 : -1;
@@ -135,4 +159,4 @@ NDP_EXPORT int64_t ndp_ep_routing_layers(const char* key, char* buffer, int64_t 
 // The tag of the calling thread's next run whose RunOptions carry none (ONNX Runtime starts a run on the calling
 // thread): a caller that must hand ONNX Runtime its user's own RunOptions (their `terminate` flag is watched on
 // that object) tags the run this way; 0 clears it.
-NDP_EXPORT void ndp_ep_tag_next_run(int64_t tag) { ndp::TagNextRun(tag); }
+NDP_EXPORT void ndp_ep_tag_next_run(int64_t tag) noexcept { ndp::TagNextRun(tag); }

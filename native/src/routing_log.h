@@ -67,4 +67,8 @@ int64_t CurrentRunId();
 void BeginRun(int64_t tag);  // tag <= 0: the one TagNextRun left for this thread, if any, else a new untagged id
 void TagNextRun(int64_t tag);
 
+// The bodies of the C interface's ndp_ep_routing_take / ndp_ep_routing_layers (routing_log.cc), which may throw.
+int64_t RoutingTake(NdpRoutingTake* request);
+int64_t RoutingLayers(const char* key, char* buffer, int64_t capacity);
+
 }  // namespace ndp

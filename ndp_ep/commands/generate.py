@@ -10,7 +10,9 @@ refused saying which sizes fit (:class:`ndp_ep.errors.FeedError`). The library i
 ids (seeded, in the vocabulary) is followed by ``--new-tokens`` greedy steps. The routing each step took, captured
 by the provider, is simulated in step order on one simulator (the prefetcher's state evolves across steps): the
 prefill report and per-token decode latency. With a reference (the unconverted folder, or ``--reference``), GenAI
-also generates without the provider and the tokens are compared.
+first generates without the provider and the tokens are compared; where they differ, the first diverging step is
+measured and classified (:mod:`ndp_ep.divergence`): a near tie exits 3, a real divergence 1, and either is said on
+stderr and in ``--json`` (``divergence``). A non-zero exit is never silent.
 """
 
 from __future__ import annotations
@@ -101,19 +103,73 @@ def run(args: argparse.Namespace) -> int:
         load_decoder(reference, reference_config)
     decoder = load_decoder(model_dir, config)
     converted = is_converted(decoder)
+    import numpy as np
+
+    vocab = config["model"].get("vocab_size", 2)
+    prompt = np.random.default_rng(args.seed).integers(0, vocab, args.prompt_tokens).tolist()
     with temporary_directory("ndp-ep-generate-") as tmp:  # removed on SIGTERM/SIGHUP/SIGINT too (ndp_io)
         folder = model_dir
         if not converted:
             reference = reference or model_dir
             folder = _convert_folder(model_dir, config, Path(tmp) / "model", settings, args.shards)
             decoder = load_decoder(folder, config, check=False)  # just written by the conversion
-        result = _generate(og, folder, config, decoder, settings, args, shown=model_dir)
+        expected = None
+        if reference is not None and not args.no_check:  # first: the provider's run watches for the first change
+            expected = _greedy(og, reference, reference_config, prompt, args.new_tokens, None)
+        result, provider_logits = _generate(og, folder, config, decoder, settings, args, model_dir, prompt, expected)
         result["converted_in_memory"] = not converted
-        if reference is not None and not args.no_check:
-            expected = _greedy(og, reference, reference_config, result["prompt"], args.new_tokens, None)
+        divergence = None
+        if expected is not None:
             result["reference_tokens_identical"] = expected == result["tokens"]
+            divergence = _explain(og, reference, reference_config, prompt, expected, result, provider_logits, args)
+            result["divergence"] = divergence.to_json() if divergence is not None else None
         _print(result, args)
-        return 0 if result.get("reference_tokens_identical", True) else 1
+        if divergence is not None:
+            _say_divergence(divergence)
+            return divergence.exit_code
+        if not result.get("reference_tokens_identical", True):  # no logits to explain it: still said
+            from ndp_ep.cli import warn
+
+            warn("generate", "the tokens differ from the reference's")
+            return 1
+        return 0
+
+
+def _explain(og, reference: Path, config: dict, prompt: list[int], expected: list[int], result: dict,
+             provider_logits, args):  # fmt: skip
+    """The :class:`ndp_ep.divergence.Divergence` of the provider's tokens from the reference's ``expected`` (None
+    when they agree), from the provider's logits at the first differing step and the reference's replays there."""
+    from ndp_ep.divergence import alternate_thread_count, classify, first_difference, replay_logits
+
+    tokens = result["tokens"]
+    step = first_difference(expected, tokens)
+    if step is None or provider_logits is None or step >= len(expected) or step >= len(tokens):
+        return None  # identical, or one sequence stopped first (said by the caller)
+    length = _max_length(config, len(prompt), args.new_tokens)
+    forced = expected[:step]  # both runs' tokens up to the step
+    reference_logits = replay_logits(og, reference, config, prompt, forced, length, None)
+    threads = alternate_thread_count(config)
+    alternate_logits = replay_logits(og, reference, config, prompt, forced, length, threads)
+    return classify(step, len(tokens), tokens[step], reference_logits, provider_logits, alternate_logits, threads)
+
+
+def _say_divergence(divergence) -> None:
+    import sys
+
+    from ndp_ep.cli import warn
+
+    if divergence.near_tie:
+        warn("generate", divergence.message())
+    else:
+        print(f"ndp-ep generate: error: {divergence.message()}", file=sys.stderr)
+
+
+def _max_length(config: dict, prompt_tokens: int, new_tokens: int) -> int:
+    """GenAI's max_length for a generation: the prompt and the new tokens, at least a sliding window's size (a
+    sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window; a
+    longer one changes no token: the loop stops after new_tokens)."""
+    window = (config["model"]["decoder"].get("sliding_window") or {}).get("window_size") or 0
+    return max(prompt_tokens + new_tokens, window)
 
 
 def _is_utf8(path: Path) -> bool:
@@ -181,14 +237,17 @@ def _greedy(
     new_tokens: int,
     generation: GenerationReports | None,
     shown: Path | None = None,
+    expected: list[int] | None = None,
 ):
-    """Greedy tokens of a GenAI folder, on the provider when ``generation`` (its reports) is given; and the model.
-    ``shown`` is the user's folder when ``folder`` is its converted copy in a temporary folder: errors name it."""
+    """Greedy tokens of a GenAI folder, on the provider when ``generation`` (its reports) is given; and then the
+    model and, with ``expected`` (the reference's tokens), the logits of the first step whose token differs from
+    them (None if none does). ``shown`` is the user's folder when ``folder`` is its converted copy in a temporary
+    folder: errors name it."""
     import numpy as np
 
     from ndp_ep.errors import NdpEpError
 
-    window = (config["model"]["decoder"].get("sliding_window") or {}).get("window_size") or 0
+    captured = None
     try:
         settings = og.Config(str(folder))
         # ONNX Runtime's own log of a failing run stays off stderr (fatal only): the one-line error below says it
@@ -201,13 +260,18 @@ def _greedy(
         params = og.GeneratorParams(model)
         # a sliding-window cache is as long as max_length, and GroupQueryAttention refuses one shorter than its window;
         # a longer one changes no token: the loop stops after new_tokens
-        params.set_search_options(max_length=max(len(prompt) + new_tokens, window), do_sample=False)
+        params.set_search_options(max_length=_max_length(config, len(prompt), new_tokens), do_sample=False)
         generator = og.Generator(model, params)
         generator.append_tokens(np.asarray(prompt, dtype=np.int32))
         tokens: list[int] = []
+        watching = expected is not None
         while not generator.is_done() and len(tokens) < new_tokens:
+            logits = generator.get_logits() if watching else None  # the ones this step's token comes from
             generator.generate_next_token()
             tokens.append(int(generator.get_next_tokens()[0]))
+            if watching and (len(tokens) > len(expected) or tokens[-1] != expected[len(tokens) - 1]):
+                captured = np.array(logits, dtype=np.float64).reshape(-1)
+                watching = False
     except RuntimeError as exc:  # onnxruntime-genai reports every failure as RuntimeError
         lines = str(exc).strip().splitlines()
         line = lines[0] if lines else type(exc).__name__
@@ -218,21 +282,20 @@ def _greedy(
         raise NdpEpError(f"onnxruntime-genai ({where}): {line}") from None
     if generation is None:
         return tokens
-    return tokens, model
+    return tokens, model, captured
 
 
-def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown: Path) -> dict:
-    """Generation on the provider in ``folder`` (``graph_model``: its decoder's graph), with the reports."""
+def _generate(
+    og, folder: Path, config: dict, graph_model, settings, args, shown: Path, prompt: list[int], expected
+) -> tuple[dict, object]:
+    """Generation on the provider in ``folder`` (``graph_model``: its decoder's graph), with the reports; and the
+    logits of its first step whose token differs from ``expected`` (the reference's tokens, or None)."""
     import time
-
-    import numpy as np
 
     from ndp_ep.cli import warn
     from ndp_ep.commands.run import shard_mismatch
     from ndp_ep.genai import GenerationReports
 
-    vocab = config["model"].get("vocab_size", 2)
-    prompt = np.random.default_rng(args.seed).integers(0, vocab, args.prompt_tokens).tolist()
     system = settings.system
     generation = GenerationReports.of_decoder(
         graph_model, config, settings, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
@@ -246,7 +309,7 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
     if mismatch:  # as ndp-ep run says it
         warn("generate", mismatch)
     start = time.perf_counter()
-    tokens, model = _greedy(og, folder, config, prompt, args.new_tokens, generation, shown=shown)
+    tokens, model, logits = _greedy(og, folder, config, prompt, args.new_tokens, generation, shown, expected)
     wall_s = time.perf_counter() - start
     reports = reporter.reports  # read while the model (and the provider's routing log) is alive
     del model
@@ -280,7 +343,7 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         "energy_j": sum(e.total_j for e in energies) if known else None,
         "simulator": reports[-1].simulator if reports else {},
         "notes": sorted({n for r in reports for n in r.notes}),
-    }
+    }, logits
 
 
 def _print(result: dict, args) -> None:
@@ -299,6 +362,10 @@ def _print(result: dict, args) -> None:
     )
     if "reference_tokens_identical" in result:
         same = "yes" if result["reference_tokens_identical"] else "NO"
+        divergence = result.get("divergence")
+        if divergence:
+            kind = "a near tie" if divergence["near_tie"] else "a real divergence"
+            same += f", from step {divergence['step'] + 1} on ({kind}: see stderr)"
         print(f"tokens identical to ONNX Runtime GenAI without the provider: {same}")
     print(f"simulated on {result['hardware']} with {result['ndp_units']} NDP units, policy {result['policy']}:")
     prefill = result["prefill"]
