@@ -9,23 +9,23 @@ the sources, or a whole ``[... .energy]`` table (the run then reports no energy)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
 from hw_model.errors import HardwareConfigError
+from hw_model.spec_numbers import require_positive, shown_number
 
 ENERGY_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 IDLE_STATES = ("power-down", "standby")
+# A rank has at most a few dozen DRAM devices, a DIMM 1-4 subchannels, a DRAM row a few KiB: wide enough for any
+# real part, narrow enough that every energy product stays a normal float.
+_INTEGER_LIMITS = {"devices": 64, "subchannels": 16, "page_bytes": 1 << 20}
 
 
 def _check_number(where: str, value: object, allow_zero: bool = True) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
-        bound = "a non-negative" if allow_zero else "a positive"
-        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
+    require_positive(where, value, allow_zero=allow_zero)  # type: ignore[arg-type]
 
 
 def _check_per_dtype(where: str, table: Mapping[str, float]) -> None:
@@ -125,10 +125,11 @@ class NdpEnergySpec:
             if f.name in ("core_pj_per_flop", "idle", "devices", "subchannels", "page_bytes"):
                 continue
             _check_number(f"ndp_unit.energy.{f.name}", getattr(self, f.name))
-        for name in ("devices", "subchannels", "page_bytes"):
+        for name, most in _INTEGER_LIMITS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise HardwareConfigError(f"ndp_unit.energy.{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                shown = shown_number(value)
+                raise HardwareConfigError(f"ndp_unit.energy.{name} must be an integer from 1 to {most:,}, got {shown}")
         if self.idle not in IDLE_STATES:
             known = ", ".join(IDLE_STATES)
             raise HardwareConfigError(f"ndp_unit.energy.idle must be one of {known}, got {self.idle!r}")

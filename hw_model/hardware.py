@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from hw_model.energy_spec import GpuEnergySpec, LinkEnergySpec, NdpEnergySpec, energy_from_table, energy_to_dict
 from hw_model.errors import HardwareConfigError
+from hw_model.spec_numbers import MAX_GEMM_TILE_M, require_positive, shown_number
 from ndp_io.limits import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_PATH_BYTES, limit_note
 from ndp_io.parsing import read_toml
 
@@ -39,51 +40,6 @@ MAX_NDP_UNITS = 64
 MAX_RANKS = 64  # ranks per NDP unit: a DIMM has 1-8; the derived bandwidth is ranks x one rank's
 
 
-def finite_number(value: object) -> bool:
-    """``value`` is an int or float (not a bool), neither NaN nor infinite, and within float range: every number
-    of a hardware file is used as a float, and TOML integers have no size limit (``math.isfinite`` raises
-    OverflowError on an integer beyond 1.8e308)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def shown_number(value: object) -> str:
-    """``value`` for an error message: its repr, or the size of an integer too long to print."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        beyond = " (beyond float range)" if value.bit_length() > 1024 else ""
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits{beyond}"
-    return repr(value)
-
-
-# The range a non-zero hardware number may take: wider than any real system (10^-30 s, 10^30 FLOP/s), narrow
-# enough that every product and quotient the simulator forms stays a normal float (a 5e-324 bandwidth made an
-# expert's transfer time infinite, refused only later by the packer).
-MIN_HARDWARE_VALUE = 1e-30
-MAX_HARDWARE_VALUE = 1e30
-MAX_GEMM_TILE_M = 1 << 16
-
-
-def _require_positive(where: str, value: float, allow_zero: bool = False) -> None:
-    bound = "a non-negative" if allow_zero else "a positive"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float range (a TOML integer of hundreds of digits)
-        raise HardwareConfigError(f"{where} must be {bound} number, got an integer beyond float range") from None
-    if not math.isfinite(number) or not (number >= 0 if allow_zero else number > 0):
-        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
-    if number != 0 and not MIN_HARDWARE_VALUE <= number <= MAX_HARDWARE_VALUE:
-        raise HardwareConfigError(
-            f"{where} = {number:g} is outside the range of a hardware value "
-            f"({MIN_HARDWARE_VALUE:g} to {MAX_HARDWARE_VALUE:g}, hw_model/hardware.py)"
-        )
-
-
 def _require_unit_count(where: str, value: Any, low: int) -> None:
     """``value`` is an integer from ``low`` to :data:`MAX_NDP_UNITS`."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_NDP_UNITS:
@@ -98,7 +54,7 @@ def _validate_flops(where: str, table: Mapping[str, float]) -> None:
     for dtype, value in table.items():
         if dtype not in DTYPE_BYTES:
             raise HardwareConfigError(f"{where}.{dtype}: unknown dtype (known: {', '.join(DTYPE_BYTES)})")
-        _require_positive(f"{where}.{dtype}", value)
+        require_positive(f"{where}.{dtype}", value)
 
 
 @dataclass(frozen=True)
@@ -141,15 +97,15 @@ class ComputeSpec:
             raise HardwareConfigError(f"{self._section}.energy must be a {self._energy_class.__name__}")
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
         _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
-        _require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
-        _require_positive(f"{self._section}.memory_capacity_bytes", self.memory_capacity_bytes)
+        require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
+        require_positive(f"{self._section}.memory_capacity_bytes", self.memory_capacity_bytes)
         for name in ("kernel_overhead_s", "reduction_latency_s", "gemm_fixed_k_elements"):
-            _require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
+            require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
         for name in ("launch_overhead_eager_s", "sync_overhead_s"):
-            _require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
+            require_positive(f"{self._section}.{name}", getattr(self, name), allow_zero=True)
         for name in ("achievable_flops_fraction", "achievable_bandwidth_fraction"):
             value = getattr(self, name)
-            _require_positive(f"{self._section}.{name}", value)
+            require_positive(f"{self._section}.{name}", value)
             if value > 1:
                 raise HardwareConfigError(f"{self._section}.{name} must be in (0, 1], got {value!r}")
         tile = self.gemm_tile_m
@@ -205,12 +161,13 @@ class NdpUnitSpec(ComputeSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require_positive("ndp_unit.buffer_bytes", self.buffer_bytes)
-        _require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
+        require_positive("ndp_unit.buffer_bytes", self.buffer_bytes)
+        require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
         if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or not 1 <= self.ranks <= MAX_RANKS:
             raise HardwareConfigError(
                 f"ndp_unit.ranks must be an integer from 1 to {MAX_RANKS}, got {shown_number(self.ranks)}"
             )
+        trp_ns = 0.0
         if self.dram:
             from hw_model.dram import get_standard
 
@@ -244,10 +201,10 @@ class HostLinkSpec:
 
     def __post_init__(self) -> None:
         _check_link_energy("host_link", self.energy)
-        _require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
-        _require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
+        require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
         if self.pageable_bandwidth_bytes_per_s is not None:
-            _require_positive("host_link.pageable_bandwidth_bytes_per_s", self.pageable_bandwidth_bytes_per_s)
+            require_positive("host_link.pageable_bandwidth_bytes_per_s", self.pageable_bandwidth_bytes_per_s)
 
     def transfer_time_s(self, num_bytes: float, pinned: bool = True) -> float:
         """``latency + bytes / bandwidth``; pageable host memory uses ``pageable_bandwidth_bytes_per_s``
@@ -270,8 +227,8 @@ class NdpLinkSpec:
 
     def __post_init__(self) -> None:
         _check_link_energy("ndp_link", self.energy)
-        _require_positive("ndp_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
-        _require_positive("ndp_link.latency_s", self.latency_s, allow_zero=True)
+        require_positive("ndp_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        require_positive("ndp_link.latency_s", self.latency_s, allow_zero=True)
 
     def transfer_time_s(self, num_bytes: float) -> float:
         return 0.0 if num_bytes <= 0 else self.latency_s + num_bytes / self.bandwidth_bytes_per_s
@@ -409,7 +366,7 @@ def _derive_dram_side(values: dict[str, Any], sources: dict[str, str]) -> None:
     if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
         raise HardwareConfigError(f"ndp_unit.ranks must be an integer from 1 to {MAX_RANKS}, got {shown_number(ranks)}")
     control = values.get("control_overhead_s", 0.0)
-    _require_positive("ndp_unit.control_overhead_s", control, allow_zero=True)
+    require_positive("ndp_unit.control_overhead_s", control, allow_zero=True)
     values["dram"] = standard.name
     values["memory_bandwidth_bytes_per_s"] = ranks * standard.rank_peak_bytes_per_s
     values["achievable_bandwidth_fraction"] = standard.streaming_efficiency("interleaved")
