@@ -45,11 +45,3 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-def worker_limit(requested: int, allow_oversubscribe: bool = False) -> int:
-    """The most worker processes ``requested`` may start: at most the CPUs (unless ``allow_oversubscribe``) and
-    never over :data:`MAX_WORKERS_HARD`. Raises ``ValueError`` (naming the limit) beyond the hard cap."""
-    if requested > MAX_WORKERS_HARD:
-        raise ValueError(f"{requested:,} workers asked, at most {MAX_WORKERS_HARD} {limit_note('MAX_WORKERS_HARD')}")
-    return requested if allow_oversubscribe else min(requested, cpu_count())
