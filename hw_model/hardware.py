@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
+from hw_model.energy_spec import GpuEnergySpec, LinkEnergySpec, NdpEnergySpec, energy_from_table, energy_to_dict
 from hw_model.errors import HardwareConfigError
 from ndp_io.limits import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_PATH_BYTES, limit_note
 from ndp_io.parsing import read_toml
@@ -108,8 +109,13 @@ class ComputeSpec:
     gemm_fixed_k_elements: float = 0.0
     launch_overhead_eager_s: float = 0.0
     sync_overhead_s: float = 0.0
+    energy: Any = None  # GpuEnergySpec / NdpEnergySpec (hw_model.energy_spec), None: no energy figures
+
+    _energy_class: ClassVar[type] = GpuEnergySpec
 
     def __post_init__(self) -> None:
+        if self.energy is not None and not isinstance(self.energy, self._energy_class):
+            raise HardwareConfigError(f"{self._section}.energy must be a {self._energy_class.__name__}")
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
         _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
         _require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
@@ -172,6 +178,7 @@ class NdpUnitSpec(ComputeSpec):
     control_overhead_s: float = 0.0
 
     _section = "ndp_unit"
+    _energy_class = NdpEnergySpec
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -179,10 +186,13 @@ class NdpUnitSpec(ComputeSpec):
         _require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
         if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
             raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {self.ranks!r}")
+        trp_ns = 0.0
         if self.dram:
             from hw_model.dram import get_standard
 
-            get_standard(self.dram)
+            trp_ns = get_standard(self.dram).trp_ns
+        if self.energy is not None:
+            self.energy.check_timing(trp_ns, bool(self.dram))
 
     @property
     def host_read_bandwidth_bytes_per_s(self) -> float:
@@ -194,6 +204,11 @@ class NdpUnitSpec(ComputeSpec):
         return get_standard(self.dram).host_read_bandwidth_bytes_per_s()
 
 
+def _check_link_energy(section: str, energy: object) -> None:
+    if energy is not None and not isinstance(energy, LinkEnergySpec):
+        raise HardwareConfigError(f"{section}.energy must be a LinkEnergySpec")
+
+
 @dataclass(frozen=True)
 class HostLinkSpec:
     """The host↔GPU link (PCIe): bandwidth per direction and a fixed cost per transfer."""
@@ -201,8 +216,10 @@ class HostLinkSpec:
     bandwidth_bytes_per_s: float
     latency_s: float
     pageable_bandwidth_bytes_per_s: float | None = None
+    energy: LinkEnergySpec | None = None
 
     def __post_init__(self) -> None:
+        _check_link_energy("host_link", self.energy)
         _require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
         if self.pageable_bandwidth_bytes_per_s is not None:
@@ -225,8 +242,10 @@ class NdpLinkSpec:
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    energy: LinkEnergySpec | None = None
 
     def __post_init__(self) -> None:
+        _check_link_energy("ndp_link", self.energy)
         _require_positive("ndp_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _require_positive("ndp_link.latency_s", self.latency_s, allow_zero=True)
 
@@ -275,6 +294,9 @@ class SystemSpec:
                 if f.name.startswith("_"):
                     continue
                 value = getattr(spec, f.name)
+                if f.name == "energy":
+                    out[f.name] = energy_to_dict(value)
+                    continue
                 out[f.name] = dict(value) if isinstance(value, Mapping) else value
             return out
 
@@ -301,7 +323,7 @@ def _section_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 # The cost form's constants beyond the roofline (every preset sets them; a user file may omit them).
-COMPUTE_OPTIONAL_FIELDS = _section_fields(ComputeSpec)[1]
+COMPUTE_OPTIONAL_FIELDS = tuple(name for name in _section_fields(ComputeSpec)[1] if name != "energy")
 # section -> (class, required fields, optional fields)
 _SECTIONS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
     key: (cls, *_section_fields(cls))
@@ -326,6 +348,8 @@ def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
         if name not in required and name not in optional:
             known = ", ".join((*required, *optional))
             raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {known})")
+        if name == "energy":
+            value = energy_from_table(key, value, sources)
         values[name] = value
     if key == "ndp_unit" and "dram" in values:
         _derive_dram_side(values, sources)

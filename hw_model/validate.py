@@ -43,6 +43,7 @@ from hw_model.cost import expert_shard_time_s, moe_layer_eager_time_s
 from hw_model.errors import CalibrationDataError, HwModelError
 from hw_model.figures import save_png
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
+from hw_model.validate_energy import DRAM_ENERGY_COLUMNS, load_energy_predictions
 from hw_model.workload import ExpertShape, MoELayerShape
 from ndp_io.limits import MAX_CSV_FIELD_BYTES, MAX_CSV_INTEGER_DIGITS, MAX_KIND_NAME_CHARS, limit_note
 
@@ -161,7 +162,8 @@ class ValidationReport:
 
 
 def csv_layout(path: str | Path) -> str:
-    """``kernel``, ``transfer``, ``dram_sweep`` or ``dram_contention``, from the CSV's header."""
+    """``kernel``, ``transfer``, ``dram_sweep``, ``dram_contention`` or ``dram_energy`` (DRAMPower stream energies,
+    :mod:`hw_model.validate_energy`), from the CSV's header."""
     path = Path(path)
     try:
         with _open_csv(path) as handle:
@@ -175,13 +177,15 @@ def csv_layout(path: str | Path) -> str:
         ("transfer", TRANSFER_COLUMNS),
         ("dram_sweep", DRAM_SWEEP_COLUMNS),
         ("dram_contention", DRAM_CONTENTION_COLUMNS),
+        ("dram_energy", DRAM_ENERGY_COLUMNS),
     ):
         if set(columns) <= header:
             return layout
     raise CalibrationDataError(
         f"{path}: header {','.join(sorted(header)) or '(empty)'} matches no known layout: kernel "
         f"({','.join(KERNEL_COLUMNS)}), transfer ({','.join(TRANSFER_COLUMNS)}), DRAM size sweep "
-        f"({','.join(DRAM_SWEEP_COLUMNS)}) or DRAM contention ({','.join(DRAM_CONTENTION_COLUMNS)})"
+        f"({','.join(DRAM_SWEEP_COLUMNS)}), DRAM contention ({','.join(DRAM_CONTENTION_COLUMNS)}) or DRAM energy "
+        f"({','.join(DRAM_ENERGY_COLUMNS)})"
     )
 
 
@@ -202,9 +206,12 @@ class DramPrediction:
 
 
 def load_dram_predictions(path: str | Path) -> list[DramPrediction]:
-    """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram`."""
+    """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram` (a DRAMPower
+    energy CSV: with :mod:`hw_model.energy`, see :mod:`hw_model.validate_energy`)."""
     path = Path(path)
     layout = csv_layout(path)
+    if layout == "dram_energy":
+        return [DramPrediction(*row) for row in load_energy_predictions(path)]
     if layout not in ("dram_sweep", "dram_contention"):
         raise CalibrationDataError(f"{path}: not a DRAM calibration CSV")
     out: list[DramPrediction] = []
@@ -317,7 +324,7 @@ def validate_dram(paths: Sequence[str | Path]) -> DramValidationReport:
 
 def format_dram_report(report: DramValidationReport, worst_per_kind: int = 2) -> str:
     """One line per kind, then the worst rows of each kind."""
-    lines = [f"DRAM model (hw_model/dram.py, JEDEC-derived) vs {', '.join(report.sources)}"]
+    lines = [f"DRAM model (hw_model/dram.py, JEDEC-derived; energy: hw_model/energy.py) vs {', '.join(report.sources)}"]
     lines.append(f"{'kind':<32} {'rows':>5} {'median err':>11} {'max err':>9}")
     for kind, stats in report.kinds.items():
         lines.append(f"{kind:<32} {stats.rows:>5} {stats.median_rel_err:>11.1%} {stats.max_rel_err:>9.1%}")
@@ -325,7 +332,7 @@ def format_dram_report(report: DramValidationReport, worst_per_kind: int = 2) ->
     for kind in report.kinds:
         worst = sorted((p for p in report.predictions if p.kind == kind), key=lambda p: -abs(p.rel_err))
         for p in worst[:worst_per_kind]:
-            scale, unit = (1e9, "ns") if p.unit == "s" else (1e-9, "GB/s")
+            scale, unit = {"s": (1e9, "ns"), "J": (1e6, "uJ")}.get(p.unit, (1e-9, "GB/s"))
             lines.append(
                 f"  {kind:<30} {p.label:<70} measured {p.measured * scale:10.2f} {unit}  predicted "
                 f"{p.predicted * scale:10.2f} {unit}  {p.rel_err:+6.1%}  (line {p.line})"

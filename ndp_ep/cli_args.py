@@ -256,3 +256,27 @@ def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bo
     parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON document on stdout")
     if file_option:
         parser.add_argument("--json-out", type=output_file, metavar="FILE", help=f"also write {what} as JSON to FILE")
+
+
+def check_trace_path(path: str | None) -> None:
+    """:class:`NdpEpError` unless ``path`` (a ``--save-routing`` value, None: not given) ends in ``.npz``."""
+    if path is not None and not str(path).lower().endswith(".npz"):
+        from ndp_ep.errors import NdpEpError
+
+        raise NdpEpError(f"--save-routing: a routing trace file must end in .npz, got {path!r}")
+
+
+def add_save_routing_arg(parser) -> None:
+    """The ``--save-routing FILE.npz`` option of ``ndp-ep run`` and ``ndp-ep generate``."""
+    parser.add_argument(
+        "--save-routing",
+        type=output_file,
+        metavar="FILE.npz",
+        help="write the run's routing (per step and MoE layer, with the model's shapes) as a routing trace "
+        "(docs/trace_format.md), for ndp-ep bench --trace and ndp-ep trace-stats",
+    )
+
+
+def add_placement_arg(parser: argparse.ArgumentParser) -> None:
+    """``--placement FILE.toml``: experts pinned per layer and a GPU pool cap (:mod:`hw_model.pins`)."""
+    _add_setting(parser, "placement")

@@ -325,5 +325,20 @@ class GenerationReports:
     def last_report(self) -> RunReport | None:
         return self.reporter.last_report
 
+    def routing_trace(self, new_tokens: int | None = None):
+        """The routing trace of the runs so far (:mod:`ndp_ep.routing`): the prefill, then each decode step. Capture
+        starts at the first call if no report was read before it (call :meth:`start_routing_capture` first
+        otherwise); read it while GenAI's model is alive."""
+        from ndp_ep.routing import reporter_trace
+
+        prompt = self._prompt_tokens
+        return reporter_trace(self.reporter, prompt_tokens=prompt, new_tokens=new_tokens, source="GenerationReports")
+
+    def start_routing_capture(self) -> None:
+        """Record each run's routing from now on (before any report is read), for :meth:`routing_trace`."""
+        from ndp_ep.routing import start_capture
+
+        start_capture(self.reporter)
+
 
 __all__ = ["GENAI_CONFIG", "GenerationReports", "read_config", "load_decoder", "step_shapes"]

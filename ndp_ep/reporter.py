@@ -164,6 +164,7 @@ class SessionReporter:
         self._width = max((layer.num_experts for layer in self.layers), default=0)
         # input shapes of an untagged run from its tokens, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
+        self.capture = None  # a RoutingCapture (hw_model/routing_capture.py) while routing is captured (routing.py)
         self.aggregates = Aggregates(
             layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
         )
@@ -441,6 +442,8 @@ class SessionReporter:
                 invocations[index] += 1
                 expert_tokens[index] += total
         self._ring.append(report)
+        if self.capture is not None:
+            self.capture.add_step(report.phase, layers, layer_tokens, counts, gpu_s, gpu_s + moe_s)
         a.runs += 1
         a.tokens += tokens
         a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s

@@ -90,7 +90,8 @@ class InferenceSession:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
     many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
     is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
-    noted in the next reports); ``input_shapes``: the input shapes of the runs to come, when known
+    noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
+    nothing is recorded beyond the reports); ``input_shapes``: the input shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
     of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
     attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
@@ -117,6 +118,7 @@ class InferenceSession:
         report_ring: int = DEFAULT_REPORT_RING,
         routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
+        capture_routing: bool = False,
         **kwargs,
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
@@ -167,6 +169,10 @@ class InferenceSession:
                     notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
                 )
                 self.reporter.prepare_costing(input_shapes)
+                if capture_routing:
+                    from ndp_ep.routing import start_capture
+
+                    start_capture(self.reporter)
             except BaseException:
                 if checks_pending:  # an error they find comes first, as when they ran first
                     _finish_checks(proto)
@@ -300,6 +306,24 @@ class InferenceSession:
         MoE layers): its ``summary()`` holds the counters since the session started."""
         self.reporter.reports  # noqa: B018 - simulates the runs not yet seen
         return self.reporter.simulator
+
+    def end_profiling(self) -> str:
+        """ONNX Runtime's ``end_profiling`` (its profile's path), with each reported run's simulated GPU / NDP /
+        PCIe spans added beside ONNX Runtime's measured events (:mod:`ndp_ep.profiling`)."""
+        path = self._session.end_profiling()
+        if path and self._has_moe:
+            from ndp_ep.profiling import add_simulated_tracks
+
+            add_simulated_tracks(path, self.reporter.reports)
+        return path
+
+    def routing_trace(self):
+        """The routing trace of every run so far (:class:`hw_model.routing_trace.CapturedTrace`; save it with
+        ``hw_model.routing_trace_io.save_trace``): captured from the start with ``capture_routing=True``, else
+        from this first call if no report was read before it (:mod:`ndp_ep.routing`)."""
+        from ndp_ep.routing import reporter_trace
+
+        return reporter_trace(self.reporter, source="ndp_ep.InferenceSession")
 
     @property
     def aggregates(self):
