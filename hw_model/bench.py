@@ -96,6 +96,9 @@ class BenchConfig:
             raise WorkloadError(f"lookahead_accuracy must be in [0, 1], got {self.lookahead_accuracy}")
         if self.prompt_tokens < 1 or self.generated_tokens < 1:
             raise WorkloadError("prompt and generated token counts must be positive")
+        # the trace knobs' own checks, here rather than at every job (a NaN locality failed each point of a sweep,
+        # which still exited 0)
+        TraceKnobs(locality=self.locality, shift_at=self.shift_at, seed=self.seed)
 
 
 @dataclass(frozen=True)
