@@ -9,21 +9,21 @@ the sources, or a whole ``[... .energy]`` table (the run then reports no energy)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
 from hw_model.errors import HardwareConfigError
+from hw_model.units import finite_number
 
 ENERGY_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 IDLE_STATES = ("power-down", "standby")
 
 
 def _check_number(where: str, value: object, allow_zero: bool = True) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
+    number = finite_number(value)  # None for a non-number and an integer beyond float range
+    if number is None or number < 0 or (number == 0 and not allow_zero):
         bound = "a non-negative" if allow_zero else "a positive"
         raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
 

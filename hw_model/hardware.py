@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from hw_model.energy_spec import GpuEnergySpec, LinkEnergySpec, NdpEnergySpec, energy_from_table, energy_to_dict
 from hw_model.errors import HardwareConfigError
+from hw_model.units import finite_number
 from ndp_io.limits import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_PATH_BYTES, limit_note
 from ndp_io.parsing import read_toml
 
@@ -48,13 +49,10 @@ MAX_GEMM_TILE_M = 1 << 16
 
 def _require_positive(where: str, value: float, allow_zero: bool = False) -> None:
     bound = "a non-negative" if allow_zero else "a positive"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float range (a TOML integer of hundreds of digits)
-        raise HardwareConfigError(f"{where} must be {bound} number, got an integer beyond float range") from None
-    if not math.isfinite(number) or not (number >= 0 if allow_zero else number > 0):
+    number = finite_number(value)
+    if number is None and isinstance(value, int) and not isinstance(value, bool):  # a TOML integer of 400 digits
+        raise HardwareConfigError(f"{where} must be {bound} number, got an integer beyond float range")
+    if number is None or not (number >= 0 if allow_zero else number > 0):
         raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
     if number != 0 and not MIN_HARDWARE_VALUE <= number <= MAX_HARDWARE_VALUE:
         raise HardwareConfigError(

@@ -63,6 +63,10 @@ HARDWARE = {
         lambda: re.sub(r'(?m)^name = ".*"$', lambda _: f'name = "{"n" * 9000}"', PRESET, count=1),
         "MAX_NAME_CHARS",
     ),
+    "an energy integer beyond float range": (
+        lambda: re.sub(r"(?m)^idd4r_a = .*$", lambda _: "idd4r_a = 1" + "0" * 400, PRESET, count=1),
+        "ndp_unit.energy.idd4r_a",
+    ),
     "a subnormal bandwidth": (
         lambda: PRESET.replace("memory_bandwidth_bytes_per_s = 960e9", "memory_bandwidth_bytes_per_s = 5e-324"),
         "gpu.memory_bandwidth_bytes_per_s",
