@@ -57,7 +57,6 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -69,13 +68,14 @@ from hw_model.figures import save_png
 from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, load_system, system_from_dict
 from hw_model.models import get_model
 from hw_model.settings import DEFAULT_HW, SimulationSettings
+from hw_model.sweep_guard import check_grid_size, read_toml, run_chunks
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
 from ndp_io import atomic_write
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    pass
 
 SYNTHETIC = "synthetic"
 DEFAULT_BASELINE = "monde"  # the grid's baseline when it lists this policy and names none
@@ -118,10 +118,7 @@ def _preset_data(hw: str) -> dict[str, Any]:
         raise HardwareConfigError(
             f"unknown hardware '{hw}': not a preset ({', '.join(list_presets())}) and no such file"
         )
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise HardwareConfigError(f"{path}: not valid TOML ({exc})") from None
+    return read_toml(path, HardwareConfigError)  # size- and depth-bounded (hw_model/sweep_guard.py)
 
 
 def _with_overrides(data: Mapping[str, Any], overrides: Iterable[tuple[str, float]]) -> dict[str, Any]:
@@ -253,8 +250,10 @@ class SweepGrid:
         for path, values in dict(self.hardware).items():
             if "." not in path:
                 raise SweepGridError(f"hardware.{path}: name a field as section.field (e.g. gpu.memory_capacity_bytes)")
-            hardware[path] = tuple(_as_tuple(f"hardware.{path}", list(values), (int, float)))
+            given = list(values) if isinstance(values, list | tuple) else values  # a scalar is one value
+            hardware[path] = tuple(_as_tuple(f"hardware.{path}", given, (int, float)))
         object.__setattr__(self, "hardware", MappingProxyType(hardware))
+        check_grid_size(self, SweepGridError)  # the product of the axis lengths, before anything is expanded
         for hw in self.hw:  # every hardware value on every preset must make a valid system
             data = _preset_data(hw)
             for path, values in hardware.items():
@@ -333,10 +332,7 @@ def grid_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> Sweep
 def load_grid(path: str | Path) -> SweepGrid:
     """Read a grid TOML file (see the module docstring)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SweepGridError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, SweepGridError)  # size- and depth-bounded (hw_model/sweep_guard.py)
     return grid_from_dict(data, base_dir=path.parent)
 
 
@@ -530,13 +526,8 @@ class SweepResult:
 
 
 def _run_local(chunks: list[list[SweepPoint]], jobs: int, progress: Callable[[int], None]) -> list[list[dict]]:
-    results: list[list[dict]] = [[] for _ in chunks]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_chunk, chunk): i for i, chunk in enumerate(chunks)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            progress(len(results[futures[future]]))
-    return results
+    # bounded (never more workers than chunks, MAX_WORKERS_HARD), no orphans: hw_model/sweep_guard.py
+    return run_chunks(chunks, jobs, _run_chunk, progress, SweepGridError)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

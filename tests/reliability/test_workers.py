@@ -106,3 +106,22 @@ def test_killing_the_parent_leaves_no_worker_behind(signum):
     for pid in left:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+def test_a_sweep_pool_is_never_larger_than_its_chunks(tmp_path, monkeypatch):
+    import hw_model.sweep_guard as guard
+    from hw_model.sweep import grid_from_dict, run_sweep
+
+    sizes: list[int] = []
+    real = guard.ProcessPoolExecutor
+
+    def recording(max_workers=None, **kwargs):
+        sizes.append(max_workers)
+        return real(max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(guard, "ProcessPoolExecutor", recording)
+    grid = grid_from_dict(
+        {"models": ["olmoe-1b-7b"], "policies": ["monde", "tp+lb+prefetch"], "prompt_tokens": 8, "generated_tokens": 2}
+    )
+    result = run_sweep(grid, jobs=200)
+    assert len(result.records) == 2 and sizes == [2]  # two points: two workers, not 200
