@@ -57,7 +57,8 @@ def test_a_bench_pool_is_never_larger_than_its_jobs(monkeypatch):
     assert sizes == [min(200, jobs)]
 
 
-CHILD = """
+CHILDREN = {
+    "bench": """
 import os, sys, time
 import hw_model.bench as bench
 
@@ -68,7 +69,20 @@ def sleeping(job_and_config):
 bench._worker = sleeping
 config = bench.quick_config(bench.BenchConfig(models=("olmoe-1b-7b",), ndp_units=(4,)))
 bench.run_bench(config, jobs_in_parallel=2)
-"""
+""",
+    "sweep": """
+import os, sys, time
+import hw_model.sweep as sweep
+
+def sleeping(points):
+    os.write(1, f"{os.getpid()}\\n".encode())
+    time.sleep(120)
+
+sweep._run_chunk = sleeping
+grid = sweep.grid_from_dict({"models": ["olmoe-1b-7b"], "policies": ["monde", "tp+lb+prefetch"]})
+sweep.run_sweep(grid, jobs=2)
+""",
+}
 
 
 def _alive(pid: int) -> bool:
@@ -81,9 +95,10 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
-def test_killing_the_parent_leaves_no_worker_behind(signum):
+@pytest.mark.parametrize("command", sorted(CHILDREN))
+def test_killing_the_parent_leaves_no_worker_behind(command, signum):
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", CHILDREN[command]],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
