@@ -9,6 +9,7 @@ row) and the sweeps as markdown on stdout, a progress bar on stderr, and writes 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ndp_ep.cli_args import MAX_NDP_UNITS, bounded_int
