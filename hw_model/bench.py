@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hw_model.bench_energy import energy_fields
-from hw_model.errors import WorkloadError
+from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
 from hw_model.policies import POLICIES, get_policy, policy_names
 from hw_model.settings import DEFAULT_HW, DEFAULT_POLICY, SimulationSettings
@@ -44,6 +44,7 @@ from hw_model.traces import (
 )
 from hw_model.tuning import DEFAULT_RESIDENCY_FRACTION
 from ndp_io import write_text
+from ndp_io.workers import die_with_parent, terminate_on_signal, worker_count
 
 BASELINE_POLICY = "monde"
 BASELINE_POLICIES = policy_names("baseline")
@@ -95,6 +96,9 @@ class BenchConfig:
             raise WorkloadError(f"lookahead_accuracy must be in [0, 1], got {self.lookahead_accuracy}")
         if self.prompt_tokens < 1 or self.generated_tokens < 1:
             raise WorkloadError("prompt and generated token counts must be positive")
+        # the trace knobs' own checks, here rather than at every job (a NaN locality failed each point of a sweep,
+        # which still exited 0)
+        TraceKnobs(locality=self.locality, shift_at=self.shift_at, seed=self.seed)
 
 
 @dataclass(frozen=True)
@@ -348,8 +352,13 @@ def run_bench(
     results: list[JobResult] = []
     if progress:
         progress(0, len(jobs))
-    if jobs_in_parallel > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=jobs_in_parallel) as pool:
+    try:  # at most MAX_WORKERS_HARD, never more than the jobs: a pool forks every worker at once
+        workers = worker_count(jobs_in_parallel, len(jobs))
+    except ValueError as exc:
+        raise SettingsError(f"jobs_in_parallel: {exc}", "jobs") from None
+    if workers > 1:
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent)  # no orphan if killed
+        with pool, terminate_on_signal(pool):
             for done, result in enumerate(pool.map(_worker, [(job, config) for job in jobs], chunksize=1), 1):
                 results.append(result)
                 if progress:

@@ -4,21 +4,8 @@ non-negative as asked, and inside the range of a hardware value; errors name the
 
 from __future__ import annotations
 
-import math
-
 from hw_model.errors import HardwareConfigError
-
-
-def finite_number(value: object) -> bool:
-    """``value`` is an int or float (not a bool), neither NaN nor infinite, and within float range: every number
-    of a hardware file is used as a float, and TOML integers have no size limit (``math.isfinite`` raises
-    OverflowError on an integer beyond 1.8e308)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+from hw_model.units import finite_number  # the one test of a number read from a file
 
 
 def shown_number(value: object) -> str:
@@ -38,14 +25,11 @@ MAX_GEMM_TILE_M = 1 << 16
 
 
 def require_positive(where: str, value: float, allow_zero: bool = False) -> None:
+    """:class:`HardwareConfigError` naming ``where`` unless ``value`` is a positive (or, ``allow_zero``,
+    non-negative) number within the range of a hardware value."""
     bound = "a non-negative" if allow_zero else "a positive"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise HardwareConfigError(f"{where} must be {bound} number, got {shown_number(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float range (a TOML integer of hundreds of digits)
-        raise HardwareConfigError(f"{where} must be {bound} number, got {shown_number(value)}") from None
-    if not math.isfinite(number) or not (number >= 0 if allow_zero else number > 0):
+    number = finite_number(value)  # None for a non-number, NaN/inf and an integer beyond float range
+    if number is None or not (number >= 0 if allow_zero else number > 0):
         raise HardwareConfigError(f"{where} must be {bound} number, got {shown_number(value)}")
     if number != 0 and not MIN_HARDWARE_VALUE <= number <= MAX_HARDWARE_VALUE:
         raise HardwareConfigError(

@@ -8,11 +8,11 @@ its option (:func:`ndp_ep.cli_args.add_tuning_args`); docs/settings.md says how 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from hw_model.errors import SettingsError
+from hw_model.units import finite_number
 
 DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
 
@@ -24,15 +24,11 @@ def setting(default: Any, help: str, **metadata: Any) -> Any:
 
 
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SettingsError(f"{name} must be a finite number, got {value!r}", name)
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an integer beyond float range
-        finite = False
-    if not finite:
-        raise SettingsError(f"{name} must be a finite number within float range, got {value!r:.80}", name)
-    return float(value)
+    number = finite_number(value)  # None for a non-number and an integer beyond float range
+    if number is None:
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "an integer beyond float range"
+        raise SettingsError(f"{name} must be a finite number, got {shown}", name)
+    return number
 
 
 def check_fraction(name: str, value: object, *, open_low: bool = False) -> None:

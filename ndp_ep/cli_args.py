@@ -69,6 +69,24 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def jobs_arg(text: str) -> int:
+    """An argparse ``type`` for ``--jobs``: worker processes from 1 to :data:`ndp_io.limits.MAX_WORKERS_HARD`
+    (the limit named when refused; pools never start more workers than they have tasks)."""
+    from ndp_io.limits import MAX_WORKERS_HARD, limit_note
+
+    try:
+        return bounded_int(1, MAX_WORKERS_HARD)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} worker processes {limit_note('MAX_WORKERS_HARD')}") from None
+
+
+def default_jobs() -> int:
+    """``--jobs``'s default: two workers, or one on a one-CPU machine."""
+    from ndp_io.limits import cpu_count
+
+    return min(2, cpu_count())
+
+
 def output_file(text: str) -> str:
     """An argparse ``type`` for a file the command will write: refused, naming the user's own path, when it is
     empty, not a file name, too long, an existing directory, or in a directory that does not exist

@@ -1,7 +1,7 @@
 """Every resource limit of ndp-ep, in one place (docs/reliability.md, "Resource limits").
 
 Each limit is checked before the work it bounds starts, and each error that enforces one names it
-(``... (limit: MAX_GRID_POINTS = 1,000,000, ndp_io/limits.py)``, see :func:`limit_note`), so a user who needs
+(``... (limit: MAX_GRID_POINTS = 100,000, ndp_io/limits.py)``, see :func:`limit_note`), so a user who needs
 more knows what to change. ``ndp_io`` imports only the standard library, so every package reads these.
 """
 
@@ -22,7 +22,8 @@ MAX_PATH_BYTES = 4096  # a path given on the command line (Linux PATH_MAX)
 
 # work a command starts
 MAX_WORKERS_HARD = 256  # worker processes of ``sweep --jobs`` / ``bench --jobs``, whatever is asked
-MAX_GRID_POINTS = 1_000_000  # points of a sweep grid (the product of its axis lengths), refused before expansion
+MAX_GRID_POINTS = 100_000  # points of a sweep grid (the product of its axis lengths), refused before expansion;
+# each point keeps a record of ~40 columns in memory (about 3 KB): 100,000 points stay near 300 MB
 
 # data read from files
 MAX_TRACE_BYTES = 1 << 30  # a routing trace's arrays once inflated (``.npz`` members are checked before reading)
@@ -45,11 +46,3 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-def worker_limit(requested: int, allow_oversubscribe: bool = False) -> int:
-    """The most worker processes ``requested`` may start: at most the CPUs (unless ``allow_oversubscribe``) and
-    never over :data:`MAX_WORKERS_HARD`. Raises ``ValueError`` (naming the limit) beyond the hard cap."""
-    if requested > MAX_WORKERS_HARD:
-        raise ValueError(f"{requested:,} workers asked, at most {MAX_WORKERS_HARD} {limit_note('MAX_WORKERS_HARD')}")
-    return requested if allow_oversubscribe else min(requested, cpu_count())

@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from hw_model.sweep.grid import (
     _flatten,
     expand,
 )
+from hw_model.sweep.guard import run_chunks
 from hw_model.sweep.pareto import add_speedups, pareto_fronts, rectangular
 
 # per worker process: routing traces by (trace, seed, tokens, knobs), the most recently used few only
@@ -122,13 +122,8 @@ class SweepResult:
 
 
 def _run_local(chunks: list[list[SweepPoint]], jobs: int, progress: Callable[[int], None]) -> list[list[dict]]:
-    results: list[list[dict]] = [[] for _ in chunks]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_run_chunk, chunk): i for i, chunk in enumerate(chunks)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            progress(len(results[futures[future]]))
-    return results
+    # bounded (never more workers than chunks, MAX_WORKERS_HARD), no orphans: hw_model/sweep/guard.py
+    return run_chunks(chunks, jobs, _run_chunk, progress, SweepGridError)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -21,13 +20,8 @@ from hw_model.errors import HardwareConfigError, HwModelError, WorkloadError
 from hw_model.hardware import MAX_NDP_UNITS, PRESET_DIR, list_presets, system_from_dict
 from hw_model.models import get_model
 from hw_model.settings import DEFAULT_HW
+from hw_model.sweep.guard import check_grid_size, read_toml
 from hw_model.traces import DEFAULT_SKEW_LEVELS, skew_for
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 
 SYNTHETIC = "synthetic"
 
@@ -83,10 +77,7 @@ def _preset_data(hw: str) -> dict[str, Any]:
         raise HardwareConfigError(
             f"unknown hardware '{hw}': not a preset ({', '.join(list_presets())}) and no such file"
         )
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise HardwareConfigError(f"{path}: not valid TOML ({exc})") from None
+    return read_toml(path, HardwareConfigError)  # size- and depth-bounded (hw_model/sweep/guard.py)
 
 
 def _with_overrides(data: Mapping[str, Any], overrides: Iterable[tuple[str, float]]) -> dict[str, Any]:
@@ -191,8 +182,10 @@ class SweepGrid:
         for path, values in dict(self.hardware).items():
             if "." not in path:
                 raise SweepGridError(f"hardware.{path}: name a field as section.field (e.g. gpu.memory_capacity_bytes)")
-            hardware[path] = tuple(_as_tuple(f"hardware.{path}", list(values), (int, float)))
+            given = list(values) if isinstance(values, list | tuple) else values  # a scalar is one value
+            hardware[path] = tuple(_as_tuple(f"hardware.{path}", given, (int, float)))
         object.__setattr__(self, "hardware", MappingProxyType(hardware))
+        check_grid_size(self, SweepGridError)  # the product of the axis lengths, before anything is expanded
         for hw in self.hw:  # every hardware value on every preset must make a valid system
             data = _preset_data(hw)
             for path, values in hardware.items():
@@ -271,10 +264,7 @@ def grid_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> Sweep
 def load_grid(path: str | Path) -> SweepGrid:
     """Read a grid TOML file (see the module docstring)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SweepGridError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, SweepGridError)  # size- and depth-bounded (hw_model/sweep/guard.py)
     return grid_from_dict(data, base_dir=path.parent)
 
 

@@ -35,7 +35,15 @@ def _str_list(text: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from hw_model.models import MODELS
     from hw_model.policies import policy_names
-    from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir, output_file
+    from ndp_ep.cli_args import (
+        add_hardware_args,
+        add_json_args,
+        bounded_int,
+        default_jobs,
+        jobs_arg,
+        output_dir,
+        output_file,
+    )
 
     add_hardware_args(parser, units=False)
     from ndp_ep.cli_args import add_placement_arg
@@ -92,9 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-dir", type=output_dir, default=None, help="write the Gantt timelines as Chrome trace JSON (Perfetto)"
     )
-    parser.add_argument(
-        "--jobs", type=bounded_int(1, 256), default=min(2, os.cpu_count() or 1), help="parallel worker processes"
-    )
+    parser.add_argument("--jobs", type=jobs_arg, default=default_jobs(), help="parallel worker processes")
     parser.add_argument("--no-sweeps", action="store_true", help="only the main table")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots even with --out")
     parser.add_argument("--quick", action="store_true", help="tiny run (32 prompt + 8 generated tokens, no sweeps)")

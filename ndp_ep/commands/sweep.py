@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 HELP = "design-space sweep of the simulated GPU + NDP system from a TOML grid, on a process pool or Ray"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ndp_ep.cli_args import output_dir
+    from ndp_ep.cli_args import default_jobs, jobs_arg, output_dir
 
     parser.add_argument("grid", help="grid TOML file (axes: models, hw, ndp_units, policies, skew, traces, seeds...)")
     parser.add_argument(
@@ -28,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write sweep.json/.parquet and pareto.json/.png to DIR (default: nothing written)",
     )
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel workers")
+    parser.add_argument("--jobs", type=jobs_arg, default=default_jobs(), help="parallel worker processes")
     parser.add_argument(
         "--ray",
         nargs="?",

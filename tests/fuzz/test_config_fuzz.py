@@ -187,7 +187,6 @@ def test_hardware_toml(tmp_path, seed, capsys):
         assert code in (0, 2) and "Traceback" not in err, f"seed {seed}: {what}: {err[-500:]}"
 
 
-@pytest.mark.xfail(reason="the grid loader's fixes land after hw_model/sweep.py's split (issue 32 item 5)")
 @pytest.mark.parametrize("seed", range(EXAMPLES))
 def test_sweep_grid(tmp_path, seed):
     from hw_model.sweep import load_grid

@@ -63,6 +63,10 @@ HARDWARE = {
         lambda: re.sub(r'(?m)^name = ".*"$', lambda _: f'name = "{"n" * 9000}"', PRESET, count=1),
         "MAX_NAME_CHARS",
     ),
+    "an energy integer beyond float range": (
+        lambda: re.sub(r"(?m)^idd4r_a = .*$", lambda _: "idd4r_a = 1" + "0" * 400, PRESET, count=1),
+        "ndp_unit.energy.idd4r_a",
+    ),
     "a subnormal bandwidth": (
         lambda: PRESET.replace("memory_bandwidth_bytes_per_s = 960e9", "memory_bandwidth_bytes_per_s = 5e-324"),
         "gpu.memory_bandwidth_bytes_per_s",
@@ -218,3 +222,60 @@ def test_every_limit_is_defined_once_and_named():
     assert len(names) >= 10
     for name in names:
         assert limits.limit_note(name) == f"(limit: {name} = {getattr(limits, name):,}, ndp_io/limits.py)"
+
+
+def _axis(count: int, value) -> str:
+    return "[" + ", ".join(value(i) for i in range(count)) + "]"
+
+
+def test_a_grid_of_10_billion_points_is_refused_before_expansion(tmp_path, capsys, monkeypatch):
+    from hw_model.errors import HwModelError
+    from hw_model.sweep import load_grid
+
+    grid = tmp_path / "huge.toml"
+    grid.write_text(
+        'models = ["olmoe-1b-7b"]\n'
+        f"ndp_units = {_axis(64, lambda i: str(i + 1))}\n"
+        f"seeds = {_axis(1000, str)}\n"
+        f"skew = {_axis(100, lambda i: repr(0.01 * i))}\n"
+        'policies = ["monde", "tp+lb+prefetch"]\n'
+        f"[hardware.gpu]\nmemory_capacity_bytes = {_axis(1000, lambda i: repr(8e9 + i))}\n"
+    )
+    monkeypatch.setattr("hw_model.sweep.expand", lambda grid: pytest.fail("the grid was expanded"))
+    with pytest.raises(HwModelError, match="12,800,000,000 points"):
+        load_grid(grid)
+    one_line(capsys, main(["sweep", str(grid)]), "MAX_GRID_POINTS")
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        {},
+        {"traces": ["synthetic", "TRACE"], "skew": ["typical", 0.5], "seeds": [0, 1, 2]},
+        {
+            "residency_fractions": [0.5, 1.0],
+            "hw": ["paper", "edge"],
+            "hardware": {"gpu": {"memory_capacity_bytes": [8e9, 16e9]}},
+        },
+    ],
+)
+def test_the_point_count_is_the_number_of_points_expanded(tmp_path, grid):
+    from hw_model.sweep import expand, grid_from_dict
+    from hw_model.sweep.guard import count_points
+    from hw_model.traces import synthetic_trace  # noqa: F401 - a trace file is needed for the file axis
+
+    if "traces" in grid:
+        trace = tmp_path / "t.json"
+        trace.write_text(
+            json.dumps(
+                {
+                    "format": "ndp-ep-trace/1",
+                    "num_experts": 64,
+                    "prompt_tokens": 1,
+                    "expert_ids": [[[0, 1, 2, 3, 4, 5, 6, 7]] * 2] * 16,
+                }
+            )
+        )
+        grid = {**grid, "traces": ["synthetic", str(trace)]}
+    built = grid_from_dict({"models": ["olmoe-1b-7b", "mixtral-8x7b"], "policies": ["monde", "tp+lb+prefetch"], **grid})
+    assert count_points(built) == len(expand(built))

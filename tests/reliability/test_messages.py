@@ -88,3 +88,13 @@ def test_a_json_out_in_a_directory_without_write_permission_is_refused_before_th
     assert main(argv) == 2
     assert "permission denied" in capsys.readouterr().err
     assert calls == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.5", "1.5"])
+def test_a_bad_locality_in_a_grid_is_refused_before_any_point(tmp_path, capsys, monkeypatch, value):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["olmoe-1b-7b"]\nlocality = {value}\nprompt_tokens = 8\ngenerated_tokens = 4\n')
+    calls = _work_never_starts(monkeypatch, "hw_model.sweep", "run_point")
+    assert main(["sweep", str(grid)]) == 2  # every point failed and the sweep exited 0
+    assert "locality" in capsys.readouterr().err
+    assert calls == []

@@ -1,0 +1,79 @@
+"""The resource guards of ``ndp-ep sweep`` (issue 32): the grid's size before it is expanded, its TOML read within
+the parse limits, and a worker pool that is bounded and leaves no orphans.
+
+* :func:`count_points`: the number of points :func:`hw_model.sweep.expand` would make, as the product of the
+  axis lengths (a file trace contributes one variant, a synthetic one ``skews x seeds``), without expanding;
+  :func:`check_grid_size` refuses a grid over :data:`ndp_io.limits.MAX_GRID_POINTS` naming the limit (a grid
+  of 10^10 points grew memory at ~60 MB/s with nothing printed).
+* :func:`read_toml`: grid and hardware TOML through :mod:`ndp_io.parsing` (size, depth, a BOM accepted), errors
+  of the caller's type.
+* :func:`run_chunks`: chunks on a process pool of :func:`ndp_io.workers.worker_count` workers (never more than
+  the chunks), each started with :func:`ndp_io.workers.die_with_parent`, terminated on SIGTERM/SIGHUP.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from hw_model.errors import HwModelError
+from ndp_io.limits import MAX_GRID_POINTS, limit_note
+from ndp_io.parsing import read_toml as _read_toml
+from ndp_io.workers import die_with_parent, terminate_on_signal, worker_count
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SYNTHETIC = "synthetic"
+
+
+def count_points(grid: Any) -> int:
+    """The points of ``grid`` (a :class:`hw_model.sweep.SweepGrid`), as the product of its axis lengths."""
+    hardware = math.prod(len(values) for values in dict(grid.hardware).values())
+    variants = sum(len(grid.skew) * len(grid.seeds) if trace == SYNTHETIC else 1 for trace in grid.traces)
+    axes = (len(grid.models), len(grid.hw), hardware, len(grid.ndp_units), variants)
+    return math.prod(axes) * len(grid.residency_fractions) * len(grid.policies)
+
+
+def check_grid_size(grid: Any, error: Callable[[str], HwModelError]) -> int:
+    """``grid``'s point count; ``error`` naming :data:`MAX_GRID_POINTS` when it is over, before any expansion."""
+    count = count_points(grid)
+    if count > MAX_GRID_POINTS:
+        raise error(
+            f"the grid has {count:,} points (the product of its axis lengths); at most {MAX_GRID_POINTS:,} "
+            f"{limit_note('MAX_GRID_POINTS')}: split it into several sweeps"
+        )
+    return count
+
+
+def read_toml(path: Path, error: Callable[[str], Exception]) -> dict[str, Any]:
+    """The TOML file at ``path``, size- and depth-bounded (:func:`ndp_io.parsing.read_toml`)."""
+    return _read_toml(path, error, tomllib.loads)
+
+
+def run_chunks(
+    chunks: Sequence[Sequence[Any]],
+    jobs: int,
+    run_chunk: Callable[[Any], list[dict]],
+    progress: Callable[[int], None],
+    error: Callable[[str], HwModelError],
+) -> list[list[dict]]:
+    """``run_chunk`` of every chunk on a bounded pool (see the module docstring); results in chunk order."""
+    try:
+        workers = worker_count(jobs, len(chunks))
+    except ValueError as exc:
+        raise error(f"jobs: {exc}") from None
+    results: list[list[dict]] = [[] for _ in chunks]
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent)
+    with pool, terminate_on_signal(pool):
+        futures = {pool.submit(run_chunk, chunk): i for i, chunk in enumerate(chunks)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            progress(len(results[futures[future]]))
+    return results
