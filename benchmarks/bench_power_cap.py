@@ -68,7 +68,8 @@ def main() -> None:
         base = [r for r in mine if r["policy"] in baselines]
         print(f"**{model}**\n")
         print(
-            "| policy | cap, W | latency, s | MoE avg power, W | request avg power, W | decode J/token | within cap | fastest baseline within the cap |"
+            "| policy | cap, W | latency, s | MoE avg power, W | request avg power, W | decode J/token | within cap "
+            "| fastest baseline within the cap |"
         )
         print("|---|---:|---:|---:|---:|---:|---|---|")
         for r in base:
