@@ -203,6 +203,7 @@ class SweepGrid:
     locality: float = 0.0
     shift_at: float | None = 0.5
     baseline: str | None = None
+    captured: tuple[str, ...] = field(init=False, repr=False, compare=False)  # traces captured by --save-routing
 
     def __post_init__(self) -> None:
         for name in ("models", "hw", "policies", "traces"):
@@ -236,6 +237,9 @@ class SweepGrid:
         for trace in self.traces:
             if trace != SYNTHETIC and not Path(trace).is_file():
                 raise SweepGridError(f"traces: no such trace file {trace!r}")
+        from hw_model.sweep_captured import captured_traces  # routing traces of their own model (--save-routing)
+
+        object.__setattr__(self, "captured", captured_traces(self.traces, SYNTHETIC))
         # models, policies and the scalar knobs: the bench's own checks
         try:
             BenchConfig(
@@ -405,6 +409,8 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
                 hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
                 for units in grid.ndp_units:
                     for trace in grid.traces:
+                        if trace in grid.captured:  # a workload of its own model: its points follow
+                            continue
                         if trace == SYNTHETIC:
                             variants = [
                                 (
@@ -440,6 +446,25 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
                                             grid.shift_at,
                                         )
                                     )
+    for trace in grid.captured:  # hw_model/sweep_captured.py: the trace's own model, not crossed with ``models``
+        from hw_model.sweep_captured import CAPTURED_LEVEL, captured_model
+
+        name = captured_model(trace)
+        for hw in grid.hw:
+            data = _preset_data(hw) if hardware_paths else None
+            for combo in hardware_combos:
+                overrides = tuple(zip(hardware_paths, combo, strict=True))
+                hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
+                for units in grid.ndp_units:
+                    for fraction in grid.residency_fractions:
+                        for policy in grid.policies:
+                            points.append(
+                                SweepPoint(
+                                    len(points), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
+                                    overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
+                                    float(grid.locality), grid.shift_at,
+                                )
+                            )  # fmt: skip
     return points
 
 
@@ -465,33 +490,39 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
             hw = os.path.join(tmp, "hardware.toml")
             Path(hw).write_text(point.hw_toml, encoding="utf-8")
         try:
-            config = BenchConfig(
-                hw=hw,
-                ndp_units=(point.ndp_units,),
-                models=(point.model,),
-                policies=(point.policy,),
-                prompt_tokens=point.prompt_tokens,
-                generated_tokens=point.generated_tokens,
-                seed=point.seed,
-                locality=point.locality,
-                shift_at=point.shift_at,
-                trace_file=None if point.trace == SYNTHETIC else point.trace,
-                sweeps=False,
-                gantt=False,
-                default_units=point.ndp_units,
-            )
-            settings = SimulationSettings(  # the system loaded here: a sweep's point may have no NDP unit
-                hw=load_system(hw, point.ndp_units), policy=point.policy, residency_fraction=point.residency_fraction
-            )
-            job = Job(get_model(point.model), settings, point.skew_level, point.skew, section="sweep")
-            result = run_job(job, config, cache)
+            system = load_system(hw, point.ndp_units)  # loaded here: a sweep's point may have no NDP unit
+            if point.trace != SYNTHETIC and point.skew_level == "captured":  # hw_model/sweep_captured.py
+                from hw_model.sweep_captured import run_captured
+
+                result_record = run_captured(point.trace, system, point.policy, point.residency_fraction, cache)
+            else:
+                config = BenchConfig(
+                    hw=hw,
+                    ndp_units=(point.ndp_units,),
+                    models=(point.model,),
+                    policies=(point.policy,),
+                    prompt_tokens=point.prompt_tokens,
+                    generated_tokens=point.generated_tokens,
+                    seed=point.seed,
+                    locality=point.locality,
+                    shift_at=point.shift_at,
+                    trace_file=None if point.trace == SYNTHETIC else point.trace,
+                    sweeps=False,
+                    gantt=False,
+                    default_units=point.ndp_units,
+                )
+                settings = SimulationSettings(
+                    hw=system, policy=point.policy, residency_fraction=point.residency_fraction
+                )
+                job = Job(get_model(point.model), settings, point.skew_level, point.skew, section="sweep")
+                result_record = run_job(job, config, cache).record
         except HwModelError as exc:
             record["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             record[LATENCY_KEY] = None
             record[WALL_KEY] = time.perf_counter() - started
             return record
     skip = set(record) | {"hw", "section", "speedup_vs_monde"}
-    record.update({k: v for k, v in _flatten(result.record).items() if k not in skip})
+    record.update({k: v for k, v in _flatten(result_record).items() if k not in skip})
     record[WALL_KEY] = time.perf_counter() - started
     return record
 
