@@ -176,6 +176,10 @@ def _run(args: argparse.Namespace) -> int:
         input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
         capture_routing=bool(args.save_routing),
     )
+    if args.save_routing and not session.reporter.claimed:  # before the run: nothing written
+        from ndp_ep.errors import NdpEpError
+
+        raise NdpEpError("--save-routing: the model has no MoE block the provider runs: there is no routing to save")
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
     if mismatch:
