@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hw_model.bench_energy import energy_fields
 from hw_model.errors import WorkloadError
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
 from hw_model.policies import POLICIES, get_policy, policy_names
@@ -173,6 +174,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     sim.advance_time_s(dense)
     step = sim.simulate_step("prefill", trace.prefill_step_counts(layers), gap_before_layer_s=per_layer_other)
     prefill_s += layers * per_layer_other + step.latency_s
+    prefill_energy = sim.energy(prefill_s, extra_gpu_busy_s=prefill_s - step.latency_s)
     if job.want_gantt:
         gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
 
@@ -255,6 +257,17 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved", "pin_cost_s"):
         if key in summary:
             record[key] = summary[key]
+    energy = sim.energy(total, extra_gpu_busy_s=total - expert_s)
+    record.update(
+        energy_fields(
+            energy,
+            prefill_energy,
+            simulator=sim.energy(),
+            latency_s=total,
+            prompt_tokens=prompt,
+            generated_tokens=trace.generated_tokens,
+        )
+    )
     return JobResult(record, gantt)
 
 

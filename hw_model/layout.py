@@ -57,6 +57,7 @@ class LayoutSummary(NamedTuple):
     gpu_to_host_bytes: float
     reduction: str
     idle_pcie: tuple[tuple[float, float], ...]
+    work: tuple[float, ...]  # per hw_model.energy.WORK_FIELDS (what the energy model prices)
 
 
 def summarize(timeline: LayerTimeline) -> LayoutSummary:
@@ -84,6 +85,7 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
         timeline.gpu_to_host_bytes,
         timeline.reduction,
         tuple(gaps),
+        timeline.work,
     )
 
 
@@ -354,11 +356,18 @@ class InvocationLayout:
         shared_jobs: list[tuple[str, float]] = []
         shared_dram_s = 0.0
         shared_tokens = 0
+        # the work (hw_model.energy.WORK_FIELDS): GPU FLOPs, GPU memory bytes, NDP FLOPs, NDP DRAM bytes, DIMM bytes
+        # copies read, DIMM-link bytes (the timeline adds the combine and the reduction)
+        work = [0.0] * 6
         for (kind, tokens, a, b), e in sorted(zip(self.decisions, self.ids, strict=True)):
             if kind == GPU:
+                work[0] += expert.flops(tokens)
+                work[1] += weight_bytes + expert.activation_bytes(tokens)
                 if a:  # resident
                     gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, tokens), 0.0))
                     continue
+                work[1] += weight_bytes  # the copy writes the weights into GPU memory
+                work[4] += weight_bytes
                 transfer = costs.transfer_s(expert, sources)
                 gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, tokens), weight_bytes))
                 read_s = costs.copy_read_s(expert, sources)
@@ -368,11 +377,15 @@ class InvocationLayout:
                     for u in range(units):
                         unit_dram_s[u] += read_s
             elif kind == SLICED:
+                work[2] += expert.flops(tokens)
+                work[3] += weight_bytes + units * expert.activation_bytes(tokens, units)
                 ndp_s, dram_s = costs.ndp_pair(expert, tokens, units)
                 shared_jobs.append((_SHARD_LABELS[e] if e < len(_SHARD_LABELS) else f"e{e} shard", ndp_s))
                 shared_dram_s += dram_s
                 shared_tokens += tokens
             elif kind == WHOLE:
+                work[2] += expert.flops(tokens)
+                work[3] += weight_bytes + expert.activation_bytes(tokens)
                 unit_jobs[a].append((f"e{e}", costs.ndp_s(expert, tokens, 1)))
                 unit_dram_s[a] += costs.ndp_dram_s(expert, tokens, 1)
                 unit_tokens[a] = min(tokens_all, unit_tokens[a] + tokens)
@@ -383,6 +396,12 @@ class InvocationLayout:
                 gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, k)
                 gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
                 rest = units * k / (k - 1)
+                flops = expert.flops(tokens)
+                work[0] += flops / k
+                work[1] += 2 * part_bytes + expert.activation_bytes(tokens, k)
+                work[4] += part_bytes
+                work[2] += flops - flops / k
+                work[3] += units * (expert.weight_bytes(rest) + expert.activation_bytes(tokens, rest))
                 shared_jobs.append((f"e{e} shard", costs.ndp_s(expert, tokens, rest)))
                 shared_dram_s += costs.ndp_dram_s(expert, tokens, rest) + costs.copy_read_s(expert, sources) / k
                 shared_tokens += tokens
@@ -393,7 +412,15 @@ class InvocationLayout:
                 unit_dram_s[unit] += shared_dram_s
                 unit_tokens[unit] = min(tokens_all, unit_tokens[unit] + shared_tokens)
         return build_layer_timeline(
-            ctx.system, self.layer, tokens_all, unit_jobs, unit_tokens, gpu_jobs, self.tensor_parallel, unit_dram_s
+            ctx.system,
+            self.layer,
+            tokens_all,
+            unit_jobs,
+            unit_tokens,
+            gpu_jobs,
+            self.tensor_parallel,
+            unit_dram_s,
+            work,
         )
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------

@@ -157,7 +157,9 @@ def error_message(exc: BaseException) -> str:
     if translated is not None:
         exc = translated
     if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.strerror or 'cannot open'}: {exc.filename}"
+        from ndp_io.guard import shown_path
+
+        return f"{exc.strerror or 'cannot open'}: {shown_path(os.fsdecode(exc.filename))}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -169,10 +171,20 @@ def warn(command: str, message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (0 ok, 1 a negative answer such as ``diff``'s, 2 bad input)."""
+    from ndp_ep.text import terminal_streams
+
+    with terminal_streams():  # nothing printed sends a control character to the terminal (ndp_ep/text.py)
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     except SystemExit as done:  # --help, --version, or a usage error already printed as one line
         return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
+    except OSError as exc:  # an option's type function probing a path the system refuses (too long, ...)
+        print(f"ndp-ep: error: {error_message(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return int(args._module.run(args) or 0)
     except _input_error_types() as exc:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 
 from hw_model.hardware import MAX_NDP_UNITS
 from hw_model.settings import DEFAULT_POLICY, SimulationSettings
@@ -85,10 +84,15 @@ def output_file(text: str) -> str:
 
 def output_dir(text: str) -> str:
     """An argparse ``type`` for a directory the command will create or fill (refused when a file has the name)."""
+    from ndp_io import OutputWriteError
+    from ndp_io.guard import check_output_dir
+
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty; name a directory")
-    if Path(text).exists() and not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    try:
+        check_output_dir(text)  # writable, checked before the work rather than after it
+    except OutputWriteError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -588,6 +588,11 @@ def reporter_for(session) -> SessionReporter:
     own = getattr(session, "reporter", None)
     if isinstance(own, SessionReporter):
         return own
+    if not callable(getattr(session, "get_session_options", None)):  # None, a path, a SessionOptions...
+        raise NdpEpError(
+            "expected an ndp_ep.InferenceSession or an onnxruntime.InferenceSession created with "
+            f"ndp_ep.session_options(), got {type(session).__name__}"
+        )
     from ndp_ep.ep import EP_NAME, REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
 
     with _plain_lock:

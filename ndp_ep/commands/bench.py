@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
+    from hw_model.bench_energy_tables import format_energy_table
     from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.models import MODELS
@@ -163,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         load_trace(args.trace)
     records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
     text = format_table(records)
+    energy = format_energy_table(records)
+    if energy:
+        text += "\n\n" + energy
     sweeps = format_sweeps(records)
     if sweeps:
         text += "\n\n" + sweeps
