@@ -79,6 +79,7 @@ def test_run_save_routing_replays_to_the_run_report(samples_dir, tmp_path, capsy
     report = json.loads(capsys.readouterr().out)
     trace = load_captured(path)
     assert trace.header.source.startswith("ndp-ep run") and trace.header.versions["onnxruntime"]
+    assert trace.steps.has_slots  # a model in one file: every slot's expert id and weight too
     assert replay(trace).total_s == report["simulated_latency_s"]
 
 
