@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,15 @@ from hw_model.trace_replay import replay, settings_of_header
 from hw_model.traces import TraceKnobs, skew_for, synthetic_trace
 
 CAPTURED_LEVEL = "captured"
+
+
+def model_name_of(header: TraceHeader, fallback: str) -> str:
+    """A short name for the table: the model path's folder or stem in the header's source, else ``fallback``."""
+    words = header.source.split()
+    if len(words) >= 3 and words[0] == "ndp-ep" and words[1] in ("run", "generate"):  # "ndp-ep generate DIR"
+        path = Path(words[2])
+        return path.name if words[1] == "generate" else path.stem
+    return fallback
 
 
 def trace_settings(

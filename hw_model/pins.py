@@ -20,7 +20,7 @@ the GPU expert pool (they stay resident), after the cap. Errors name the file an
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,23 @@ class PlacementPins:
                 raise SettingsError(
                     f"{self.source}: layer {layer} has {experts} experts, expert {beyond[0]} pinned", "placement"
                 )
+
+
+def pinned_pool(
+    pins: PlacementPins | None, layers: Sequence[Any], pool_bytes: float
+) -> tuple[list[tuple[frozenset[int], frozenset[int]]] | None, float]:
+    """Per layer of ``layers`` (:class:`hw_model.workload.MoELayerShape`), the experts pinned to the GPU and to the
+    NDP units (None without pins), and the GPU expert pool of ``pool_bytes`` capped and less the GPU-pinned
+    experts' weights (they stay resident)."""
+    if pins is None:
+        return None, pool_bytes
+    pins.check([layer.num_experts for layer in layers])
+    sets = [(pins.gpu(i), pins.ndp(i)) for i in range(len(layers))]
+    if pins.gpu_pool_cap_bytes > 0:
+        pool_bytes = min(pool_bytes, pins.gpu_pool_cap_bytes)
+    for i in range(len(layers)):
+        pool_bytes -= len(sets[i][0]) * layers[i].expert.weight_bytes()
+    return sets, pool_bytes
 
 
 def _experts(source: str, where: str, value: object) -> frozenset[int]:

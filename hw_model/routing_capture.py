@@ -12,7 +12,7 @@ in memory however long it runs. :meth:`RoutingCapture.steps` reads everything ba
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import numpy as np
@@ -37,15 +37,22 @@ class RoutingCapture:
         self._chunk: dict[str, list] = {}
         self._resident = 0
         self._spool: IO[bytes] | None = None
-        self._spooled: list[tuple[int, int]] = []  # (steps, entries) of each chunk in the spool, in order
+        self._spooled: list[tuple[int, int, int]] = []  # (steps, entries, slots) of each chunk spooled, in order
         self.spooled_bytes = 0
         self.num_steps = 0
+        # where every slot's expert id and routing weight come from, when the session has them: run id -> per MoE
+        # layer (the reporter's order) the flat ids and weights of its token slots, or None (see ndp_ep/slots.py)
+        self.slot_source: Callable[[int], Sequence[tuple[np.ndarray, np.ndarray]] | None] | None = None
+        self.slots_missing = 0  # steps captured without their slots (the trace then has none)
         self._reset_chunk()
 
     def _reset_chunk(self) -> None:
         # per step held in memory: its phase, seconds, tokens per layer and dense counts [layers, width] (made
         # sparse, all steps at once, when the chunk is spooled or read)
-        self._chunk = {"phase": [], "gap_s": [], "reported_s": [], "layer_tokens": [], "dense": []}
+        self._chunk = {
+            "phase": [], "gap_s": [], "reported_s": [], "layer_tokens": [], "dense": [], "slot_sizes": [],
+            "slot_ids": [], "slot_weights": [],
+        }  # fmt: skip
         self._resident = 0
 
     @property
@@ -61,9 +68,11 @@ class RoutingCapture:
         counts: np.ndarray | None,
         gap_s: float,
         reported_s: float,
+        run_id: int | None = None,
     ) -> None:
         """One step: its ``phase``, the layers that ran (None: none did) with their tokens and dense counts
-        (``[len(layers), >= their experts]``), the non-expert seconds it was costed with and the latency reported."""
+        (``[len(layers), >= their experts]``), the non-expert seconds it was costed with and the latency reported;
+        ``run_id``: the run it was, for :attr:`slot_source`."""
         if phase not in STEP_PHASES:
             raise WorkloadError(f"step phase must be one of {STEP_PHASES}, got {phase!r}")
         num_layers, width = self.num_layers, self.width
@@ -78,6 +87,8 @@ class RoutingCapture:
                     tokens[int(layer)] = int(layer_tokens[row])
                     dense[int(layer)] = counts[row, :width]
         chunk = self._chunk
+        if self.slot_source is not None:
+            self._add_slots(layers, run_id)
         chunk["phase"].append(STEP_PHASES.index(phase))
         chunk["gap_s"].append(float(gap_s))
         chunk["reported_s"].append(float(reported_s))
@@ -88,8 +99,30 @@ class RoutingCapture:
         if self._resident > self.resident_bytes_limit:
             self._spill()
 
+    def _add_slots(self, layers: Sequence[int] | None, run_id: int | None) -> None:
+        """The step's slots from :attr:`slot_source` (none: counted in :attr:`slots_missing`)."""
+        assert self.slot_source is not None
+        chunk = self._chunk
+        sizes = [0] * self.num_layers
+        found = self.slot_source(run_id) if run_id is not None else None
+        ids: list[np.ndarray] = []
+        weights: list[np.ndarray] = []
+        if layers is not None and found is not None and len(found) == self.num_layers:
+            for layer in sorted(int(i) for i in layers):
+                layer_ids, layer_weights = found[layer]
+                sizes[layer] = int(layer_ids.size)
+                ids.append(np.asarray(layer_ids, dtype=np.int32).reshape(-1))
+                weights.append(np.asarray(layer_weights, dtype=np.float32).reshape(-1))
+        elif layers is not None:
+            self.slots_missing += 1
+        chunk["slot_sizes"].append(sizes)
+        chunk["slot_ids"] += ids
+        chunk["slot_weights"] += weights
+        self._resident += 8 * sum(sizes)
+
     def _chunk_arrays(self) -> list[np.ndarray]:
-        """The chunk's arrays: phase, gap_s, reported_s, layer_tokens, cell sizes, experts, counts."""
+        """The chunk's arrays: phase, gap_s, reported_s, layer_tokens, cell sizes, experts, counts, then the slots'
+        cell sizes, expert ids and routing weights (empty without a slot source)."""
         chunk = self._chunk
         arrays = [np.array(chunk[name], dtype=dtype) for name, dtype in _STEP_FIELDS]
         arrays.append(np.array(chunk["layer_tokens"], dtype=np.int32).reshape(-1, self.num_layers))
@@ -100,6 +133,10 @@ class RoutingCapture:
         arrays.append(np.bincount(cells, minlength=size).astype(np.int64).reshape(-1, self.num_layers))
         arrays.append(experts.astype(np.int32))
         arrays.append(dense[steps, layers, experts].astype(np.int32))
+        slot_sizes = chunk["slot_sizes"] or [[0] * self.num_layers] * len(chunk["phase"])
+        arrays.append(np.array(slot_sizes, dtype=np.int64).reshape(-1, self.num_layers))
+        arrays.append(np.concatenate(chunk["slot_ids"]) if chunk["slot_ids"] else np.zeros(0, np.int32))
+        arrays.append(np.concatenate(chunk["slot_weights"]) if chunk["slot_weights"] else np.zeros(0, np.float32))
         return arrays
 
     def _spill(self) -> None:
@@ -112,7 +149,7 @@ class RoutingCapture:
         for array in arrays:
             self._spool.write(np.ascontiguousarray(array).tobytes())
             self.spooled_bytes += array.nbytes
-        self._spooled.append((len(self._chunk["phase"]), int(arrays[-1].shape[0])))
+        self._spooled.append((len(self._chunk["phase"]), int(arrays[6].shape[0]), int(arrays[-1].shape[0])))
         self._reset_chunk()
 
     def steps(self) -> RoutingSteps:
@@ -120,20 +157,27 @@ class RoutingCapture:
         parts: list[list[np.ndarray]] = []
         if self._spool is not None:
             self._spool.seek(0)
-            for steps, entries in self._spooled:
+            for steps, entries, slots in self._spooled:
                 shapes = [(steps,), (steps,), (steps,), (steps, self.num_layers), (steps, self.num_layers)]
                 dtypes = [np.uint8, np.float64, np.float64, np.int32, np.int64]
                 part = [self._read(shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
                 part += [self._read((entries,), np.int32), self._read((entries,), np.int32)]
+                part += [self._read((steps, self.num_layers), np.int64), self._read((slots,), np.int32)]
+                part.append(self._read((slots,), np.float32))
                 parts.append(part)
             self._spool.seek(0, 2)
         if self._chunk["phase"]:
             parts.append(self._chunk_arrays())
         if not parts:
             parts.append(self._chunk_arrays())  # an empty chunk: every array empty
-        joined = [np.concatenate([part[i] for part in parts]) for i in range(7)]
+        joined = [np.concatenate([part[i] for part in parts]) for i in range(10)]
         offsets = np.zeros(joined[4].size + 1, dtype=np.int64)
         offsets[1:] = np.cumsum(joined[4].reshape(-1))
+        slot_arrays: dict[str, np.ndarray | None] = {"slot_offsets": None, "expert_ids": None, "routing_weights": None}
+        if self.slot_source is not None and not self.slots_missing:
+            slot_offsets = np.zeros(joined[7].size + 1, dtype=np.int64)
+            slot_offsets[1:] = np.cumsum(joined[7].reshape(-1))
+            slot_arrays = {"slot_offsets": slot_offsets, "expert_ids": joined[8], "routing_weights": joined[9]}
         return RoutingSteps(
             phase=joined[0],
             gap_s=joined[1],
@@ -142,6 +186,7 @@ class RoutingCapture:
             cell_offsets=offsets,
             experts=joined[5],
             counts=joined[6],
+            **slot_arrays,
         )
 
     def _read(self, shape: tuple[int, ...], dtype: type) -> np.ndarray:

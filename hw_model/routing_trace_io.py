@@ -226,3 +226,19 @@ def export_jsonl(trace: CapturedTrace, path: str | Path) -> Path:
                     line["routing_weights"] = steps.routing_weights[s_lo:s_hi].tolist()
                 handle.write(json.dumps(line) + "\n")
     return Path(path)
+
+
+def is_routing_trace(path: str | Path) -> bool:
+    """Whether ``path`` is a zip archive holding ``header.json`` (a routing trace, as opposed to the older
+    ``ndp-ep-trace/1`` token traces ``bench --trace`` also reads); a truncated zip archive counts as one, so its
+    error is the routing-trace reader's."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"PK\x03\x04":
+                return False
+        with zipfile.ZipFile(path) as archive:
+            return "header.json" in archive.namelist()
+    except OSError:
+        return False
+    except zipfile.BadZipFile:  # a truncated archive: the routing-trace reader says so in its words
+        return True

@@ -34,6 +34,7 @@ from hw_model.energy import COPY_DRAM_BYTES, GPU_BYTES, NDP_FLOPS, EnergyReport,
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
+from hw_model.pins import pinned_pool
 from hw_model.policies import POLICIES, get_policy, row_selector
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
 from hw_model.run_context import ExpertCosts, RunContext
@@ -299,16 +300,8 @@ class MoESimulator:
         largest_expert_bytes = max(layer.expert.weight_bytes() for layer in self.layers)
         pool = USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
         # what-if pins (hw_model/pins.py): per layer, the experts pinned to the GPU and to the NDP units
-        self._pin_sets: list[tuple[frozenset[int], frozenset[int]]] | None = None
+        self._pin_sets, pool = pinned_pool(settings.pins, self.layers, pool)
         self._pin_cost_s = 0.0
-        pins = settings.pins
-        if pins is not None:
-            pins.check([layer.num_experts for layer in self.layers])
-            self._pin_sets = [(pins.gpu(i), pins.ndp(i)) for i in range(len(self.layers))]
-            if pins.gpu_pool_cap_bytes > 0:
-                pool = min(pool, pins.gpu_pool_cap_bytes)
-            for i in range(len(self.layers)):  # GPU-pinned experts stay resident: out of the pool
-                pool -= len(self._pin_sets[i][0]) * self.layers[i].expert.weight_bytes()
         self.gpu_pool_bytes = max(0.0, pool)
         if self.policy_impl.keeps_residents:
             self.residency_cap_bytes = self.gpu_pool_bytes * settings.residency_fraction

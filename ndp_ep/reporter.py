@@ -228,7 +228,8 @@ class SessionReporter:
                 self._lost = 0
             if self._cut:
                 self._cut.discard(run_ids[0])
-            self._add_run(self._shapes_of(run_ids[0], max(tokens)), self._every_layer, tokens, totals, counts, notes)
+            shapes = self._shapes_of(run_ids[0], max(tokens))
+            self._add_run(shapes, self._every_layer, tokens, totals, counts, notes, run_id=run_ids[0])
             return
         runs: list[tuple[int, dict[int, int]]] = []  # (run id, layer -> its record)
         open_runs: dict[int, int] = {}
@@ -285,6 +286,7 @@ class SessionReporter:
                 [totals[row] for row in rows],
                 counts[first : first + len(rows)] if in_order else counts[rows],
                 notes,
+                run_id=run_id,
             )
 
     def _loss_notes(self) -> tuple[str, ...]:
@@ -376,6 +378,7 @@ class SessionReporter:
         totals: Sequence[int],
         counts: np.ndarray | None,
         extra_notes: tuple[str, ...] = (),
+        run_id: int | None = None,
     ) -> None:
         """Simulate one run, append its report to the ring and add it to the aggregates. Its routing: its MoE
         layers in order (None for a model without provider nodes), each one's tokens, expert token total (the
@@ -443,7 +446,7 @@ class SessionReporter:
                 expert_tokens[index] += total
         self._ring.append(report)
         if self.capture is not None:
-            self.capture.add_step(report.phase, layers, layer_tokens, counts, gpu_s, gpu_s + moe_s)
+            self.capture.add_step(report.phase, layers, layer_tokens, counts, gpu_s, gpu_s + moe_s, run_id)
         a.runs += 1
         a.tokens += tokens
         a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s

@@ -19,9 +19,10 @@ from hw_model.routing_trace import CapturedTrace, RoutingSteps, TraceHeader, Tra
 from ndp_ep.errors import NdpEpError
 
 
-def start_capture(reporter, resident_bytes: int = DEFAULT_RESIDENT_BYTES) -> RoutingCapture:
+def start_capture(reporter, resident_bytes: int = DEFAULT_RESIDENT_BYTES, slot_source=None) -> RoutingCapture:
     """Start (or return) the routing capture of ``reporter``; :class:`NdpEpError` when it reported runs already
-    without one (their routing is gone: create the session with ``capture_routing=True``)."""
+    without one (their routing is gone: create the session with ``capture_routing=True``). ``slot_source``: where
+    every slot's id and weight come from (:meth:`ndp_ep.slots.SlotCapture.take`), when known."""
     with reporter._lock:
         capture = reporter.capture
         if capture is None:
@@ -31,6 +32,7 @@ def start_capture(reporter, resident_bytes: int = DEFAULT_RESIDENT_BYTES) -> Rou
                     "the session with capture_routing=True, or ask for the routing trace before reading any report"
                 )
             capture = reporter.capture = RoutingCapture(len(reporter.layers), reporter._width, resident_bytes)
+            capture.slot_source = slot_source
         return capture
 
 

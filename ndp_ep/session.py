@@ -55,8 +55,11 @@ from ndp_ep.ep import (
 )
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
 from ndp_ep.partition import annotate_placement, claim
+from ndp_ep.profiling import add_simulated_tracks
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
+from ndp_ep.routing import reporter_trace, start_capture
+from ndp_ep.slots import slot_capture
 
 if TYPE_CHECKING:
     import onnx
@@ -90,8 +93,9 @@ class InferenceSession:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
     many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
     is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
-    noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
-    nothing is recorded beyond the reports); ``input_shapes``: the input shapes of the runs to come, when known
+    noted in the next reports); ``capture_routing``: True records every run's routing for :meth:`routing_trace`,
+    ``"slots"`` every token slot's expert id and weight too (:mod:`ndp_ep.slots`); ``input_shapes``: the input
+    shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
     of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
     attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
@@ -118,7 +122,7 @@ class InferenceSession:
         report_ring: int = DEFAULT_REPORT_RING,
         routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
-        capture_routing: bool = False,
+        capture_routing: bool | str = False,
         **kwargs,
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
@@ -144,6 +148,7 @@ class InferenceSession:
             claimed = _claim(converted)
             ort_model = converted.SerializeToString()
         self.converted_model = converted
+        self._slots, ort_model = slot_capture(capture_routing, converted, claimed, ort_model, base_dir)  # "slots"
         self.session_key = new_session_key()
         # only the options the library reads: the reports take the settings from this object, not the session's
         # config entries (which a plain session created with session_options reports from)
@@ -170,9 +175,7 @@ class InferenceSession:
                 )
                 self.reporter.prepare_costing(input_shapes)
                 if capture_routing:
-                    from ndp_ep.routing import start_capture
-
-                    start_capture(self.reporter)
+                    start_capture(self.reporter, slot_source=self._slots.take if self._slots else None)
             except BaseException:
                 if checks_pending:  # an error they find comes first, as when they ran first
                     _finish_checks(proto)
@@ -210,6 +213,9 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return self._session.get_providers()
 
+    def get_outputs(self):  # without the outputs capture_routing="slots" added
+        return self._session.get_outputs()[: len(self._slots.outputs)] if self._slots else self._session.get_outputs()
+
     def run(self, output_names, input_feed: Mapping[str, Any], run_options=None) -> list:
         """ONNX Runtime's ``run``; feeds that do not match the inputs raise :class:`FeedError`, a failing run
         :class:`RunError`."""
@@ -238,6 +244,9 @@ class InferenceSession:
         ``signature(name, value)`` gives a feed's dtype and shape for the :class:`FeedError` of a failed run."""
         import onnxruntime as ort
 
+        slots = self._slots if self._slots is not None and run == self._session.run else None  # "slots" capture
+        if slots is not None:
+            output_names = slots.requested(output_names)
         with self._tag_lock:
             tag = next(self._tags)
         if run_options is None:  # a RunOptions of its own carries the tag
@@ -262,7 +271,7 @@ class InferenceSession:
                 self._run_finished(tag)
         if not has_moe:
             self.reporter.add_run_without_moe(tag, shapes)
-        return results
+        return results if slots is None else slots.split(tag, results)
 
     def _check_feeds(self, feeds: Mapping[str, tuple[np.dtype | str, tuple[int, ...]]]) -> None:
         """:class:`FeedError` for the first feed (``name -> (dtype, shape)``) that does not fit the inputs."""
@@ -308,21 +317,14 @@ class InferenceSession:
         return self.reporter.simulator
 
     def end_profiling(self) -> str:
-        """ONNX Runtime's ``end_profiling`` (its profile's path), with each reported run's simulated GPU / NDP /
-        PCIe spans added beside ONNX Runtime's measured events (:mod:`ndp_ep.profiling`)."""
+        """ONNX Runtime's ``end_profiling``, the runs' simulated spans added to its profile (ndp_ep/profiling.py)."""
         path = self._session.end_profiling()
         if path and self._has_moe:
-            from ndp_ep.profiling import add_simulated_tracks
-
             add_simulated_tracks(path, self.reporter.reports)
         return path
 
     def routing_trace(self):
-        """The routing trace of every run so far (:class:`hw_model.routing_trace.CapturedTrace`; save it with
-        ``hw_model.routing_trace_io.save_trace``): captured from the start with ``capture_routing=True``, else
-        from this first call if no report was read before it (:mod:`ndp_ep.routing`)."""
-        from ndp_ep.routing import reporter_trace
-
+        """The :class:`hw_model.routing_trace.CapturedTrace` of every run so far (:mod:`ndp_ep.routing`)."""
         return reporter_trace(self.reporter, source="ndp_ep.InferenceSession")
 
     @property

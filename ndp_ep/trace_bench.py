@@ -14,34 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hw_model.bench_trace import model_name_of
 from hw_model.routing_trace import CapturedTrace, TraceHeader
+from hw_model.routing_trace_io import is_routing_trace as is_captured_trace
 
-
-def is_captured_trace(path: str) -> bool:
-    """Whether ``path`` is a zip archive holding ``header.json`` (a routing trace, as opposed to the older
-    ``ndp-ep-trace/1`` token traces ``bench --trace`` also reads); a truncated zip archive counts as one, so its
-    error is the routing-trace reader's."""
-    import zipfile
-
-    try:
-        with open(path, "rb") as handle:
-            if handle.read(4) != b"PK\x03\x04":
-                return False
-        with zipfile.ZipFile(path) as archive:
-            return "header.json" in archive.namelist()
-    except OSError:
-        return False
-    except zipfile.BadZipFile:  # a truncated archive: the routing-trace reader says so in its words
-        return True
-
-
-def model_name_of(header: TraceHeader, fallback: str) -> str:
-    """A short name for the table: the model path's folder or stem in the header's source, else ``fallback``."""
-    words = header.source.split()
-    if len(words) >= 3 and words[0] == "ndp-ep":  # "ndp-ep generate DIR" / "ndp-ep run MODEL.onnx"
-        path = Path(words[2])
-        return path.name if words[1] == "generate" else path.stem
-    return fallback
+__all__ = ["is_captured_trace", "model_name_of", "run_model_bench", "trace_from_model"]
 
 
 def _shaped_model(path: str, shards: int):

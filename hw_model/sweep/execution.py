@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hw_model.bench import BenchConfig, Job, run_job
+from hw_model.bench_trace import CAPTURED_LEVEL
 from hw_model.errors import HwModelError
 from hw_model.hardware import load_system
 from hw_model.models import get_model
@@ -42,6 +43,34 @@ _TRACE_CACHES: OrderedDict[tuple, dict] = OrderedDict()
 TRACE_CACHE_ENTRIES = 8
 
 
+def _simulate_point(point: SweepPoint, hw: str, cache: dict) -> dict[str, Any]:
+    """The bench record of one point: a captured routing trace replayed (hw_model/sweep/captured.py), or a bench
+    job on the point's model and trace."""
+    system = load_system(hw, point.ndp_units)  # loaded here: a sweep's point may have no NDP unit
+    if point.trace != SYNTHETIC and point.skew_level == CAPTURED_LEVEL:
+        from hw_model.sweep.captured import run_captured
+
+        return run_captured(point.trace, system, point.policy, point.residency_fraction, cache)
+    config = BenchConfig(
+        hw=hw,
+        ndp_units=(point.ndp_units,),
+        models=(point.model,),
+        policies=(point.policy,),
+        prompt_tokens=point.prompt_tokens,
+        generated_tokens=point.generated_tokens,
+        seed=point.seed,
+        locality=point.locality,
+        shift_at=point.shift_at,
+        trace_file=None if point.trace == SYNTHETIC else point.trace,
+        sweeps=False,
+        gantt=False,
+        default_units=point.ndp_units,
+    )
+    settings = SimulationSettings(hw=system, policy=point.policy, residency_fraction=point.residency_fraction)
+    job = Job(get_model(point.model), settings, point.skew_level, point.skew, section="sweep")
+    return run_job(job, config, cache).record
+
+
 def run_point(point: SweepPoint) -> dict[str, Any]:
     """Simulate one point; its flat record (coordinates, then the bench job's results, then ``sim_wall_s``)."""
     started = time.perf_counter()
@@ -57,33 +86,14 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
             hw = os.path.join(tmp, "hardware.toml")
             Path(hw).write_text(point.hw_toml, encoding="utf-8")
         try:
-            config = BenchConfig(
-                hw=hw,
-                ndp_units=(point.ndp_units,),
-                models=(point.model,),
-                policies=(point.policy,),
-                prompt_tokens=point.prompt_tokens,
-                generated_tokens=point.generated_tokens,
-                seed=point.seed,
-                locality=point.locality,
-                shift_at=point.shift_at,
-                trace_file=None if point.trace == SYNTHETIC else point.trace,
-                sweeps=False,
-                gantt=False,
-                default_units=point.ndp_units,
-            )
-            settings = SimulationSettings(  # the system loaded here: a sweep's point may have no NDP unit
-                hw=load_system(hw, point.ndp_units), policy=point.policy, residency_fraction=point.residency_fraction
-            )
-            job = Job(get_model(point.model), settings, point.skew_level, point.skew, section="sweep")
-            result = run_job(job, config, cache)
+            result_record = _simulate_point(point, hw, cache)
         except HwModelError as exc:
             record["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             record[LATENCY_KEY] = None
             record[WALL_KEY] = time.perf_counter() - started
             return record
     skip = set(record) | {"hw", "section", "speedup_vs_monde"}
-    record.update({k: v for k, v in _flatten(result.record).items() if k not in skip})
+    record.update({k: v for k, v in _flatten(result_record).items() if k not in skip})
     record[WALL_KEY] = time.perf_counter() - started
     return record
 

@@ -132,6 +132,7 @@ class SweepGrid:
     locality: float = 0.0
     shift_at: float | None = 0.5
     baseline: str | None = None
+    captured: tuple[str, ...] = field(init=False, repr=False, compare=False)  # traces captured by --save-routing
 
     def __post_init__(self) -> None:
         for name in ("models", "hw", "policies", "traces"):
@@ -165,6 +166,9 @@ class SweepGrid:
         for trace in self.traces:
             if trace != SYNTHETIC and not Path(trace).is_file():
                 raise SweepGridError(f"traces: no such trace file {trace!r}")
+        from hw_model.sweep.captured import captured_traces  # routing traces of their own model (--save-routing)
+
+        object.__setattr__(self, "captured", captured_traces(self.traces, SYNTHETIC))
         # models, policies and the scalar knobs: the bench's own checks
         try:
             BenchConfig(
@@ -330,6 +334,8 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
                 hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
                 for units in grid.ndp_units:
                     for trace in grid.traces:
+                        if trace in grid.captured:  # a workload of its own model: its points follow
+                            continue
                         if trace == SYNTHETIC:
                             variants = [
                                 (
@@ -365,4 +371,31 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
                                             grid.shift_at,
                                         )
                                     )
+    _add_captured_points(grid, points, hardware_paths, hardware_combos)
     return points
+
+
+def _add_captured_points(
+    grid: SweepGrid, points: list[SweepPoint], hardware_paths: list[str], hardware_combos: list[tuple[float, ...]]
+) -> None:
+    """The points of each captured routing trace (hw_model/sweep/captured.py): the trace's own model, not crossed
+    with ``models``, skews or seeds."""
+    from hw_model.sweep.captured import CAPTURED_LEVEL, captured_model
+
+    for trace in grid.captured:
+        name = captured_model(trace)
+        for hw in grid.hw:
+            data = _preset_data(hw) if hardware_paths else None
+            for combo in hardware_combos:
+                overrides = tuple(zip(hardware_paths, combo, strict=True))
+                hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
+                for units in grid.ndp_units:
+                    for fraction in grid.residency_fractions:
+                        for policy in grid.policies:
+                            points.append(
+                                SweepPoint(
+                                    len(points), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
+                                    overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
+                                    float(grid.locality), grid.shift_at,
+                                )
+                            )  # fmt: skip

@@ -226,6 +226,11 @@ def _run_one_model(args: argparse.Namespace, ndp_units: tuple[int, ...]) -> int:
         raise WorkloadError("--trace and --model-from each name the model to bench: give one")
     if args.models:
         raise WorkloadError("--models names built-in models; --trace CAPTURED.npz and --model-from bench their own")
+    ignored = [flag for flag, value in (("--out", args.out), ("--trace-dir", args.trace_dir)) if value]
+    if ignored:  # the sweeps, plots and Gantt timelines are the built-in models' bench
+        from ndp_ep.cli import warn
+
+        warn("bench", f"{' and '.join(ignored)} not written for one model's own shapes (only the main table)")
     policies = args.policies or POLICIES
     if args.trace:
         from hw_model.routing_trace_io import load_captured

@@ -137,6 +137,16 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _capture_option(args: argparse.Namespace) -> bool | str:
+    """``--save-routing``'s capture: every slot's expert id and weight too (``"slots"``, ndp_ep/slots.py) for a model
+    in one file, whose copy with the slot outputs is cheap to hand over; the expert counts for external weights."""
+    if not args.save_routing:
+        return False
+    from graph_passes.model_io import model_files
+
+    return "slots" if len(model_files(args.model)) == 1 else True
+
+
 def run(args: argparse.Namespace) -> int:
     with cyclic_gc_paused():
         return _run(args)
@@ -174,8 +184,12 @@ def _run(args: argparse.Namespace) -> int:
         options,
         settings=settings,
         input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
-        capture_routing=bool(args.save_routing),
+        capture_routing=_capture_option(args),
     )
+    if args.save_routing and not session.reporter.claimed:  # before the run: nothing written
+        from ndp_ep.errors import NdpEpError
+
+        raise NdpEpError("--save-routing: the model has no MoE block the provider runs: there is no routing to save")
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
     if mismatch:

@@ -129,7 +129,23 @@ def run(args: argparse.Namespace) -> int:
         )
     if simulated:
         print("replayed under its own settings: " + ", ".join(f"{k} {v}" for k, v in simulated.items()))
+    if trace is not None:
+        print(_calibration_line(trace))
     return 0
+
+
+def _calibration_line(trace) -> str:
+    """What the synthetic traces are calibrated to for a model of these experts and top-k, for comparison."""
+    from hw_model.bench_trace import calibrated_skew_of
+    from hw_model.traces import MEASURED_TOP10_SHARE
+
+    first = trace.header.layers[0]
+    _, like = calibrated_skew_of(first.num_experts, first.top_k, "typical")
+    low, typical, high = MEASURED_TOP10_SHARE[like]
+    return (
+        f"synthetic traces for {first.num_experts} experts top-{first.top_k} follow {like}'s calibration: the top 10 % "
+        f"take {_percent(low)} to {_percent(high)} (typical {_percent(typical)}; hw_model/traces.py)"
+    )
 
 
 def _replayed(trace) -> dict[str, str] | None:

@@ -79,6 +79,7 @@ def test_run_save_routing_replays_to_the_run_report(samples_dir, tmp_path, capsy
     report = json.loads(capsys.readouterr().out)
     trace = load_captured(path)
     assert trace.header.source.startswith("ndp-ep run") and trace.header.versions["onnxruntime"]
+    assert trace.steps.has_slots  # a model in one file: every slot's expert id and weight too
     assert replay(trace).total_s == report["simulated_latency_s"]
 
 
@@ -143,3 +144,29 @@ def test_bench_on_a_run_trace_replays_the_run(samples_dir, tmp_path, capsys):
     assert record["latency_s"] == report["simulated_latency_s"] and record["model"] == "moe_decoder"
     assert main(["bench", "--trace", str(path), "--models", "olmoe-1b-7b"]) == 2
     assert "--models names built-in models" in capsys.readouterr().err
+
+
+def test_slots_capture_keeps_every_slots_expert_and_weight(samples_dir, feeds, tmp_path):
+    from hw_model.routing_trace_io import save_trace
+
+    plain = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx")
+    sess = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", capture_routing="slots")
+    assert [o.name for o in sess.get_outputs()] == [o.name for o in plain.get_outputs()]
+    for length in (7, 1, 1):
+        ids = {"input_ids": feeds["input_ids"][:, :length]}
+        ours, theirs = sess.run(None, ids), plain.run(None, ids)
+        assert len(ours) == len(theirs) and np.array_equal(ours[0], theirs[0])
+    trace = sess.routing_trace()
+    steps = trace.steps
+    assert steps.has_slots  # CapturedTrace checked each cell's slots against its counts
+    top_k = trace.header.layers[0].top_k
+    first = steps.routing_weights[: steps.slot_offsets[1]].reshape(-1, top_k)
+    assert first.shape[0] == 7 and np.allclose(first.sum(axis=1), 1.0, atol=1e-5)  # renormalised top-k weights
+    path = save_trace(trace, tmp_path / "a.npz")
+    assert save_trace(load_captured(path), tmp_path / "b.npz").read_bytes() == path.read_bytes()
+    assert replay(load_captured(path)).total_s == sess.aggregates.simulated_s
+
+
+def test_capture_routing_option_is_checked(samples_dir):
+    with pytest.raises(NdpEpError, match="capture_routing must be False, True or 'slots'"):
+        ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", capture_routing="ids")

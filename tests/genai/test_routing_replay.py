@@ -74,3 +74,35 @@ def test_bench_model_from_a_converted_model(tmp_path, capsys):
     records = json.loads(capsys.readouterr().out)
     assert {r["policy"] for r in records} == set(POLICIES) and all(r["model"] == "lfm2" for r in records)
     assert all(r["steps"] == 1 + 8 for r in records)  # --quick: a 32-token prefill, then 8 decode steps
+
+
+def test_generation_reports_routing_trace_of_genai_loop(tmp_path):
+    import numpy as np
+    import onnxruntime_genai as og
+
+    import ndp_ep
+
+    folder = tmp_path / "gpt_oss_ndp"
+    folder.mkdir()
+    source = GENAI_DIR / "gpt_oss_fp32"
+    for item in source.iterdir():
+        if item.is_file() and not item.name.startswith("model.onnx"):
+            (folder / item.name).write_bytes(item.read_bytes())
+    ndp_ep.convert_model(source / "model.onnx", folder / "model.onnx")
+    prompt = [1, 2, 3, 4, 5, 6]
+    reports = ndp_ep.GenerationReports(folder, hw="paper", ndp_units=2, prompt_tokens=len(prompt))
+    reports.start_routing_capture()
+    config = og.Config(str(folder))
+    reports.add_provider(config)
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 4)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    trace = reports.routing_trace()
+    runs = reports.reports
+    assert trace.header.prompt_tokens == len(prompt) and trace.num_steps == len(runs)
+    assert list(replay(trace).step_s) == [r.simulated_latency_s for r in runs]
+    del generator, model
