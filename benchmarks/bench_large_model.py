@@ -22,7 +22,7 @@ building it never holds more than one expert in memory. In the same run the scri
 
 Both timings include the fsync so that each ends with its bytes on the disk (the page-cache-only
 figures are printed too). The copy goes through the page cache; the converter writes its data file past it
-(``O_DIRECT``, see graph_passes/model_io.py) where the file system allows, so its page-cache-only time already
+(``O_DIRECT``, see graph_passes/data_writers.py) where the file system allows, so its page-cache-only time already
 has its bytes on the disk. Targets: convert ≤ 1.5× copy, peak RSS ≤ 1 GiB + the largest single tensor.
 The CPU seconds (user + system) each side used are printed as well: on a machine shared with other
 jobs the wall times follow the CPU left over, while the CPU times show what each side costs.

@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from graph_passes import sharded_op
+from graph_passes.blas import single_threaded_blas_here
 from graph_passes.errors import UnsupportedModelError
 from graph_passes.feeds import read_genai_config
 from graph_passes.graph_index import GraphIndex
@@ -31,7 +32,7 @@ from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
 from graph_passes.rewrite import RewrittenModel, apply_plans
 from graph_passes.rules import MoERule, default_rules, explain_no_anchor
 from graph_passes.sharded_op import FLOAT_WEIGHT_DTYPE_OF_ONNX
-from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, Verdict, choose_readings, single_threaded_blas_here
+from graph_passes.verify import DEFAULT_MAX_WEIGHT_BYTES, Verdict, choose_readings
 from graph_passes.weights import WeightStore
 
 DEFAULT_SHARDS = 4

@@ -263,8 +263,18 @@ def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_o
     hidden_blocks, width_blocks = quant.block_count(plan.hidden, block), quant.block_count(width, block)
     scale_type = _data_type(store, w.up.scales)
 
+    current: dict[str, np.ndarray] = {}  # the windows of the expert whose shards are being produced
+    current_expert = [-1]
+
     def read(name: str, e: int) -> np.ndarray:
-        return store.expert(name, e)
+        """``name[e]``, one window per tensor and expert: its shards (and a gate and an up projection stacked in
+        one tensor) are views of it, released when the next expert's are read."""
+        if e != current_expert[0]:
+            current.clear()
+            current_expert[0] = e
+        if name not in current:
+            current[name] = store.expert(name, e)
+        return current[name]
 
     def default_zero_points(rows: int, blocks: int) -> np.ndarray:
         return quant.pack(np.full((rows, blocks), 2 ** (bits - 1), np.uint8), bits)

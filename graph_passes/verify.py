@@ -27,25 +27,30 @@ reports that).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from graph_passes import fused_reference
+from graph_passes.blas import _openblas_local_threads_setter, single_threaded_blas_here  # noqa: F401 (re-exported)
 from graph_passes.expert_math import ExpertArrays, expert_ffn, group_slots_by_expert, load_expert
 from graph_passes.feeds import DecoderConfig, random_feeds
 from graph_passes.graph_index import GraphIndex, live_nodes
 from graph_passes.plan import MoEBlockPlan, MoECandidate, Skip
+from graph_passes.probe_run import _capture, _fed_weights  # noqa: F401 (_fed_weights re-exported)
+from graph_passes.region import (  # noqa: F401 (PROBE_SEQ_LEN re-exported)
+    PROBE_SEQ_LEN,
+    _empty_like,
+    _random_region_feeds,
+    _with_router_nodes,
+    isolated_region,
+)
 from graph_passes.tensors import element_count
 from graph_passes.weights import WeightStore
 
 DEFAULT_MAX_WEIGHT_BYTES = 512 * 2**20
-PROBE_SEQ_LEN = 16
 RTOL = 1e-4
 ATOL = 1e-5
 # relative tolerance (of the largest output magnitude) by weight precision: ONNX Runtime computes float16
@@ -106,31 +111,6 @@ def _float32_operands(plan: MoEBlockPlan, read_expert, expert: int) -> ExpertArr
             for f in dataclasses.fields(views)
         }
     )
-
-
-def _with_router_nodes(nodes: list[onnx.NodeProto], plan: MoEBlockPlan) -> list[onnx.NodeProto]:
-    """``nodes`` plus ``plan``'s router nodes right after the node producing the last value they read."""
-    return _insert_router(nodes, list(plan.router_nodes))
-
-
-def _insert_router(nodes: list[onnx.NodeProto], router: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    if not router:
-        return nodes
-    produced = {o: position for position, node in enumerate(nodes) for o in node.output}
-    reads = [i for n in router for i in n.input if i in produced]
-    position = max((produced[i] for i in reads), default=-1) + 1
-    return [*nodes[:position], *router, *nodes[position:]]
-
-
-def _empty_like(model: onnx.ModelProto, graph_name: str) -> onnx.ModelProto:
-    """A model with ``model``'s header (IR version, opsets, functions) and an empty graph."""
-    probe = onnx.ModelProto()
-    for field_name in ("ir_version", "producer_name", "domain", "model_version"):
-        setattr(probe, field_name, getattr(model, field_name))
-    probe.opset_import.extend(model.opset_import)
-    probe.functions.extend(model.functions)
-    probe.graph.name = graph_name
-    return probe
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
@@ -268,150 +248,6 @@ def _whole_model_verdicts(
             continue
         verdicts.append(_judge(candidate, store, captured, isolated=False))
     return verdicts
-
-
-# ---------------------------------------------------------------------------------------------- isolation
-
-
-def isolated_region(
-    model: onnx.ModelProto, index: GraphIndex, plan: MoEBlockPlan, tokens: int = PROBE_SEQ_LEN
-) -> onnx.ModelProto | None:
-    """A model computing ``plan``'s block from its own inputs (``tokens`` where the token count is not fixed),
-    or None when the region is not self-contained."""
-    replaced = set(plan.replaced_nodes)
-    nodes = [n for n in model.graph.node if n.name in replaced]
-    if len(nodes) != len(replaced):
-        return None
-    nodes = _with_router_nodes(nodes, plan)
-    inputs = {plan.hidden_value, plan.expert_ids_value, plan.routing_weights_value}
-    router_reads = {i for n in plan.router_nodes for i in n.input if i}
-    router_made = {o for n in plan.router_nodes for o in n.output}
-    inputs = (inputs - router_made) | (router_reads - router_made - set(index.initializers))
-    nodes = _pull_upstream(nodes, index, inputs)
-    if nodes is None:
-        return None
-    made = {o for n in nodes for o in n.output if o}
-    if plan.output_value not in made:
-        return None
-    reads, _ = _reads(nodes)
-    probe = _empty_like(model, f"{plan.name}/isolated")
-    for value in sorted(inputs & reads):
-        shape = _concrete_shape(index, value, plan, tokens)
-        elem_type = _elem_type(index, value, plan)
-        if shape is None or elem_type is None:
-            return None
-        probe.graph.input.append(onnx.helper.make_tensor_value_info(value, elem_type, shape))
-    probe.graph.node.extend(nodes)
-    probe.graph.initializer.extend(index.initializers[n] for n in sorted(reads) if n in index.initializers)
-    for value in (plan.output_value, plan.expert_ids_value, plan.routing_weights_value, plan.hidden_value):
-        if value in made:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
-    return probe
-
-
-def _reads(nodes: list[onnx.NodeProto]) -> tuple[set[str], set[str]]:
-    _, reads = live_nodes(nodes, {o for n in nodes for o in n.output if o})
-    made = {o for n in nodes for o in n.output if o}
-    return reads, made
-
-
-def _pull_upstream(nodes: list[onnx.NodeProto], index: GraphIndex, inputs: set[str]) -> list[onnx.NodeProto] | None:
-    """Add the upstream nodes the region needs that read only ``inputs``, initializers and one another."""
-    chosen = {n.name for n in nodes}
-    while True:
-        reads, made = _reads(nodes)
-        missing = reads - made - inputs - set(index.initializers)
-        if not missing:
-            order = {n.name: position for position, n in enumerate(index.graph.node)}
-            router = [n for n in nodes if n.name not in order]
-            ordered = sorted((n for n in nodes if n.name in order), key=lambda n: order[n.name])
-            return _insert_router(ordered, router)
-        added = False
-        for value in sorted(missing):
-            producer = index.producer.get(value)
-            if producer is None or producer.name in chosen:
-                return None  # a graph input or a value the region cannot compute from its own inputs
-            upstream = index.upstream(value, stop=inputs)
-            needed = [index.node_by_name[n] for n in upstream if n not in chosen]
-            sources = {i for n in needed for i in n.input if i} - {o for n in needed for o in n.output}
-            if sources - inputs - set(index.initializers) - {o for n in nodes for o in n.output}:
-                return None
-            if any(n.op_type in ("If", "Loop", "Scan") for n in needed) or len(needed) > 64:
-                return None
-            nodes = [*needed, *nodes]
-            chosen.update(n.name for n in needed)
-            added = True
-        if not added:
-            return None
-
-
-def _elem_type(index: GraphIndex, value: str, plan: MoEBlockPlan) -> int | None:
-    known = index.elem_type(value)
-    if known:
-        return known
-    if value == plan.expert_ids_value:
-        return onnx.TensorProto.INT64
-    w = plan.weights.up
-    source = w.scales or w.initializer or (w.per_expert[0] if w.per_expert else "")
-    tensor = index.initializers.get(source)
-    return tensor.data_type if tensor is not None else None
-
-
-def _concrete_shape(index: GraphIndex, value: str, plan: MoEBlockPlan, tokens: int) -> list[int] | None:
-    """``value``'s shape with unknown leading dims set so that there are ``tokens`` tokens."""
-    shape = index.shape(value)
-    last = {plan.hidden_value: plan.hidden, plan.expert_ids_value: plan.top_k, plan.routing_weights_value: plan.top_k}
-    if shape is None:
-        if value in last:
-            return [tokens, last[value]]
-        if plan.router_nodes:  # a fused op's router logits
-            return [tokens, plan.num_experts]
-        return None
-    dims: list[int] = []
-    token_dim_given = False
-    for position, d in enumerate(shape):
-        if isinstance(d, int) and d > 0:
-            dims.append(d)
-        elif position == len(shape) - 1:
-            if value not in last:
-                return None
-            dims.append(last[value])
-        elif not token_dim_given:
-            dims.append(tokens)
-            token_dim_given = True
-        else:
-            dims.append(1)
-    return dims
-
-
-def _random_region_feeds(
-    probe: onnx.ModelProto, plan: MoEBlockPlan, seed: int, num_experts: int | None = None
-) -> dict[str, np.ndarray]:
-    """Random inputs for an isolated region: normal hidden states and logits, distinct ids (among the first
-    ``num_experts``, default all), positive weights."""
-    rng = np.random.default_rng(seed)
-    num_experts = plan.num_experts if num_experts is None else num_experts
-    feeds: dict[str, np.ndarray] = {}
-    for value in probe.graph.input:
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        if value.name == plan.expert_ids_value:
-            tokens = math.prod(dims[:-1])
-            if num_experts < plan.num_experts:  # a sample: token t takes the next top-k of them, so all are hit
-                cycle = np.arange(tokens * plan.top_k).reshape(tokens, plan.top_k) % num_experts
-                ids = rng.permuted(cycle, axis=1)
-            else:
-                ids = np.stack([rng.permutation(num_experts)[: plan.top_k] for _ in range(tokens)])
-            feeds[value.name] = ids.reshape(dims).astype(dtype)
-        elif value.name == plan.routing_weights_value:
-            weights = rng.uniform(0.1, 1.0, dims)
-            feeds[value.name] = (weights / weights.sum(axis=-1, keepdims=True)).astype(dtype)
-        elif np.issubdtype(dtype, np.floating) or dtype == np.dtype("bfloat16"):
-            scale = 2.0 if value.name != plan.hidden_value else 1.0
-            feeds[value.name] = (rng.standard_normal(dims) * scale).astype(dtype)
-        else:
-            raise ValueError(f"no random values for integer input {value.name}")
-    return feeds
 
 
 # ---------------------------------------------------------------------------------------- large blocks
@@ -623,201 +459,6 @@ def _sampled_verdict(
         return dataclasses.replace(verdict, note=note)
 
     return dataclasses.replace(structural, deferred=check) if defer else check()
-
-
-# ------------------------------------------------------------------------------------------- running ORT
-
-
-def single_threaded_blas_here() -> bool:
-    """Best effort: NumPy's matrix products made from the calling thread from now on use one BLAS thread
-    (OpenBLAS ≥ 0.3.27's ``openblas_set_num_threads_local``; True when it was found and called).
-
-    A deferred check multiplies two tokens' worth of values; OpenBLAS would spread each product over its pool,
-    whose idle workers then spin for a while, taking CPU from the writer the check overlaps.
-    """
-    setter = _openblas_local_threads_setter()
-    if setter is None:
-        return False
-    setter(1)
-    return True
-
-
-@functools.cache
-def _openblas_local_threads_setter():
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:  # the OpenBLAS NumPy loaded (Linux); elsewhere nothing is done
-            paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            setter = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
-            continue
-        setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
-        return setter
-    return None
-
-
-def _capture(
-    probe: onnx.ModelProto,
-    store: WeightStore,
-    feeds: dict[str, np.ndarray],
-    arrays: Mapping[str, np.ndarray] | None = None,
-    background: bool = False,
-    map_files: bool = False,
-) -> dict[str, np.ndarray]:
-    """Run ``probe`` once on ``feeds``; every weight array it loaded is released on return. External
-    initializers are read from ``store`` unless ``arrays`` holds their values; with ``map_files`` ONNX Runtime
-    reads those ``arrays`` does not hold from their files in the model's folder itself (it maps them: float32
-    weights are used in place, nothing is copied here). ``background``: the run
-    overlaps the caller's writing (a deferred check), so it takes one thread that never spins. A fused node stock
-    ONNX Runtime's CPU kernels refuse (:func:`graph_passes.fused_reference.needs_reference`) is computed by the
-    float64 reading of its documented semantics instead, from what ONNX Runtime computed of its inputs."""
-    referenced = [n for n in probe.graph.node if fused_reference.needs_reference(n)]
-    if not referenced:
-        return _capture_with_onnxruntime(probe, store, feeds, arrays, background, map_files)
-    held = {t.name: t for t in probe.graph.initializer}
-    rest = _without_nodes(probe, referenced)
-    captured = (
-        _capture_with_onnxruntime(rest, store, feeds, arrays, background, map_files)
-        if rest.graph.output
-        else dict(feeds)
-    )
-
-    def value(name: str) -> np.ndarray:
-        if name in captured:
-            return captured[name]
-        if arrays and name in arrays:
-            return arrays[name]
-        tensor = held[name]
-        return store.full(name) if tensor.data_location == onnx.TensorProto.EXTERNAL else numpy_helper.to_array(tensor)
-
-    for node in referenced:
-        inputs = {label: value(name) for label, name in fused_reference.input_labels(node).items()}
-        captured[node.output[0]] = fused_reference.evaluate(node, inputs.get).astype(np.asarray(inputs["x"]).dtype)
-    return captured
-
-
-def _without_nodes(probe: onnx.ModelProto, removed: list[onnx.NodeProto]) -> onnx.ModelProto:
-    """``probe`` without ``removed``: their outputs are no longer produced, the values they read that the rest
-    computes become outputs, and the initializers only they read are dropped."""
-    out = onnx.ModelProto()
-    out.CopyFrom(probe)
-    names = {n.name for n in removed}
-    kept = [n for n in probe.graph.node if n.name not in names]
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
-    made = {o for n in kept for o in n.output if o}
-    reads = {i for n in kept for i in n.input if i}
-    gone = {o for n in removed for o in n.output}
-    outputs = [o for o in probe.graph.output if o.name not in gone]
-    outputs += [onnx.helper.make_empty_tensor_value_info(i) for n in removed for i in n.input if i in made]
-    del out.graph.output[:]
-    out.graph.output.extend({o.name: o for o in outputs}.values())
-    initializers = [t for t in probe.graph.initializer if t.name in reads]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(initializers)
-    return out
-
-
-def _capture_with_onnxruntime(
-    probe: onnx.ModelProto,
-    store: WeightStore,
-    feeds: dict[str, np.ndarray],
-    arrays: Mapping[str, np.ndarray] | None,
-    background: bool,
-    map_files: bool = False,
-) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if background:
-        # ORT's default pool takes every core and its idle workers spin: on a small machine they would
-        # compete with the writer for CPU they do not need (a probe runs 2 tokens)
-        options.intra_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    # no arena: the large per-slot weight copies a gathered block makes are returned to the system at once
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    # basic fusions only: the extended ones' constant folding and layout passes cost more than the one run
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    # external weights are handed over as arrays (no copy into the proto); a model loaded from bytes
-    # could not resolve their relative file names anyway
-    arrays = arrays or {}
-    original = probe
-    external = [t.name for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    map_files = map_files and store is not None and store.base_dir is not None
-    if map_files:
-        options.add_session_config_entry(MODEL_FOLDER_CONFIG, str(store.base_dir))
-        external = [n for n in external if n in arrays]  # the rest: read by ONNX Runtime from their files
-    weights = {n: np.ascontiguousarray(arrays[n] if n in arrays else store.full(n)) for n in external}
-    fed = _fed_weights(probe, external)
-    if fed:
-        probe = _weights_as_inputs(probe, fed)
-    handed = [n for n in external if n not in fed]
-    if handed:
-        options.add_external_initializers(handed, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in handed])
-    try:
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception:
-        if not map_files:
-            raise
-        # an ONNX Runtime that cannot read a model's data from a folder: hand the values over instead
-        return _capture_with_onnxruntime(original, store, feeds, arrays, background, map_files=False)
-    names = [o.name for o in session.get_outputs()]
-    run_feeds = {i.name: weights[i.name] if i.name in fed else feeds[i.name] for i in session.get_inputs()}
-    outputs = dict(zip(names, session.run(names, run_feeds), strict=True))
-    return {**{n: v for n, v in run_feeds.items() if n not in fed}, **outputs}
-
-
-MODEL_FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"  # where a model from bytes has its data
-
-FED_WEIGHT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.BFLOAT16,
-    onnx.TensorProto.DOUBLE,
-}
-
-
-def _fed_weights(probe: onnx.ModelProto, external: list[str]) -> set[str]:
-    """The external float initializers of ``probe`` that only standard ONNX ops read: they can be run-time inputs.
-
-    ONNX Runtime copies every initializer handed over with ``add_external_initializers`` when the session is
-    created (a second copy of the sampled experts), while it reads a fed array in place. Standard ops compute
-    the same from an input as from an initializer; contrib ops (a fused MoE, ``MatMulNBits``) may need constant
-    weights, and a node with a subgraph may read an initializer implicitly, so neither has its weights fed.
-    """
-    if any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in probe.graph.node for a in n.attribute
-    ):
-        return set()
-    types = {t.name: t.data_type for t in probe.graph.initializer}
-    fed = {n for n in external if types[n] in FED_WEIGHT_TYPES} - {i.name for i in probe.graph.input}
-    for node in probe.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            fed.difference_update(node.input)
-    return fed
-
-
-def _weights_as_inputs(probe: onnx.ModelProto, fed: set[str]) -> onnx.ModelProto:
-    """A copy of ``probe`` whose initializers ``fed`` are graph inputs of the same type and shape."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(probe)
-    kept = [t for t in copy.graph.initializer if t.name not in fed]
-    inputs = [
-        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        for t in copy.graph.initializer
-        if t.name in fed
-    ]
-    del copy.graph.initializer[:]
-    copy.graph.initializer.extend(kept)
-    copy.graph.input.extend(inputs)
-    return copy
 
 
 def _check_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:

@@ -128,7 +128,7 @@ class WeightStore:
         """Bytes ``start:start + nbytes`` of ``path`` (a range :meth:`_external` checked), read-only.
 
         An ``np.memmap`` over the file's one mapping whose ``filename`` and ``offset`` are its own, so that
-        :func:`graph_passes.model_io.file_range_of` finds the file range of any C-contiguous view of it (and the
+        :func:`graph_passes.data_writers.file_range_of` finds the file range of any C-contiguous view of it (and the
         writer copies it file to file). NumPy stops collapsing a view's ``base`` at a different array type, so
         every view made from the window keeps it alive; its pages are released once the last one is dropped.
         """

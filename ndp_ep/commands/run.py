@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import sys
 
-    from ndp_ep.blas import single_threaded_blas_load
+    from graph_passes.blas import single_threaded_blas_load
 
     with single_threaded_blas_load():  # numpy's OpenBLAS: nothing here multiplies matrices in Python
         import numpy  # noqa: F401

@@ -1,6 +1,6 @@
 """The direct (``O_DIRECT``) weight writer: the bytes it leaves are those of the parts it was given, in order.
 
-``save_rewritten`` streams large weights with ``graph_passes.model_io._DirectWriter``; these tests give it
+``save_rewritten`` streams large weights with ``graph_passes.data_writers._DirectWriter``; these tests give it
 every kind of part a conversion produces (file ranges of a mapped source, strided column blocks of it, transposed
 views, in-memory arrays, raw bytes) with buffers small enough that parts, and single rows, straddle buffers,
 and compare the file with the parts' bytes computed here by plain numpy copies.
@@ -18,13 +18,14 @@ import numpy as np
 import onnx
 import pytest
 
-from graph_passes import model_io
+from graph_passes import data_writers, model_io
 from graph_passes.convert import convert
-from graph_passes.model_io import _DirectWriter, save_rewritten
+from graph_passes.data_writers import _DirectWriter
+from graph_passes.model_io import save_rewritten
 from ndp_io import OutputWriteError
 from sample_models.build_samples import MoEBlockSpec, build_moe_decoder
 
-CHUNK = 2 * model_io.DIRECT_ALIGN  # 8 KiB buffers: a 64 x 48 float16 column block spans several
+CHUNK = 2 * data_writers.DIRECT_ALIGN  # 8 KiB buffers: a 64 x 48 float16 column block spans several
 
 
 def _source(tmp_path: Path, dtype: np.dtype, rows: int, cols: int, seed: int) -> tuple[np.ndarray, np.memmap]:
@@ -113,10 +114,10 @@ def test_a_refused_direct_write_is_made_through_the_page_cache(tmp_path, monkeyp
     assert (tmp_path / "out.bin").read_bytes() == expected
 
 
-@pytest.mark.parametrize("window", [model_io.MAP_WINDOW_BYTES, 8192])  # 8 KiB: ranges cross window boundaries
+@pytest.mark.parametrize("window", [data_writers.MAP_WINDOW_BYTES, 8192])  # 8 KiB: ranges cross window boundaries
 def test_aligned_file_ranges_go_to_the_disk_from_a_mapping_of_the_source(tmp_path, monkeypatch, window):
     _skip_without_direct_io(tmp_path)
-    monkeypatch.setattr(model_io, "MAP_WINDOW_BYTES", window)
+    monkeypatch.setattr(data_writers, "MAP_WINDOW_BYTES", window)
     values = np.random.default_rng(4).standard_normal((64, 1024)).astype(np.float32)  # 4 KiB rows
     path = tmp_path / "aligned.bin"
     path.write_bytes(values.tobytes())
@@ -164,7 +165,7 @@ def test_saved_weights_are_the_same_bytes_direct_or_through_the_page_cache(exter
     (tmp_path / "cached").mkdir()
     _, cached = save_rewritten(rewritten, tmp_path / "cached" / "m.onnx", external=True)
     monkeypatch.setattr(model_io, "DIRECT_MIN_BYTES", 0)
-    monkeypatch.setattr(model_io, "DIRECT_CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(data_writers, "DIRECT_CHUNK_BYTES", CHUNK)
     used: list[bool] = []
     real_open = _DirectWriter.open.__func__
 
@@ -185,7 +186,7 @@ def test_a_full_disk_while_writing_direct_is_one_error_and_leaves_no_files(exter
     _skip_without_direct_io(tmp_path)
     rewritten, _ = convert(external_model, shards=2)
     monkeypatch.setattr(model_io, "DIRECT_MIN_BYTES", 0)
-    monkeypatch.setattr(model_io, "DIRECT_CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(data_writers, "DIRECT_CHUNK_BYTES", CHUNK)
 
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")

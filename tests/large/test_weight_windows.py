@@ -18,7 +18,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from graph_passes import weights
-from graph_passes.model_io import file_range_of
+from graph_passes.data_writers import file_range_of
 from graph_passes.weights import WeightStore
 
 EXPERTS, ROWS, COLS = 4, 8, 1024  # 32 KiB per float32 expert (whole pages), 128 KiB in all: not inlined
