@@ -13,7 +13,8 @@ the contenders in fresh child processes, builds one session of each and runs one
 
 Each child prints its session-creation wall and CPU time and its peak resident set (``VmHWM`` from
 /proc/self/status, which includes the interpreter and onnxruntime's import: the baseline before the session is
-printed too) after creation, after the 1-token run and after a 64-token run (which routes to every expert).
+printed too) after creation, after the 1-token run and after a 64-token run (which routes to every expert); then
+the median time of ``--runs`` 1-token runs and a quarter as many 64-token runs (ONNX Runtime's default threads).
 The script prints the medians and the ratios ep / stock. Goal (issue 28): both within 1.1×.
 """
 
@@ -71,16 +72,26 @@ peak_created = status("VmHWM")
 x = np.random.default_rng(0).standard_normal((1, int(sys.argv[4]))).astype(np.float32)
 session.run(None, {"x": x})
 peak_1 = status("VmHWM")
-x = np.random.default_rng(1).standard_normal((64, int(sys.argv[4]))).astype(np.float32)
-session.run(None, {"x": x})
+x64 = np.random.default_rng(1).standard_normal((64, int(sys.argv[4]))).astype(np.float32)
+session.run(None, {"x": x64})
+peak_64 = status("VmHWM")
+def median_run(feed, runs):
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, {"x": feed})
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+run_1, run_64 = median_run(x, int(sys.argv[5])), median_run(x64, max(int(sys.argv[5]) // 4, 1))
 print(json.dumps({"create_s": created, "create_cpu_s": created_cpu, "baseline_mib": baseline,
-                  "peak_created_mib": peak_created, "peak_mib": peak_1, "peak_64_mib": status("VmHWM")}))
+                  "peak_created_mib": peak_created, "peak_mib": peak_1, "peak_64_mib": peak_64,
+                  "run_1_ms": run_1 * 1e3, "run_64_ms": run_64 * 1e3}))
 """
 
 
-def measure(model: Path, contender: str) -> dict:
+def measure(model: Path, contender: str, runs: int) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(model), contender, str(HIDDEN)],
+        [sys.executable, "-c", CHILD, str(ROOT), str(model), contender, str(HIDDEN), str(runs)],
         capture_output=True,
         text=True,
     )
@@ -95,6 +106,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=20, help="timed 1-token runs per child (a quarter at 64 tokens)")
     parser.add_argument("--keep", action="store_true", help="keep the models (with --dir)")
     parser.add_argument("--reuse", action="store_true", help="reuse the models already in --dir")
     args = parser.parse_args()
@@ -117,16 +129,17 @@ def main() -> None:
         results: dict[str, list[dict]] = {"stock": [], "ep": []}
         for _ in range(args.repeats):
             for contender, model in (("stock", original), ("ep", converted)):
-                results[contender].append(measure(model, contender))
+                results[contender].append(measure(model, contender, args.runs))
         medians = {c: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for c, runs in results.items()}
         print(
             f"{'':<6} {'create s':>9} {'CPU s':>6} {'baseline MiB':>13} {'peak at creation':>17} {'after 1 token':>14} "
-            f"{'after 64 tokens':>16}"
+            f"{'after 64 tokens':>16} {'1-tok ms':>9} {'64-tok ms':>10}"
         )
         for contender, m in medians.items():
             print(
                 f"{contender:<6} {m['create_s']:>9.2f} {m['create_cpu_s']:>6.2f} {m['baseline_mib']:>13.0f} "
-                f"{m['peak_created_mib']:>17.0f} {m['peak_mib']:>14.0f} {m['peak_64_mib']:>16.0f}"
+                f"{m['peak_created_mib']:>17.0f} {m['peak_mib']:>14.0f} {m['peak_64_mib']:>16.0f} "
+                f"{m['run_1_ms']:>9.2f} {m['run_64_ms']:>10.2f}"
             )
         ep, stock = medians["ep"], medians["stock"]
         print(
@@ -134,7 +147,8 @@ def main() -> None:
             f"(CPU {ep['create_cpu_s'] / stock['create_cpu_s']:.2f}x), peak RSS "
             f"{ep['peak_mib'] / stock['peak_mib']:.2f}x (above the baseline "
             f"{(ep['peak_mib'] - ep['baseline_mib']) / (stock['peak_mib'] - stock['baseline_mib']):.2f}x), "
-            f"after a 64-token run {ep['peak_64_mib'] / stock['peak_64_mib']:.2f}x; "
+            f"after a 64-token run {ep['peak_64_mib'] / stock['peak_64_mib']:.2f}x; runs "
+            f"{ep['run_1_ms'] / stock['run_1_ms']:.2f}x at 1 token, {ep['run_64_ms'] / stock['run_64_ms']:.2f}x at 64; "
             f"median of {args.repeats} alternating runs"
         )
     finally:

@@ -270,6 +270,46 @@ void CheckRowPacking(int bits, bool int8_rows, bool uniform_zero, int64_t k, int
         if (one.zeros(p)[b * ndp::kPanelWidth + j] != two.zeros(p)[b * ndp::kPanelWidth + j]) Fail(what + ": zeros");
   }
   if (uniform_zero && two.bytes() >= one.bytes() && one.panel_count() > 1) Fail(what + ": zero points not shared");
+  // scales kept where they are (N rows of `blocks` floats) multiply to the same bits as copied ones
+  ndp::PackedMatrix kept;
+  static int drops = 0;
+  drops = 0;
+  kept.PackQuantizedRows(bits, block, k, n, rows.data(), row_bytes, scale, zero, int8_rows, uniform_zero,
+                         scales.data(), blocks, [](const void*, size_t) { ++drops; });
+  const auto copied_scale_bytes = static_cast<size_t>(two.panel_count() * blocks * ndp::kPanelWidth) * sizeof(float);
+  if (!kept.scales_pending() || kept.bytes() + copied_scale_bytes != two.bytes() || drops != 0)
+    Fail(what + ": scales copied before the first product");
+  ndp::PanelIsa isa;
+  ndp::ChoosePanelIsa(nullptr, &isa);
+  const int64_t m = 3;
+  std::vector<float> copied(static_cast<size_t>(m * n)), in_place(copied.size());
+  if (int8_rows) {
+    ndp::Int8RowsBuffer a;
+    a.Resize(m, k, block);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t sum = 0;
+        for (int64_t i = b * block; i < std::min(k, (b + 1) * block); ++i) {
+          const auto q = static_cast<int8_t>(static_cast<int>(random.Next() % 255) - 127);
+          a.q[static_cast<size_t>(r * a.ldq + i)] = q;
+          sum += q;
+        }
+        a.scales[static_cast<size_t>(r * a.lds + b)] = random.Uniform();
+        a.sums[static_cast<size_t>(r * a.lds + b)] = sum;
+      }
+    }
+    ndp::PanelGemmInt8(isa, m, a.View(), two, copied.data(), n, false);
+    ndp::PanelGemmInt8(isa, m, a.View(), kept, in_place.data(), n, false);
+  } else {
+    std::vector<float> a(static_cast<size_t>(m * k));
+    for (auto& value : a) value = random.Uniform();
+    ndp::PanelGemm(isa, m, a.data(), k, two, copied.data(), n, false);
+    ndp::PanelGemm(isa, m, a.data(), k, kept, in_place.data(), n, false);
+  }
+  if (std::memcmp(copied.data(), in_place.data(), copied.size() * sizeof(float)) != 0)
+    Fail(what + ": kept scales give other products");
+  if (kept.scales_pending() || kept.bytes() != two.bytes() || drops != 1)
+    Fail(what + ": kept scales not copied (and their source dropped) once by the first product");
 }
 
 int main() {

@@ -221,6 +221,7 @@ OrtStatus* MapExternalWeight(const OrtGraph* graph, const OrtValueInfo* info, We
   }
   if (ElementBytes(type) == 0 || elements * ElementBytes(type) != bytes) return nullptr;
   if (!files->Map(path, offset, bytes, &tensor.data).empty()) return nullptr;  // ONNX Runtime reports it
+  tensor.lasting = true;  // the compiled node keeps the mapping
   *out = std::move(tensor);
   *mapped = true;
   return nullptr;
@@ -228,6 +229,7 @@ OrtStatus* MapExternalWeight(const OrtGraph* graph, const OrtValueInfo* info, We
 
 // ---- the compiled node -------------------------------------------------------------------------------------
 struct CompiledNode {
+  std::shared_ptr<WeightFileMap> files;  // the external data the kernel reads scales from (weight_map.h)
   MoEKernel kernel;
   std::shared_ptr<RoutingLog> log;  // null when routing capture is off
   int32_t layer = 0;
@@ -480,10 +482,11 @@ struct NdpEp : OrtEp {
         std::vector<const OrtValueInfo*> inputs;
         NDP_RETURN_IF_ERROR(NodeInputs(node, &inputs));
         std::vector<RawTensor> weights(inputs.size() - 3);
-        WeightFileMap files;  // external data, mapped here and dropped expert by expert (weight_map.h)
+        auto files = std::make_shared<WeightFileMap>();  // external data, its pages dropped expert by expert
+        compiled->files = files;
         for (size_t i = 3; i < inputs.size(); ++i) {
           bool mapped = false;
-          NDP_RETURN_IF_ERROR(MapExternalWeight(graphs[g], inputs[i], &files, &weights[i - 3], &mapped));
+          NDP_RETURN_IF_ERROR(MapExternalWeight(graphs[g], inputs[i], files.get(), &weights[i - 3], &mapped));
           if (mapped) continue;
           const OrtValue* value = nullptr;
           NDP_RETURN_IF_ERROR(g_api->ValueInfo_GetInitializerValue(inputs[i], &value));
@@ -500,7 +503,7 @@ struct NdpEp : OrtEp {
         problem = ChoosePanelIsa(std::getenv(kKernelIsaEnv), &isa);
         if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, problem);
         problem = compiled->kernel.Load(spec, weights, compute, isa, [&files](const RawTensor& t) {
-          files.Release(t.data, t.element_count() * ElementBytes(static_cast<ONNXTensorElementDataType>(t.elem_type)));
+          files->Release(t.data, t.element_count() * ElementBytes(static_cast<ONNXTensorElementDataType>(t.elem_type)));
         });
         if (!problem.empty()) return Error(ORT_INVALID_GRAPH, problem);
         const char* name = nullptr;

@@ -1,6 +1,8 @@
 // The sharded MoE expert kernel (see moe_kernel.h and graph_passes/sharded_op.py).
 #include "moe_kernel.h"
 
+#include "weight_map.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -227,15 +229,20 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     const int64_t row_bytes = k * bits / 8, blocks = (k + block - 1) / block, zero_row_bytes = (blocks * bits + 7) / 8;
     const auto* code_data = static_cast<const uint8_t*>(codes.data);
     const auto* zero_data = zeros ? static_cast<const uint8_t*>(zeros->data) : nullptr;
+    // float32 scales in a mapping that lasts are copied on the matrix's first product (then their file pages are
+    // dropped): a session holds the scales of the experts runs routed to, as stock ONNX Runtime's QMoE does
+    const bool keep = scales.lasting && scales.elem_type == kFloat;
     out.PackQuantizedRows(
         bits, block, k, n, code_data, row_bytes,
         [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
         [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; },
-        int8,               // int8 rows multiply the codes one byte each, four rows at a time
-        zeros == nullptr);  // no zero points: the default one, kept once
+        int8,              // int8 rows multiply the codes one byte each, four rows at a time
+        zeros == nullptr,  // no zero points: the default one, kept once
+        keep ? static_cast<const float*>(scales.data) : nullptr, blocks, DropFilePages);
   };
 
-  experts_.assign(static_cast<size_t>(E), ExpertWeights{});
+  experts_.clear();
+  experts_.resize(static_cast<size_t>(E));  // PackedMatrix is move-only (its lazily copied scales)
   for (int64_t e = 0; e < E; ++e) {
     ExpertWeights& w = experts_[static_cast<size_t>(e)];
     w.first.resize(static_cast<size_t>(S));

@@ -102,6 +102,8 @@ struct RawTensor {
   int32_t elem_type = 0;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  bool lasting = false;  // data outlives the kernel (a file mapping the compiled node keeps): float32 scales there
+                         // are read in place instead of copied
   size_t element_count() const;
 };
 

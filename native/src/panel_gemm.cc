@@ -16,15 +16,34 @@
 
 namespace ndp {
 
-void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero) {
+void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero,
+                            bool kept_scales) {
   format_ = format;
   k_ = k;
   n_ = n;
   block_ = block;
   uniform_zero_ = uniform_zero;
+  lazy_.reset();
+  kept_scales_ = nullptr;
+  scale_stride_ = 0;
+  drop_ = nullptr;
   data_.assign(static_cast<size_t>(panel_count() * PanelRows() * RowBytes(format)), 0);
-  scales_.assign(static_cast<size_t>(panel_count() * Blocks() * kPanelWidth), 0.0f);
-  zeros_.assign(uniform_zero ? static_cast<size_t>(Blocks() * kPanelWidth) : scales_.size(), 0);
+  const auto per_panel = static_cast<size_t>(panel_count() * Blocks() * kPanelWidth);
+  scales_.assign(kept_scales ? 0 : per_panel, 0.0f);
+  zeros_.assign(uniform_zero ? static_cast<size_t>(Blocks() * kPanelWidth) : per_panel, 0);
+}
+
+void PackedMatrix::CopyKeptScales() const {
+  const int64_t blocks = Blocks();
+  scales_.assign(static_cast<size_t>(panel_count() * blocks * kPanelWidth), 0.0f);
+  for (int64_t p = 0; p < panel_count(); ++p) {
+    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n_ - first);
+    for (int64_t j = 0; j < width; ++j) {
+      const float* column = kept_scales_ + (first + j) * scale_stride_;
+      for (int64_t b = 0; b < blocks; ++b) scales_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = column[b];
+    }
+  }
+  if (drop_ != nullptr) drop_(kept_scales_, static_cast<size_t>(n_ * scale_stride_) * sizeof(float));
 }
 
 void PackedMatrix::PackCodeRows(int bits, const uint8_t* codes, int64_t row_bytes) {

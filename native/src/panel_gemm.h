@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -70,9 +72,17 @@ class PackedMatrix {
   // PackQuantized for codes stored as ONNX Runtime's QMoE and the sharded op store them: N rows of `row_bytes`
   // bytes, row j holding column j's K codes along the input (two 4-bit codes a byte, low nibble first). Gives the
   // same panels as PackQuantized with code(i, j) read from there, streaming each row once.
+  // With `kept_scales` the scales are not copied now but on the matrix's first product (thread-safe, once), from
+  // N rows of `scale_stride` float32 values (column j's scale of block b at kept_scales[j * scale_stride + b]),
+  // memory that must outlive the matrix until then (a file mapping the kernel keeps), after which `drop` (when
+  // set) is called on that memory; `scale` is then not called. A session so holds the scales of the experts runs
+  // have routed to, as stock ONNX Runtime's QMoE (reading them from its file mapping) does; the products are the
+  // same, bit for bit.
+  using DropPages = void (*)(const void* data, size_t bytes);
   template <typename Scale, typename Zero>
   void PackQuantizedRows(int bits, int64_t block, int64_t k, int64_t n, const uint8_t* codes, int64_t row_bytes,
-                         Scale scale, Zero zero, bool int8_rows = false, bool uniform_zero = false);
+                         Scale scale, Zero zero, bool int8_rows = false, bool uniform_zero = false,
+                         const float* kept_scales = nullptr, int64_t scale_stride = 0, DropPages drop = nullptr);
 
   PanelFormat format() const { return format_; }
   int64_t rows() const { return k_; }
@@ -81,7 +91,11 @@ class PackedMatrix {
   int64_t panel_count() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
   size_t bytes() const { return data_.size() + scales_.size() * sizeof(float) + zeros_.size(); }
   const uint8_t* panel(int64_t p) const { return data_.data() + p * PanelRows() * RowBytes(format_); }
-  const float* scales(int64_t p) const { return scales_.data() + p * Blocks() * kPanelWidth; }
+  const float* scales(int64_t p) const {  // copied now, or on this first use (kept scales)
+    if (lazy_) std::call_once(lazy_->once, [this] { CopyKeptScales(); });
+    return scales_.data() + p * Blocks() * kPanelWidth;
+  }
+  bool scales_pending() const { return lazy_ != nullptr && scales_.empty(); }  // kept, not copied yet
   const uint8_t* zeros(int64_t p) const { return zeros_.data() + (uniform_zero_ ? 0 : p * Blocks() * kPanelWidth); }
 
   static int64_t RowBytes(PanelFormat format) {
@@ -102,7 +116,9 @@ class PackedMatrix {
   int64_t PanelRows() const { return format_ == PanelFormat::kInt8Quads ? (k_ + 3) / 4 * 4 : k_; }
 
  private:
-  void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero = false);
+  void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero = false,
+                bool kept_scales = false);
+  void CopyKeptScales() const;  // kept scales into scales_ (once, under lazy_->once), then dropped
   void PackCodeRows(int bits, const uint8_t* codes, int64_t row_bytes);  // the codes of PackQuantizedRows
   template <typename Scale, typename Zero>
   void PackBlockParameters(Scale scale, Zero zero, bool uniform_zero);
@@ -111,9 +127,16 @@ class PackedMatrix {
   PanelFormat format_ = PanelFormat::kFloat32;
   int64_t k_ = 0, n_ = 0, block_ = 0;
   AlignedBytes data_;
-  AlignedFloats scales_;       // [panel][block][kPanelWidth]
+  mutable AlignedFloats scales_;  // [panel][block][kPanelWidth]; filled on first use from kept_scales_
   std::vector<uint8_t> zeros_;  // [panel][block][kPanelWidth], or [block][kPanelWidth] shared when uniform_zero_
   bool uniform_zero_ = false;
+  struct Lazy {
+    std::once_flag once;
+  };
+  std::unique_ptr<Lazy> lazy_;          // set while the scales are kept (PackQuantizedRows' kept_scales)
+  const float* kept_scales_ = nullptr;  // their source, valid until copied
+  int64_t scale_stride_ = 0;
+  DropPages drop_ = nullptr;
 };
 
 // The instruction sets PanelGemm has kernels for. All sum over k in the same order; the AVX kernels fuse each
@@ -221,9 +244,14 @@ void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, 
 
 template <typename Scale, typename Zero>
 void PackedMatrix::PackQuantizedRows(int bits, int64_t block, int64_t k, int64_t n, const uint8_t* codes,
-                                     int64_t row_bytes, Scale scale, Zero zero, bool int8_rows, bool uniform_zero) {
+                                     int64_t row_bytes, Scale scale, Zero zero, bool int8_rows, bool uniform_zero,
+                                     const float* kept_scales, int64_t scale_stride, DropPages drop) {
   const PanelFormat format = int8_rows ? PanelFormat::kInt8Quads : bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
-  Allocate(format, k, n, block, uniform_zero);
+  Allocate(format, k, n, block, uniform_zero, kept_scales != nullptr);
+  kept_scales_ = kept_scales;
+  scale_stride_ = scale_stride;
+  drop_ = drop;
+  if (kept_scales != nullptr) lazy_ = std::make_unique<Lazy>();
   if (uniform_zero) std::fill(zeros_.begin(), zeros_.end(), static_cast<uint8_t>(zero(0, 0)));
   PackCodeRows(bits, codes, row_bytes);
   PackBlockParameters(scale, zero, uniform_zero);
@@ -237,7 +265,7 @@ void PackedMatrix::PackBlockParameters(Scale scale, Zero zero, bool uniform_zero
     const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n_ - first);
     for (int64_t b = 0; b < blocks; ++b) {
       for (int64_t j = 0; j < width; ++j) {
-        scales_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = scale(b, first + j);
+        if (kept_scales_ == nullptr) scales_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = scale(b, first + j);
         if (!uniform_zero)
           zeros_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = static_cast<uint8_t>(zero(b, first + j));
       }

@@ -54,14 +54,18 @@ void WeightFileMap::Release(const void* data, size_t bytes) const {
   const auto* start = static_cast<const uint8_t*>(data);
   for (const File& file : files_) {
     if (start < file.base || start >= file.base + file.size) continue;
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t first = reinterpret_cast<uintptr_t>(start) / page * page;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(file.base + file.size);
-    const uintptr_t last = std::min(end, (reinterpret_cast<uintptr_t>(start) + bytes + page - 1) / page * page);
-    // a read-only private file mapping never written: its pages come back from the file
-    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    DropFilePages(start, std::min(bytes, static_cast<size_t>(file.base + file.size - start)));
     return;
   }
+}
+
+void DropFilePages(const void* data, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  // a read-only private file mapping never written: its pages come back from the file (the range rounded out
+  // stays inside the mapping, which starts and ends on page boundaries)
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 std::string ExternalDataPath(const std::string& model_path, const std::string& relative) {

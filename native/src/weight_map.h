@@ -6,7 +6,9 @@
 // Compile (twice the weights). The EP maps the files itself instead (the initializer's location comes from
 // ValueInfo_GetExternalInitializerInfo) and drops each expert's pages as soon as the expert is packed; ONNX Runtime
 // never maps them (the fused node drops its constant initializers), so Compile's peak is the packed weights plus
-// one expert.
+// one expert. The compiled node keeps the mapping: float32 scales are copied from it on their matrix's first product
+// (panel_gemm.h), so, as with stock ONNX Runtime's QMoE, a session holds the scales of the experts runs routed to. As with ONNX Runtime's own
+// mapping, the file must not be truncated while the session lives.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +42,10 @@ class WeightFileMap {
   };
   std::vector<File> files_;
 };
+
+// Drops the resident pages under [data, data + bytes) (rounded out to whole pages) of a read-only private file
+// mapping (WeightFileMap's): they come back from the file if touched again. Only for such memory.
+void DropFilePages(const void* data, size_t bytes);
 
 // The directory part of a model path ("" for a bare file name), and `relative` joined to it; "" when `relative` is
 // absolute or has a ".." component (those are left to ONNX Runtime's own checks).

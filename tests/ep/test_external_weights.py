@@ -24,23 +24,27 @@ ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = ChainWidths(hidden=512, experts=16, top_k=2, ffn=1024, block=32)
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=[4, 8], ids=["int4", "int8"])
+def converted(tmp_path_factory, request) -> Path:
+    # int8 experts multiply with int8 activations on onnxruntime >= 1.31 (the kernel's other product path)
     folder = tmp_path_factory.mktemp("external")
     original, out = folder / "chain.onnx", folder / "chain.ndp.onnx"
-    build_chain(original, layers=3, bits=4, widths=WIDTHS, seed=3)
+    build_chain(original, layers=3, bits=request.param, widths=WIDTHS, seed=3)
     ndp_ep.convert_model(original, out, shards=4, external_data=True)
     assert (folder / "chain.ndp.onnx.data").stat().st_size > 10 * 2**20
     return out
 
 
-def test_weights_read_from_the_file_give_the_bits_of_weights_inside_the_model(converted, ep_session):
+@pytest.mark.parametrize("tokens", [7, 40])  # a decode-sized call (its products split by columns) and a larger one
+def test_weights_read_from_the_file_give_the_bits_of_weights_inside_the_model(converted, ep_session, tokens):
+    # from the file: codes packed from the provider's own mapping, float32 scales read in place from it; from
+    # bytes: both copied from ONNX Runtime's values
     embedded = onnx.load(str(converted))  # loads the external data into the tensors
     for tensor in embedded.graph.initializer:
         assert tensor.data_location != onnx.TensorProto.EXTERNAL
-    x = np.random.default_rng(0).standard_normal((7, WIDTHS.hidden)).astype(np.float32)
-    from_file = ep_session(converted).run(None, {"x": x})[0]
-    from_bytes = ep_session(embedded).run(None, {"x": x})[0]
+    x = np.random.default_rng(tokens).standard_normal((tokens, WIDTHS.hidden)).astype(np.float32)
+    from_file = ep_session(converted, threads=2).run(None, {"x": x})[0]
+    from_bytes = ep_session(embedded, threads=2).run(None, {"x": x})[0]
     np.testing.assert_array_equal(from_file, from_bytes)
 
 
@@ -64,11 +68,11 @@ print(json.dumps({"grown": peak() - before}))
 
 
 def test_building_a_session_holds_the_weights_once_not_twice(converted):
-    # the packed weights take about the file's size; before the file was mapped by the provider itself, ONNX
-    # Runtime's mapping of every weight was resident next to them at the end of Compile (twice the file)
+    # the packed codes take about the file's size less the scales; before the file was mapped by the provider
+    # itself, ONNX Runtime's mapping of every weight was resident next to them at the end of Compile (twice the file)
     data_bytes = (converted.parent / (converted.name + ".data")).stat().st_size
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(ROOT), str(converted)], capture_output=True, text=True, check=True
     )
     grown = json.loads(done.stdout.strip().splitlines()[-1])["grown"]
-    assert grown < 1.4 * data_bytes, f"session build grew the peak by {grown / data_bytes:.2f}x the weights"
+    assert grown < 1.1 * data_bytes, f"session build grew the peak by {grown / data_bytes:.2f}x the weights"
