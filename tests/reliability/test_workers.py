@@ -73,12 +73,13 @@ bench.run_bench(config, jobs_in_parallel=2)
     "sweep": """
 import os, sys, time
 import hw_model.sweep as sweep
+import hw_model.sweep.execution as execution
 
 def sleeping(points):
     os.write(1, f"{os.getpid()}\\n".encode())
     time.sleep(120)
 
-sweep._run_chunk = sleeping
+execution._run_chunk = sleeping  # the pool runs the execution module's own
 grid = sweep.grid_from_dict({"models": ["olmoe-1b-7b"], "policies": ["monde", "tp+lb+prefetch"]})
 sweep.run_sweep(grid, jobs=2)
 """,
