@@ -247,7 +247,7 @@ def parse_ep_options(values: Mapping[str, str]) -> SimulationSettings:
     given: dict[str, object] = {key: values[key] for key in REPORT_OPTION_KEYS if key in values}
     if "ndp_units" in given:  # text, as ONNX Runtime keeps it: a plain integer is read as one
         text = str(given["ndp_units"])
-        number = int(text) if text.isascii() and text.isdigit() else text
+        number = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else text  # 10k digits: text
         given["ndp_units"] = check_ndp_units(number, "EP option ndp_units")
     try:
         return SimulationSettings(**given)  # type: ignore[arg-type]
@@ -256,7 +256,8 @@ def parse_ep_options(values: Mapping[str, str]) -> SimulationSettings:
 
 
 def _is_positive_integer(text: str) -> bool:
-    return text.isascii() and text.isdigit() and int(text) > 0
+    # at most 18 digits: int() of 4,300 or more raises ValueError (Python's integer-string guard)
+    return text.isascii() and text.isdigit() and len(text) <= 18 and int(text) > 0
 
 
 def check_positive(name: str, value: object) -> None:

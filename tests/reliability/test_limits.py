@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hw_model.errors import CalibrationDataError, HardwareConfigError, WorkloadError
+from hw_model.errors import CalibrationDataError, HardwareConfigError, HwModelError, WorkloadError
 from hw_model.hardware import load_system
 from hw_model.traces import load_trace
 from hw_model.validate import load_measurements
@@ -215,6 +215,9 @@ def test_api_errors_are_of_documented_types():
             last_report(not_a_session)
     with pytest.raises(NdpEpError, match="MAX_SESSION_KEY_CHARS"):
         session_options(session_key="k" * 10_000)
+    for option in ("routing_capacity", "ndp_units"):  # Python's 4,300-digit guard raised a bare ValueError
+        with pytest.raises((NdpEpError, HwModelError), match=option):
+            session_options(**{option: "9" * 10_000})
 
 
 def test_every_limit_is_defined_once_and_named():
