@@ -285,3 +285,41 @@ def apply_gated(
     if not activation.gated:
         raise ValueError(f"{name} is not a gated activation")
     return activation.apply(gate, up, alpha, limit, beta)
+
+
+# -- numeric identification: which catalog activation a NumPy function computes, from sampled points --
+
+ACTIVATION_SAMPLES = 2001
+ACTIVATION_RTOL = 1e-5
+_REFERENCE = {name: CATALOG[name].reference for name in PLAIN_ACTIVATIONS}
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(np.abs(a - b) <= ACTIVATION_RTOL * (1.0 + np.abs(b))))
+
+
+def identify_plain(function) -> str | None:
+    """The plain activation ``function(x)`` computes (its float64 reference within :data:`ACTIVATION_RTOL` at
+    :data:`ACTIVATION_SAMPLES` points of [-8, 8]), or None."""
+    x = np.linspace(-8.0, 8.0, ACTIVATION_SAMPLES)
+    try:
+        y = np.asarray(function(x), dtype=np.float64)
+    except (TypeError, ValueError, FloatingPointError):
+        return None
+    return next((name for name, f in _REFERENCE.items() if y.shape == x.shape and _close(y, f(x))), None)
+
+
+def identify_gated(function) -> str | None:
+    """The gated activation ``function(gate, up)`` computes (``silu_glu`` or ``gelu_glu`` at the SwiGLU defaults,
+    within :data:`ACTIVATION_RTOL` at :data:`ACTIVATION_SAMPLES` seeded random points), or None."""
+    rng = np.random.default_rng(0)
+    gate, up = rng.uniform(-8.0, 8.0, (2, ACTIVATION_SAMPLES))
+    try:
+        y = np.asarray(function(gate, up), dtype=np.float64)
+    except (TypeError, ValueError, FloatingPointError):
+        return None
+    for name in ("silu_glu", "gelu_glu"):
+        reference = CATALOG[name].reference(gate, up, SWIGLU_ALPHA, SWIGLU_LIMIT, SWIGLU_BETA)
+        if y.shape == gate.shape and _close(y, reference):
+            return name
+    return None
