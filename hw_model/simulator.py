@@ -697,6 +697,10 @@ class MoESimulator:
             "feasible": self.capacity.feasible,
             "infeasible_reason": self.capacity.reason,
         }
+        budget = state.power_budget
+        if budget is not None:  # a power-capped run (hw_model/power_cap.py)
+            values["power_capped_invocations"] = budget.capped
+            values["over_power_cap_invocations"] = budget.over_cap
         prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
         cache = state.lru.stats_values() if state.lru is not None else None
         return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)
