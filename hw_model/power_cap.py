@@ -32,6 +32,7 @@ class PowerBudget:
         self.elapsed_s = 0.0
         self.charged_copy_bytes = 0.0
         self.copy_j_per_byte = -1.0  # priced on first use
+        self.idle_w = -1.0  # the system's static power, priced on first use
         self.over_cap = 0  # invocations where no candidate fitted the budget
         self.capped = 0  # invocations where the packer's own choice did not fit and another was taken
         self._energy: dict[int, tuple[LayoutSummary, float]] = {}
@@ -64,6 +65,16 @@ class PowerBudget:
         if new > 0:
             self.spent_j += new * self.copy_j_per_byte
             self.charged_copy_bytes = copied_bytes
+
+    def charge_idle(self, ctx: RunContext, seconds: float) -> None:
+        """Time outside the MoE layers (the non-expert ops the simulator is handed): every resource at its static
+        power, as the simulator's accounting prices it."""
+        if self.idle_w < 0:
+            zero = [0.0] * len(WORK_FIELDS)
+            dtype = ctx.layers[0].expert.dtype
+            report = run_energy(ctx.system, zero, pcie_bytes=0.0, elapsed_s=1.0, busy_s={}, dtype=dtype, uses_ndp=True)
+            self.idle_w = report.total_j if report is not None else 0.0
+        self.record(self.idle_w * seconds, seconds)
 
     def copy_allowance_bytes(self) -> float:
         """How many bytes the prefetcher may copy on the energy banked so far (under the cap so far)."""

@@ -626,6 +626,9 @@ class MoESimulator:
             return 0.0
         self._last_gap_s = seconds
         self._gap_total_s += seconds
+        budget = self._state.power_budget
+        if budget is not None:  # a power-capped run counts this time at static power, as energy() does
+            budget.charge_idle(self.context, seconds)
         copied = 0.0
         if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
             copied = prefetcher.drain(seconds, self._copy_bandwidth)
