@@ -258,6 +258,9 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     for key in ("prefetch_hits", "prefetch_misses", "prefetch_hit_rate", "prefetch_bytes_moved"):
         if key in summary:
             record[key] = summary[key]
+    for key in ("power_capped_invocations", "over_power_cap_invocations"):
+        if key in summary:
+            record[key] = summary[key]
     for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved", "pin_cost_s"):
         if key in summary:
             record[key] = summary[key]

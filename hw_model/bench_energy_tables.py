@@ -10,7 +10,7 @@ from typing import Any
 from hw_model.bench import BASELINE_POLICIES, OURS_POLICY, main_table
 from hw_model.bench_tables import _model_order
 from hw_model.energy import RESOURCES
-from hw_model.policies import POLICIES
+from hw_model.policies import POLICIES, policy_names
 
 
 def _order(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[tuple[str, int]]]:
@@ -23,7 +23,9 @@ def format_energy_table(records: Sequence[dict[str, Any]]) -> str:
     """Decode J/token per policy (model x NDP rows, the main table's records), ours against the lowest-energy
     feasible baseline, then per policy its mean J/token, average power, energy-delay product and dominant resource.
     Empty when no record carries energy."""
-    rows = [r for r in main_table(records) if r.get("energy_j") is not None]
+    # the lower bound is a bound on latency, not a system: its timeline carries no work to price
+    bounds = set(policy_names("bound"))
+    rows = [r for r in main_table(records) if r.get("energy_j") is not None and r["policy"] not in bounds]
     if not rows:
         return ""
     policies, keys = _order(rows)
@@ -51,23 +53,35 @@ def format_energy_table(records: Sequence[dict[str, Any]]) -> str:
         ours = same.get(OURS_POLICY)
         ratio = "-"
         if ours is not None and ours["feasible"] and best is not None:
-            ratio = f"{best['joules_per_token'] / ours['joules_per_token']:.2f}× less ({best['policy']})"
+            less = best["joules_per_token"] / ours["joules_per_token"]
+            ratio = f"{less:.2f}× less" if less >= 1 else f"{1 / less:.2f}× more"
+            ratio += f" ({best['policy']})"
         lines.append(f"| {model} | {units} | " + " | ".join(cells) + f" | {ratio} |")
-    lines += ["", _policy_summary(rows, policies)]
+    lines += ["", _policy_summary(rows, policies, keys)]
     return "\n".join(lines)
 
 
-def _policy_summary(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
-    """Per policy, means over its feasible rows: J/token, average power, EDP and each resource's share."""
+def _policy_summary(rows: Sequence[dict[str, Any]], policies: Sequence[str], keys: Sequence[tuple[str, int]]) -> str:
+    """Per policy, means over the rows (model x NDP) where every policy is feasible: J/token, average power, EDP
+    and each resource's share of the request's joules."""
+    common = [
+        key
+        for key in keys
+        if all(
+            any(r["policy"] == p and (r["model"], r["ndp_units"]) == key and r["feasible"] for r in rows)
+            for p in policies
+        )
+    ]
     header = "| policy | J/token | avg W | EDP, J·s | " + " | ".join(RESOURCES) + " | dominant |"
     lines = [
-        "Per policy, means over its feasible rows (energy shares per resource, % of the request's joules)",
+        f"Per policy, means over the {len(common)} rows where every policy is feasible (energy shares per resource, "
+        "% of the request's joules)",
         "",
         header,
         "|---|---|---|---|" + "---|" * (len(RESOURCES) + 1),
     ]
     for policy in policies:
-        mine = [r for r in rows if r["policy"] == policy and r["feasible"]]
+        mine = [r for r in rows if r["policy"] == policy and (r["model"], r["ndp_units"]) in common]
         if not mine:
             continue
         n = len(mine)

@@ -263,30 +263,3 @@ def run_energy(
     named_work = dict(zip(WORK_FIELDS, work, strict=True))
     named_work["pcie_bytes"] = pcie_bytes
     return EnergyReport(elapsed_s, by_resource, static, idle, dram, named_work)
-
-
-def resource_power_w(system: SystemSpec, resource: str, *, busy: bool, uses_ndp: bool = True) -> float:
-    """A rough power level of one timeline resource for trace counters: its static power, plus, while ``busy``, what
-    streaming at its achievable bandwidth draws (GPU: device memory at full bandwidth; an NDP unit: its DRAM reads at
-    its bandwidth and its core at its FLOP/s for bf16; PCIe / the DIMM-link: their bandwidth x pJ/byte)."""
-    if not has_energy(system):
-        return 0.0
-    g, n = system.gpu.energy, system.ndp_unit.energy
-    h, k = system.host_link.energy, system.ndp_link.energy
-    assert g is not None and isinstance(n, NdpEnergySpec) and h is not None and k is not None
-    if resource == "gpu":
-        dynamic = system.gpu.achievable_bandwidth_bytes_per_s * g.memory_pj_per_byte * PJ
-        return g.static_w + (dynamic if busy else 0.0)
-    if resource in ("pcie", "pcie_d2h"):
-        static = h.static_w / 2  # one direction each
-        return static + (system.host_link.bandwidth_bytes_per_s * h.pj_per_byte * PJ if busy else 0.0)
-    if resource == "ndp_link":
-        return k.static_w + (system.ndp_link.bandwidth_bytes_per_s * k.pj_per_byte * PJ if busy else 0.0)
-    unit = system.ndp_unit
-    seconds = 1.0
-    bandwidth = unit.achievable_bandwidth_bytes_per_s
-    dram = dram_energy_j(unit, 1, bandwidth * seconds if busy else 0.0, 0.0, seconds)
-    core = n.core_static_w if uses_ndp else 0.0
-    if busy:
-        core += unit.achievable_flops_per_s("bf16") * per_flop_pj(n.core_pj_per_flop, "bf16") * PJ
-    return sum(dram.values()) + core

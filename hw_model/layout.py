@@ -37,6 +37,7 @@ from hw_model.timeline import GpuJob, LayerTimeline, build_layer_timeline
 from hw_model.workload import ExpertShape, MoELayerShape
 
 GPU, SLICED, WHOLE, SPLIT = 0, 1, 2, 3  # decision kinds, in their canonical order
+_NO_WORK = (0.0,) * 6  # hw_model.energy.WORK_FIELDS, all zero
 MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
 _SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
 
@@ -85,7 +86,7 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
         timeline.gpu_to_host_bytes,
         timeline.reduction,
         tuple(gaps),
-        timeline.work,
+        timeline.work or _NO_WORK,  # a timeline a policy built itself (the lower bound) records no work
     )
 
 

@@ -1,14 +1,15 @@
-"""Scheduling under an average-power cap: the fastest placement of each invocation that keeps the run's average
-power (the simulator's own energy accounting, :func:`hw_model.energy.run_energy`) within ``power_cap_w``.
+"""Scheduling under an average-power cap: the fastest placement of each invocation that keeps the run's average power
+(the simulator's own energy accounting, :func:`hw_model.energy.run_energy`) within ``power_cap_w``.
 
 The packer (:func:`hw_model.scheduler.pack`) gives the latency-optimal GPU set. If that invocation would take the
 run above its cap, the candidates are that set with its copied (non-resident) experts returned to the NDP units a
 one more at a time, fewest tokens first (they gain least from the GPU), then everything on the NDP units; the
 fastest candidate within the budget is taken, or, when none is, the one of lowest average power. The budget is
 cumulative, as an average is: ``cap x (time so far + this invocation) - joules so far`` (the prefetcher's copies
-included, priced per byte as the simulator prices them), so an invocation under the cap banks energy a later one
-may spend. The time the non-expert ops take between MoE layers (static power only in the simulator's accounting)
-is not counted, which keeps the run within its cap whenever the cap is above the system's static power.
+included, priced per byte as the simulator prices them), so an invocation under the cap banks energy a later one may
+spend; the prefetcher copies only what the banked energy pays for (its ``allowance_bytes``). The time the non-expert
+ops take between MoE layers (static power only in the simulator's accounting) is not counted, which keeps the run
+within its cap whenever the cap is above the system's static power.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 from hw_model.energy import COPY_DRAM_BYTES, GPU_BYTES, WORK_FIELDS, run_energy
 from hw_model.layout import InvocationLayout, LayoutState, LayoutSummary
 from hw_model.run_context import RunContext
+
+# the budget is held this much under the cap: the simulator adds the same joules up in another order
+CAP_MARGIN = 1e-9
 
 
 class PowerBudget:
@@ -28,7 +32,9 @@ class PowerBudget:
         self.elapsed_s = 0.0
         self.charged_copy_bytes = 0.0
         self.copy_j_per_byte = -1.0  # priced on first use
+        self.idle_w = -1.0  # the system's static power, priced on first use
         self.over_cap = 0  # invocations where no candidate fitted the budget
+        self.capped = 0  # invocations where the packer's own choice did not fit and another was taken
         self._energy: dict[int, tuple[LayoutSummary, float]] = {}
 
     def energy_j(self, ctx: RunContext, layer_index: int, summary: LayoutSummary) -> float:
@@ -59,6 +65,21 @@ class PowerBudget:
         if new > 0:
             self.spent_j += new * self.copy_j_per_byte
             self.charged_copy_bytes = copied_bytes
+
+    def charge_idle(self, ctx: RunContext, seconds: float) -> None:
+        """Time outside the MoE layers (the non-expert ops the simulator is handed): every resource at its static
+        power, as the simulator's accounting prices it."""
+        if self.idle_w < 0:
+            zero = [0.0] * len(WORK_FIELDS)
+            dtype = ctx.layers[0].expert.dtype
+            report = run_energy(ctx.system, zero, pcie_bytes=0.0, elapsed_s=1.0, busy_s={}, dtype=dtype, uses_ndp=True)
+            self.idle_w = report.total_j if report is not None else 0.0
+        self.record(self.idle_w * seconds, seconds)
+
+    def copy_allowance_bytes(self) -> float:
+        """How many bytes the prefetcher may copy on the energy banked so far (under the cap so far)."""
+        banked = self.cap_w * (1 - CAP_MARGIN) * self.elapsed_s - self.spent_j
+        return max(0.0, banked) / self.copy_j_per_byte if self.copy_j_per_byte > 0 else 0.0
 
     def record(self, joules: float, seconds: float) -> None:
         self.spent_j += joules
@@ -111,7 +132,7 @@ def capped_gpu_set(
         summary = trial.summary
         joules = budget.energy_j(ctx, layer_index, summary)
         seconds = summary.latency_s
-        if budget.spent_j + joules <= budget.cap_w * (budget.elapsed_s + seconds):
+        if budget.spent_j + joules <= budget.cap_w * (1 - CAP_MARGIN) * (budget.elapsed_s + seconds):
             if position == 0:  # the packer's own choice fits: nothing else to weigh
                 budget.record(joules, seconds)
                 return candidate
@@ -120,6 +141,7 @@ def capped_gpu_set(
         power = (budget.spent_j + joules) / max(budget.elapsed_s + seconds, 1e-30)
         if lowest is None or power < lowest[0]:
             lowest = (power, candidate, joules, seconds)
+    budget.capped += 1
     if fastest is not None:
         budget.record(fastest[2], fastest[0])
         return fastest[1]

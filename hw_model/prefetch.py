@@ -102,6 +102,8 @@ class ExpertPrefetcher:
         self.evictions = 0
         self.replans = 0
         self.adopted = 0
+        # bytes the queued copies may still move (a power cap's energy budget sets it, hw_model/power_cap.py)
+        self.allowance_bytes = math.inf
 
     # -- what the simulator asks ------------------------------------------------------------------------
     @property
@@ -167,7 +169,7 @@ class ExpertPrefetcher:
         """Copy queued experts for ``seconds`` of idle PCIe time; returns the bytes copied."""
         if not self._queue:  # nothing queued (queued_bytes is 0.0 then)
             return 0.0
-        budget = seconds * bandwidth_bytes_per_s
+        budget = min(seconds * bandwidth_bytes_per_s, self.allowance_bytes)
         copied: list[float] = []  # each copy's bytes, summed at the end
         queue, resident = self._queue, self.resident_sets
         while budget > 0 and queue:
@@ -190,7 +192,10 @@ class ExpertPrefetcher:
                 queue[0] = (layer, expert, left - step)
         if not queue:  # what the subtractions leave is rounding: nothing is queued
             self.queued_bytes = 0.0
-        return sum(copied, 0.0)
+        total = sum(copied, 0.0)
+        if self.allowance_bytes != math.inf:
+            self.allowance_bytes = max(0.0, self.allowance_bytes - total)
+        return total
 
     def adopt_staged(self, layer: int, expert: int) -> bool:
         """An on-demand (miss fallback) copy of ``expert`` reached the GPU: keep it if the plan wants it."""

@@ -634,6 +634,9 @@ class MoESimulator:
             return 0.0
         self._last_gap_s = seconds
         self._gap_total_s += seconds
+        budget = self._state.power_budget
+        if budget is not None:  # a power-capped run counts this time at static power, as energy() does
+            budget.charge_idle(self.context, seconds)
         copied = 0.0
         if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
             copied = prefetcher.drain(seconds, self._copy_bandwidth)
@@ -707,6 +710,10 @@ class MoESimulator:
         }
         if self._pin_sets is not None:  # what the placement pins cost against the policy's own placement
             values["pin_cost_s"] = self._pin_cost_s
+        budget = state.power_budget
+        if budget is not None:  # a power-capped run (hw_model/power_cap.py)
+            values["power_capped_invocations"] = budget.capped
+            values["over_power_cap_invocations"] = budget.over_cap
         prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
         cache = state.lru.stats_values() if state.lru is not None else None
         return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)

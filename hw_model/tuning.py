@@ -64,8 +64,8 @@ class SimulatorTuning:
     prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
     power_cap_w: float = setting(
         0.0,
-        "average-power cap, watts, of the power-capped policy (tp+lb+prefetch+powercap): the fastest placement whose "
-        "run-average power (hw_model/energy.py) stays within it; 0: no cap",
+        "average-power cap, watts: tp+lb and ours take the fastest placement whose run-average power "
+        "(hw_model/energy.py's accounting) stays within it; 0: no cap",
         metavar="W",
     )
 

@@ -363,13 +363,13 @@ class RunReport:
                     f"on {'+'.join(where) or '-'}",
                 ]
             )
+        lines += table(rows, "<><<", indent="  ")
         energy = self.energy
         if energy is not None:
             lines.append(
-                f"simulated energy {energy.total_j * 1e3:.3f} mJ, average power {energy.avg_power_w:.1f} W "
+                f"  energy: {energy.total_j * 1e3:.3f} mJ simulated, average power {energy.avg_power_w:.1f} W "
                 f"(most on {energy.dominant}: {energy.by_resource_j[energy.dominant] * 1e3:.3f} mJ)"
             )
-        lines += table(rows, "<><<", indent="  ")
         pin_cost = self.simulator.get("pin_cost_s") if isinstance(self.simulator, dict) else None
         if pin_cost is not None:  # hw_model/pins.py: the session's runs so far, against the policy's own choice
             lines.append(

@@ -14,6 +14,7 @@ from mypy_extensions import mypyc_attr
 from hw_model.errors import SettingsError
 from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.policies.drift import DriftTracker
+from hw_model.power_cap import PowerBudget
 from hw_model.prefetch import ExpertLRUCache, ExpertPrefetcher
 from hw_model.run_context import RunContext
 
@@ -35,6 +36,7 @@ class PolicyState(LayoutState):
     decode_recomputations: int = 0
     decision_times_s: list[float] = field(default_factory=list)
     staged_ahead: dict[int, set[int]] = field(default_factory=dict)
+    power_budget: PowerBudget | None = None  # a power-capped run's energy so far (hw_model/power_cap.py)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # a policy defined outside hw_model works compiled too

@@ -1,4 +1,8 @@
-"""``tp+lb``: the ablation of tensor parallelism and the load-balancing packer, without prefetch."""
+"""``tp+lb``: the ablation of tensor parallelism and the load-balancing packer, without prefetch.
+
+With ``power_cap_w`` set (a tuning knob), it and the policies built on it (ours, ``+lookahead``) take the fastest
+placement that keeps the run's average power within the cap (:mod:`hw_model.power_cap`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from hw_model.policies.base import Policy, PolicyState
 from hw_model.policies.drift import DriftTracker
 from hw_model.policies.packing import _scheduled_gpu_set
 from hw_model.policies.residency import _keep_copies
+from hw_model.power_cap import PowerBudget, capped_gpu_set
 from hw_model.run_context import RunContext
 
 
@@ -39,6 +44,16 @@ class TensorParallelLoadBalanced(Policy):
         layer_index = out.layer_index
         resident = self._resident(state, layer_index, out.active)
         on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        cap = ctx.tuning.power_cap_w
+        if cap > 0:  # the fastest placement that keeps the run's average power within the cap
+            budget = state.power_budget
+            if budget is None:
+                budget = state.power_budget = PowerBudget(cap)
+            if state.prefetcher is not None:
+                budget.charge_copies(ctx, state.prefetcher.bytes_moved)
+            on_gpu = capped_gpu_set(ctx, state, out, on_gpu, resident, budget)
+            if state.prefetcher is not None:  # its copies in this invocation's idle time: what the bank pays for
+                state.prefetcher.allowance_bytes = budget.copy_allowance_bytes()
         out.extra["resident_selected"] = float(sum(resident))
         on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
         if on_the_gpu:

@@ -12,7 +12,7 @@ from hw_model.bench import write_json_atomic
 from hw_model.figures import save_png
 from hw_model.sweep.execution import SweepResult
 from hw_model.sweep.grid import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SYNTHETIC
-from hw_model.sweep.pareto import WORKLOAD_KEYS, configurations
+from hw_model.sweep.pareto import ENERGY_KEY, WORKLOAD_KEYS, configurations
 from ndp_io import atomic_write
 
 SWEEP_FILES = ("sweep.json", "pareto.json", "sweep.parquet", "pareto.png")
@@ -102,11 +102,14 @@ def plot_pareto(records: Sequence[Mapping[str, Any]], fronts: Sequence[Mapping[s
             values = [r[LATENCY_KEY] for r in mine]
             if values and max(values) > 20 * min(values):
                 ax.set_yscale("log")
-            ticks = sorted({r[axis] for r in mine})
-            ax.set_xticks(ticks)
-            if ticks and max(abs(t) for t in ticks) >= 1e4:  # bytes/s, bytes: 25.6 G rather than 2.56e10
-                ax.xaxis.set_major_formatter(EngFormatter())
-            ax.set_xlabel(axis.removeprefix(HARDWARE_COLUMN_PREFIX))
+            if axis == ENERGY_KEY:  # a continuous axis: matplotlib's own ticks
+                ax.set_xlabel("request energy, J")
+            else:
+                ticks = sorted({r[axis] for r in mine})
+                ax.set_xticks(ticks)
+                if ticks and max(abs(t) for t in ticks) >= 1e4:  # bytes/s, bytes: 25.6 G rather than 2.56e10
+                    ax.xaxis.set_major_formatter(EngFormatter())
+                ax.set_xlabel(axis.removeprefix(HARDWARE_COLUMN_PREFIX))
             ax.set_ylabel("end-to-end latency, s")
             ax.set_title(title, fontsize=9)
     panels[0][-1].legend(fontsize=7)

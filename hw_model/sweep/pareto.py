@@ -1,5 +1,6 @@
 """A sweep's records as a table and its Pareto fronts: one set of columns, speedups against the grid's baseline,
-configurations averaged over seeds, the latency/resource fronts per workload and axis."""
+configurations averaged over seeds, the latency/resource fronts per workload and axis; energy (``energy_j``, the
+request's joules, hw_model/energy.py) is always one of the axes when the records carry it."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ _COORDINATES = ("model", "hw", "ndp_units", "policy", "skew_level", "skew", "tra
 
 
 WORKLOAD_KEYS = ("model", "trace", "skew_level")  # what is simulated; a Pareto front is per workload
+ENERGY_KEY = "energy_j"  # the request's simulated joules: a Pareto axis of every sweep whose hardware prices energy
 
 
 DESIGN_KEYS = ("hw", "ndp_units", "policy", "residency_fraction")  # what is chosen (plus the hw.* axes)
@@ -80,6 +82,8 @@ def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             continue
         row: dict[str, Any] = dict(key)
         row[LATENCY_KEY] = sum(m[LATENCY_KEY] for m in members) / len(members)
+        energies = [m.get(ENERGY_KEY) for m in members]
+        row[ENERGY_KEY] = None if None in energies else sum(energies) / len(energies)
         row["seeds"] = len(members)
         row["points"] = [m["point"] for m in members]
         rows.append(row)
@@ -89,8 +93,11 @@ def configurations(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
 def pareto_fronts(records: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[dict[str, Any]]:
     """For each workload (model, trace, skew level) and each resource axis, the configurations on the
     latency/resource Pareto front (latency averaged over seeds): ``{model, trace, skew_level, axis, front}``;
-    a workload none of whose configurations is feasible has an empty front."""
+    a workload none of whose configurations is feasible has an empty front. ``energy_j`` (latency against energy)
+    is added to ``axes`` when the records carry it."""
     rows = configurations(records)
+    if any(r.get(ENERGY_KEY) is not None for r in rows) and ENERGY_KEY not in axes:
+        axes = (*axes, ENERGY_KEY)
     workloads = list(dict.fromkeys(tuple(r[k] for k in WORKLOAD_KEYS) for r in records))
     out = []
     for workload in workloads:

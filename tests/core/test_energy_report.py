@@ -36,4 +36,4 @@ def test_run_json_carries_energy_per_resource_and_per_layer_and_the_trace_counte
 def test_the_text_report_states_energy_and_average_power(samples_dir, capsys):
     assert main(["run", str(samples_dir / "moe_block.onnx")]) == 0
     out = capsys.readouterr().out
-    assert "simulated energy" in out and "average power" in out
+    assert "energy:" in out and "mJ simulated, average power" in out

@@ -30,7 +30,7 @@ def test_sweep_json_output_matches_the_files_written(tmp_path, capsys):
     on_disk = json.loads((out / "sweep.json").read_text())
     assert on_disk == payload["records"]
     assert [r["point"] for r in on_disk] == list(range(8))
-    assert {f["axis"] for f in payload["pareto"]} == {"ndp_units", "hw.gpu.memory_capacity_bytes"}
+    assert {f["axis"] for f in payload["pareto"]} == {"ndp_units", "hw.gpu.memory_capacity_bytes", "energy_j"}
     assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
     # monde rows are their own baseline
     assert all(r["speedup_vs_baseline"] == 1.0 for r in on_disk if r["policy"] == "monde")
@@ -47,8 +47,9 @@ def test_a_point_whose_experts_do_not_fit_is_not_on_the_pareto_front(tmp_path, c
     payload = json.loads(capsys.readouterr().out)
     assert [(r["ndp_units"], r["feasible"]) for r in payload["records"]] == [(2, False), (4, True)]
     assert (payload["failed"], payload["infeasible"]) == (0, 1)
-    (front,) = payload["pareto"]
-    assert [r["ndp_units"] for r in front["front"]] == [4]
+    front, energy = payload["pareto"]  # latency vs NDP units, then vs energy
+    assert (front["axis"], energy["axis"]) == ("ndp_units", "energy_j")
+    assert [r["ndp_units"] for r in front["front"]] == [4] == [r["ndp_units"] for r in energy["front"]]
     assert json.loads((out / "pareto.json").read_text()) == payload["pareto"]
     assert main(["sweep", str(grid), "--out", str(out), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
