@@ -222,6 +222,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         "best_baseline": None,
         "prefill_s": prefill_s,
         "decode_s": decode_s,
+        "expert_latency_s": expert_s,
+        "expert_latency_prefill_s": summary["expert_latency_prefill_s"],
         "decode_ms_per_token": 1e3 * decode_s / max(1, trace.generated_tokens),
         "decode_p50_ms": 1e3 * float(np.percentile(step_times, 50)),
         "decode_p90_ms": 1e3 * float(np.percentile(step_times, 90)),
