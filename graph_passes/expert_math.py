@@ -132,21 +132,25 @@ def load_expert(
 ) -> ExpertArrays:
     """Expert ``expert``'s canonical weights; ``read_expert(initializer, e)`` returns ``initializer[e]``.
 
-    With ``views`` the matrices are :func:`canonical_view` s of what ``read_expert`` returned (no copy).
+    With ``views`` the matrices are :func:`canonical_view` s (no transposing copy) of what ``read_expert``
+    returned, or of the float32 matrix a quantized one dequantizes to (NumPy's BLAS multiplies such views as
+    they are).
     """
     w = plan.weights
     to_canonical = canonical_view if views else canonical_matrix
+    dequantized: dict[str, np.ndarray] = {}  # a gate and an up projection stacked in one tensor: one dequantize
 
     def matrix(m: StackedMatrix | None, inputs: int) -> np.ndarray | None:
         if m is None:
             return None
         raw = read_expert(m.per_expert[expert], -1) if m.per_expert else read_expert(m.initializer, expert)
         if m.scales:
-            if views:
-                raise ValueError("quantized experts have no float view; slice the packed rows instead")
-            zero_points = read_expert(m.zero_points, expert) if m.zero_points else None
-            scales = read_expert(m.scales, expert)
-            raw = quant.dequantize(raw, scales, zero_points, plan.bits, plan.quant_block_size, inputs)
+            if m.initializer not in dequantized:
+                zero_points = read_expert(m.zero_points, expert) if m.zero_points else None
+                scales = read_expert(m.scales, expert)
+                bits, block = plan.bits, plan.quant_block_size
+                dequantized[m.initializer] = quant.dequantize(raw, scales, zero_points, bits, block, inputs)
+            raw = dequantized[m.initializer]
         return to_canonical(raw, m)
 
     def bias(b: StackedBias | None) -> np.ndarray | None:

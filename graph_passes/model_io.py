@@ -100,6 +100,9 @@ def load_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] 
 
 # -- loading -----------------------------------------------------------------------------------------------
 def _read_error(path: Path, exc: OSError) -> InvalidModelError:
+    from ndp_io.guard import shown_path
+
+    path = shown_path(str(path))  # type: ignore[assignment]  # a 4,000-byte path is not shown whole
     if exc.errno == errno.ELOOP:
         return InvalidModelError(f"{path}: symbolic link loop")
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -228,9 +231,15 @@ def save_rewritten(
         with staged_file(data_path) as data, staged_file(path) as model_file:
             header = _write_external(rewritten, data.file, data_path.name, direct=total >= DIRECT_MIN_BYTES)
             _ask(before_commit)
+            model_file.file.write(header.SerializeToString())  # both written before either is committed
+            model_file.file.flush()
             data.commit()
-            model_file.file.write(header.SerializeToString())
-            model_file.commit()
+            try:
+                model_file.commit()
+            except BaseException:  # (a full disk at the model's fsync): the new data file, a name no model
+                with contextlib.suppress(OSError):  # references, goes too: the old pair, or nothing, remains
+                    os.unlink(data_path)
+                raise
         _remove_old_data(path, keep=data_path)
     return [path, data_path]
 

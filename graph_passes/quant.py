@@ -81,27 +81,49 @@ def dequantize(
 
     ``block`` 0 means one scale per row (per-channel).
     """
-    q = unpack(packed, bits, cols).astype(np.float32)
-    rows = q.shape[0]
+    packed = np.asarray(packed, dtype=np.uint8)
+    rows = packed.shape[0]
     block = block or cols
     blocks = block_count(cols, block)
-    scales = np.asarray(scales).reshape(rows, -1).astype(np.float32)
+    scales = np.asarray(scales).reshape(rows, -1).astype(np.float32, copy=False)
     if scales.shape[1] != blocks:
         raise ValueError(f"expected {blocks} scales per row for {cols} inputs in blocks of {block}, got {scales.shape}")
     if zero_points is None:
-        zp = np.full((rows, blocks), float(2 ** (bits - 1)), np.float32)
+        zp = np.full((rows, blocks), 2 ** (bits - 1), np.float32)
     else:
         zp = unpack(np.asarray(zero_points).reshape(rows, -1), bits, blocks).astype(np.float32)
-    per_input = np.repeat(np.arange(blocks), block)[:cols]
-    return (q - zp[:, per_input]) * scales[:, per_input]
+    padded = blocks * block
+    out = np.empty((rows, padded), dtype=np.float32)
+    values = out.reshape(rows, blocks, block)
+    _unpack_into(packed, bits, cols, out)
+    values -= zp[:, :, None]  # (q - zp) * scale, as before: exact difference, one rounding
+    values *= scales[:, :, None]
+    return out[:, :cols] if padded != cols else out
 
 
-def slice_inputs(packed: np.ndarray, bits: int, start: int, stop: int) -> np.ndarray:
-    """Columns ``start:stop`` (input features) of a packed ``[rows, ...]`` matrix, repacked when not byte-aligned."""
+def _unpack_into(packed: np.ndarray, bits: int, cols: int, out: np.ndarray) -> None:
+    """The first ``cols`` values of each packed row, as float32, into ``out[:, :cols]`` (a padded tail is zeroed),
+    whole rows at a time: no per-block loop and no integer temporary the size of the matrix."""
+    if bits == 8:
+        out[:, :cols] = packed[:, :cols]
+    else:
+        pairs = cols // 2
+        out[:, 0 : 2 * pairs : 2] = packed[:, :pairs] & 0x0F
+        out[:, 1 : 2 * pairs : 2] = packed[:, :pairs] >> 4
+        if cols % 2:
+            out[:, cols - 1] = packed[:, pairs] & 0x0F
+    out[:, cols:] = 0
+
+
+def slice_inputs(packed: np.ndarray, bits: int, start: int, stop: int, copy: bool = True) -> np.ndarray:
+    """Columns ``start:stop`` (input features) of a packed ``[rows, ...]`` matrix, repacked when not byte-aligned.
+
+    ``copy=False``: a byte-aligned slice is a (strided) view of ``packed``, for a writer that copies it once."""
     _check_bits(bits)
     per_byte = 8 // bits
     if start % per_byte == 0 and (stop % per_byte == 0):
-        return np.ascontiguousarray(packed[..., start // per_byte : stop // per_byte])
+        view = packed[..., start // per_byte : stop // per_byte]
+        return np.ascontiguousarray(view) if copy else view
     return pack(unpack(packed, bits, stop)[..., start:stop], bits)
 
 

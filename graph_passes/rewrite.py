@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 
 from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
-from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked, load_expert, select_columns
+from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
 from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
 from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
@@ -161,9 +161,15 @@ def _data_type(store: WeightStore, name: str) -> int:
     return store.tensors[name].data_type
 
 
-def _rows(matrix: StackedMatrix, total_rows: int, start: int, stop: int) -> np.ndarray:
-    """Indices of the source rows (output features) ``start:stop`` of ``matrix``'s column selection."""
-    return select_columns(np.arange(total_rows), matrix.columns)[start:stop]
+def _row_slice(matrix: StackedMatrix, total_rows: int, start: int, stop: int) -> slice:
+    """The source rows (output features) ``start:stop`` of ``matrix``'s column selection, as one slice."""
+    rows = range(total_rows)
+    selected = {"all": rows, "first_half": rows[: total_rows // 2], "second_half": rows[total_rows // 2 :]}
+    selected |= {"even": rows[0::2], "odd": rows[1::2]}
+    if matrix.columns not in selected:
+        raise ValueError(f"unknown column selection {matrix.columns!r}")
+    chosen = selected[matrix.columns][start:stop]
+    return slice(chosen.start, chosen.stop, chosen.step)
 
 
 def _float_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec) -> dict[str, list]:
@@ -213,7 +219,9 @@ def _untransposed(view: np.ndarray) -> np.ndarray:
     return view
 
 
-def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec, cache) -> dict:
+def _bias_producers(
+    plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec, cache: _ExpertCache
+) -> dict:
     """Biases keep the dtype of the source bias tensor (missing halves of a gated pair are zeros)."""
     w = plan.weights
     width = spec.shard_width
@@ -221,7 +229,7 @@ def _bias_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.Sha
     groups: dict[str, list] = {}
 
     def bias(e: int, part: str) -> np.ndarray | None:
-        return cache.get(e, part) if cache is not None else getattr(load_expert(plan, store.expert, e), part)
+        return cache.get(e, part)  # the bias tensor only: never the expert's matrices
 
     if spec.has_first_bias:
         source = w.up_bias or w.gate_bias
@@ -261,26 +269,26 @@ def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_o
     def default_zero_points(rows: int, blocks: int) -> np.ndarray:
         return quant.pack(np.full((rows, blocks), 2 ** (bits - 1), np.uint8), bits)
 
-    def first_part(kind: str, e: int, s: int) -> np.ndarray:
+    def first_part(kind: str, e: int, s: int) -> tuple[np.ndarray, ...]:
         parts = []
         for m in first_matrices:
-            rows = _rows(m, first_rows_total, s * width, (s + 1) * width)
+            rows = _row_slice(m, first_rows_total, s * width, (s + 1) * width)
             if kind == "zero_points" and not m.zero_points:
-                parts.append(default_zero_points(len(rows), hidden_blocks))
+                parts.append(default_zero_points(width, hidden_blocks))
                 continue
             source = {"weights": m.initializer, "scales": m.scales, "zero_points": m.zero_points}[kind]
-            parts.append(read(source, e)[rows])
-        return np.ascontiguousarray(np.concatenate(parts, axis=0))
+            parts.append(read(source, e)[rows])  # a row block (strided for interleaved rows): no copy here
+        return tuple(parts)
 
     def down_part(kind: str, e: int, s: int) -> np.ndarray:
         m = w.down
         if kind == "weights":
-            return quant.slice_inputs(read(m.initializer, e), bits, s * width, (s + 1) * width)
+            return quant.slice_inputs(read(m.initializer, e), bits, s * width, (s + 1) * width, copy=False)
         if kind == "scales":
-            return np.ascontiguousarray(read(m.scales, e)[:, s * width_blocks : (s + 1) * width_blocks])
+            return read(m.scales, e)[:, s * width_blocks : (s + 1) * width_blocks]
         if not m.zero_points:
             return default_zero_points(plan.hidden, width_blocks)
-        return quant.slice_inputs(read(m.zero_points, e), bits, s * width_blocks, (s + 1) * width_blocks)
+        return quant.slice_inputs(read(m.zero_points, e), bits, s * width_blocks, (s + 1) * width_blocks, copy=False)
 
     first_rows = 2 * width if plan.gated else width
     u8 = TensorProto.UINT8
@@ -297,7 +305,7 @@ def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_o
         groups["down_zero_points"] = [
             ((plan.hidden, quant.packed_width(width_blocks, bits)), u8, lambda e, s: down_part("zero_points", e, s))
         ]
-    groups.update(_bias_producers(plan, store, spec, None))
+    groups.update(_bias_producers(plan, store, spec, _ExpertCache(plan, store)))  # the biases alone
     return groups
 
 

@@ -63,16 +63,31 @@ class Verdict:
     deferred: Callable[[], Verdict] | None = None
 
 
-def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activation_block: int = 0) -> np.ndarray:
+def reference_block(
+    plan: MoEBlockPlan,
+    store: WeightStore,
+    x,
+    ids,
+    rw,
+    activation_block: int = 0,
+    operands: dict[int, ExpertArrays] | None = None,
+) -> np.ndarray:
     """The block's output per ``plan``, computed expert by expert (float32) from the weights ``store.expert``
-    reads (``activation_block``: see :func:`graph_passes.expert_math.expert_ffn`)."""
+    reads (``activation_block``: see :func:`graph_passes.expert_math.expert_ffn`). ``operands``: a memo of the
+    experts' float32 operands for ``plan``, filled here, so that another arithmetic of the same reading does not
+    dequantize its experts again."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).astype(np.float32)
     ids2 = ids.reshape(-1, plan.top_k)
     rw2 = rw.reshape(-1, plan.top_k).astype(np.float32)
     out = np.zeros_like(x2)
     for expert, rows, slots in group_slots_by_expert(ids2, plan.num_experts):
-        y = expert_ffn(plan, x2[rows], _float32_operands(plan, store.expert, expert), activation_block)
+        weights = operands.get(expert) if operands is not None else None
+        if weights is None:
+            weights = _float32_operands(plan, store.expert, expert)
+            if operands is not None:
+                operands[expert] = weights
+        y = expert_ffn(plan, x2[rows], weights, activation_block)
         out[rows] += y * rw2.reshape(-1)[slots][:, None]
     return out.reshape(x.shape[:-1] + (hidden,))
 
@@ -80,9 +95,7 @@ def reference_block(plan: MoEBlockPlan, store: WeightStore, x, ids, rw, activati
 def _float32_operands(plan: MoEBlockPlan, read_expert, expert: int) -> ExpertArrays:
     """Expert ``expert``'s weights as float32 ``x @ W`` operands. Float matrices are converted in their stored
     order (a transposed ``[out, in]`` source stays a transposed view, which BLAS multiplies as it is), so no
-    transposing copy is made; quantized ones are dequantized."""
-    if plan.quantized:
-        return load_expert(plan, read_expert, expert)
+    transposing copy is made; quantized ones are dequantized, in their stored order too."""
     views = load_expert(plan, read_expert, expert, views=True)
     return ExpertArrays(
         **{
@@ -118,9 +131,20 @@ def _empty_like(model: onnx.ModelProto, graph_name: str) -> onnx.ModelProto:
 
 
 def _weight_bytes(plan: MoEBlockPlan, store: WeightStore) -> int:
+    """The bytes of the block's expert matrices a check holds: as stored for float matrices, at float32 size for
+    quantized ones (the check dequantizes them: an int4 matrix takes 8 times its packed size there)."""
     w = plan.weights
-    names = {n for m in (w.up, w.down, w.gate) if m is not None for n in (m.initializer, *m.per_expert) if n}
-    return sum(store.nbytes(n) for n in names)
+    inputs = {}
+    for matrix, width in ((w.up, plan.hidden), (w.gate, plan.hidden), (w.down, plan.ffn)):
+        if matrix is not None:
+            for name in (matrix.initializer, *matrix.per_expert):
+                if name:
+                    inputs[name] = width if matrix.scales else 0
+    total = 0
+    for name, width in inputs.items():
+        tensor = store.tensors[name]
+        total += math.prod(tensor.dims[:2]) * width * 4 if width else store.nbytes(name)
+    return total
 
 
 def _tolerance(plan: MoEBlockPlan, expected: np.ndarray) -> float:
@@ -143,9 +167,12 @@ def _judge(candidate: MoECandidate, store: WeightStore, captured: dict[str, np.n
     expected = captured[first.output_value].astype(np.float32)
     best_error = np.inf
     for reading in candidate.readings:
+        # quantized experts are dequantized once per reading (held: the block is within the check's budget at
+        # float32 size, see _weight_bytes); float ones have one arithmetic and are read as views
+        operands: dict[int, ExpertArrays] | None = {} if reading.quantized else None
         for activation_block in _arithmetics(reading):
             try:
-                got = reference_block(reading, store, x, ids, rw, activation_block)
+                got = reference_block(reading, store, x, ids, rw, activation_block, operands=operands)
             except ValueError:
                 continue
             if got.shape != expected.shape:

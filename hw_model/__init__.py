@@ -59,13 +59,18 @@ def __dir__() -> list[str]:
 
 
 def compiled_modules(package_dir: Path | str | None = None) -> tuple[str, ...]:
-    """The names of hw_model's modules that import from an extension module (compiled by mypyc on install), not a
-    ``.py`` file; ``()`` in the source tree. Found by listing the package directory (``package_dir``, default this
-    package's): nothing is imported."""
+    """The names of hw_model's modules (and subpackages, such as ``policies``) that import from an extension module
+    (compiled by mypyc on install), not a ``.py`` file; ``()`` in the source tree. Found by listing the package
+    directory (``package_dir``, default this package's): nothing is imported."""
     from pathlib import Path
 
     directory = Path(__file__).parent if package_dir is None else Path(package_dir)
     names = {extension_module_name(path.name) for path in directory.iterdir() if path.is_file()}
+    names.update(
+        path.name
+        for path in directory.iterdir()
+        if path.is_dir() and any(extension_module_name(inner.name) == "__init__" for inner in path.iterdir())
+    )
     return tuple(sorted(name for name in names if name is not None))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hw_model.bench_energy import energy_fields
 from hw_model.errors import WorkloadError
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
 from hw_model.policies import POLICIES, get_policy, policy_names
@@ -78,6 +79,7 @@ class BenchConfig:
     gantt: bool = True
     default_units: int = 4
     lookahead_accuracy: float = 0.8
+    placement: str | None = None  # a placement file (hw_model/pins.py) every job simulates with
 
     def __post_init__(self) -> None:
         if not self.ndp_units or any(n < 0 for n in self.ndp_units):
@@ -172,6 +174,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     sim.advance_time_s(dense)
     step = sim.simulate_step("prefill", trace.prefill_step_counts(layers), gap_before_layer_s=per_layer_other)
     prefill_s += layers * per_layer_other + step.latency_s
+    prefill_energy = sim.energy(prefill_s, extra_gpu_busy_s=prefill_s - step.latency_s)
     if job.want_gantt:
         gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
 
@@ -253,9 +256,20 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     for key in ("prefetch_hits", "prefetch_misses", "prefetch_hit_rate", "prefetch_bytes_moved"):
         if key in summary:
             record[key] = summary[key]
-    for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved"):
+    for key in ("cache_hits", "cache_misses", "cache_hit_rate", "cache_bytes_moved", "pin_cost_s"):
         if key in summary:
             record[key] = summary[key]
+    energy = sim.energy(total, extra_gpu_busy_s=total - expert_s)
+    record.update(
+        energy_fields(
+            energy,
+            prefill_energy,
+            simulator=sim.energy(),
+            latency_s=total,
+            prompt_tokens=prompt,
+            generated_tokens=trace.generated_tokens,
+        )
+    )
     return JobResult(record, gantt)
 
 
@@ -271,7 +285,7 @@ def plan_jobs(config: BenchConfig) -> list[Job]:
     """Every simulation the bench runs: the main table, then the sweeps."""
     jobs: list[Job] = []
     main_level = config.skew_levels[0]
-    base = SimulationSettings(hw=config.hw)
+    base = SimulationSettings(hw=config.hw, placement=config.placement)
     by_units = {units: base.replace(ndp_units=units) for units in {*config.ndp_units, config.default_units}}
 
     def settings(units: int, policy: str, **knobs: float) -> SimulationSettings:

@@ -22,6 +22,9 @@ common time axis, and its events as ``(resource, start_s, end_s, label)`` tuples
 (``hw_model.timeline.TimelineEvent`` is such a tuple), so any producer of timeline events can be exported.
 Events of one resource that overlap (which the simulator does not produce, but a future resource model
 might) go to extra lanes ``<resource> #2``... so no lane ever holds overlapping spans.
+
+:func:`add_power_counters` adds one power counter track (watts) per resource: its idle level, and its busy level
+over its events (a run's report derives both from its energy, so the counters integrate to its joules).
 """
 
 from __future__ import annotations
@@ -271,6 +274,58 @@ def write_bench_traces(records_or_results: Any, directory: str | Path, ndp_units
     return written
 
 
+def add_power_counters(
+    trace: dict[str, Any], levels: Mapping[str, tuple[float, float]], end_s: float
+) -> dict[str, Any]:
+    """Add a power counter (``ph: "C"``, watts) per resource of ``levels`` (resource -> (idle W, busy W)) to
+    ``trace`` (from :func:`chrome_trace`), in that resource's process: the idle level from 0, the busy level over
+    each of its events, the idle level again after each, up to ``end_s``. Returns ``trace``."""
+    events = trace["traceEvents"]
+    pids = {e["args"]["name"]: e["pid"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for event in events:
+        resource = event.get("args", {}).get("resource")
+        if event.get("ph") == "X" and resource in levels:
+            start = event["ts"] / US_PER_S
+            spans.setdefault(resource, []).append((start, start + event["dur"] / US_PER_S))
+    counters = []
+    for resource, (idle_w, busy_w) in sorted(levels.items(), key=lambda item: resource_sort_key(item[0])):
+        group = resource_group(resource)
+        if group.process not in pids:
+            pids[group.process] = max(pids.values(), default=0) + 1
+        pid = pids[group.process]
+        name = f"{resource} power"
+        points = [(0.0, idle_w)]
+        clock = 0.0
+        for start, end in sorted(spans.get(resource, [])):  # union of the busy spans
+            if end <= clock:
+                continue
+            start = max(start, clock)
+            if start > clock:
+                points.append((clock, idle_w))
+            points.append((start, busy_w))
+            clock = end
+        points.append((clock, idle_w))
+        points.append((max(end_s, clock), idle_w))
+        for ts, watts in points:
+            counters.append({"name": name, "ph": "C", "ts": ts * US_PER_S, "pid": pid, "args": {"W": watts}})
+    events.extend(counters)
+    return trace
+
+
+def counter_energy_j(trace: Mapping[str, Any]) -> float:
+    """Joules under the power counters of ``trace`` (each level held until the counter's next sample)."""
+    by_name: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "C" and "W" in event.get("args", {}):
+            by_name.setdefault((event["pid"], event["name"]), []).append((event["ts"] / US_PER_S, event["args"]["W"]))
+    total = 0.0
+    for points in by_name.values():
+        for (t0, watts), (t1, _) in zip(points, points[1:], strict=False):
+            total += watts * (t1 - t0)
+    return total
+
+
 def busy_s_by_resource(trace: Mapping[str, Any]) -> dict[str, float]:
     """Seconds of ``X`` events per simulator resource (their ``args.resource``), read back from a trace object.
 
@@ -287,6 +342,8 @@ def busy_s_by_resource(trace: Mapping[str, Any]) -> dict[str, float]:
 __all__ = [
     "LAYER_TRACK",
     "ResourceGroup",
+    "add_power_counters",
+    "counter_energy_j",
     "TraceLayer",
     "busy_s_by_resource",
     "chrome_trace",

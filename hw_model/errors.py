@@ -13,6 +13,11 @@ class WorkloadError(HwModelError):
     """A workload (model shape, routing trace) is inconsistent."""
 
 
+class TraceFormatError(WorkloadError):
+    """A routing-trace file (:mod:`hw_model.routing_trace`) is not one ndp-ep reads: truncated, foreign, another
+    format version, a field of the wrong type or size, or larger than the stated limit (the message names which)."""
+
+
 class CalibrationDataError(HwModelError):
     """A measured-timing CSV (``ndp-ep validate --data``) is missing, malformed or has an unknown row kind."""
 

@@ -19,9 +19,12 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
+from hw_model.energy_spec import GpuEnergySpec, LinkEnergySpec, NdpEnergySpec, energy_from_table, energy_to_dict
 from hw_model.errors import HardwareConfigError
+from ndp_io.limits import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_PATH_BYTES, limit_note
+from ndp_io.parsing import read_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,12 +38,29 @@ DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "bf16": 2, "fp16":
 MAX_NDP_UNITS = 64
 
 
+# The range a non-zero hardware number may take: wider than any real system (10^-30 s, 10^30 FLOP/s), narrow
+# enough that every product and quotient the simulator forms stays a normal float (a 5e-324 bandwidth made an
+# expert's transfer time infinite, refused only later by the packer).
+MIN_HARDWARE_VALUE = 1e-30
+MAX_HARDWARE_VALUE = 1e30
+MAX_GEMM_TILE_M = 1 << 16
+
+
 def _require_positive(where: str, value: float, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        bound = "a non-negative" if allow_zero else "a positive"
+    bound = "a non-negative" if allow_zero else "a positive"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range (a TOML integer of hundreds of digits)
+        raise HardwareConfigError(f"{where} must be {bound} number, got an integer beyond float range") from None
+    if not math.isfinite(number) or not (number >= 0 if allow_zero else number > 0):
+        raise HardwareConfigError(f"{where} must be {bound} number, got {value!r}")
+    if number != 0 and not MIN_HARDWARE_VALUE <= number <= MAX_HARDWARE_VALUE:
+        raise HardwareConfigError(
+            f"{where} = {number:g} is outside the range of a hardware value "
+            f"({MIN_HARDWARE_VALUE:g} to {MAX_HARDWARE_VALUE:g}, hw_model/hardware.py)"
+        )
 
 
 def _require_unit_count(where: str, value: Any, low: int) -> None:
@@ -89,8 +109,13 @@ class ComputeSpec:
     gemm_fixed_k_elements: float = 0.0
     launch_overhead_eager_s: float = 0.0
     sync_overhead_s: float = 0.0
+    energy: Any = None  # GpuEnergySpec / NdpEnergySpec (hw_model.energy_spec), None: no energy figures
+
+    _energy_class: ClassVar[type] = GpuEnergySpec
 
     def __post_init__(self) -> None:
+        if self.energy is not None and not isinstance(self.energy, self._energy_class):
+            raise HardwareConfigError(f"{self._section}.energy must be a {self._energy_class.__name__}")
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
         _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
         _require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
@@ -104,9 +129,11 @@ class ComputeSpec:
             _require_positive(f"{self._section}.{name}", value)
             if value > 1:
                 raise HardwareConfigError(f"{self._section}.{name} must be in (0, 1], got {value!r}")
-        if not isinstance(self.gemm_tile_m, int) or isinstance(self.gemm_tile_m, bool) or self.gemm_tile_m < 1:
+        tile = self.gemm_tile_m
+        if not isinstance(tile, int) or isinstance(tile, bool) or not 1 <= tile <= MAX_GEMM_TILE_M:
+            shown = repr(tile) if not isinstance(tile, int) or abs(tile) < 10**30 else "an integer beyond range"
             raise HardwareConfigError(
-                f"{self._section}.gemm_tile_m must be a positive integer, got {self.gemm_tile_m!r}"
+                f"{self._section}.gemm_tile_m must be an integer from 1 to {MAX_GEMM_TILE_M:,}, got {shown}"
             )
 
     _section = "device"
@@ -151,6 +178,7 @@ class NdpUnitSpec(ComputeSpec):
     control_overhead_s: float = 0.0
 
     _section = "ndp_unit"
+    _energy_class = NdpEnergySpec
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,10 +186,13 @@ class NdpUnitSpec(ComputeSpec):
         _require_positive("ndp_unit.control_overhead_s", self.control_overhead_s, allow_zero=True)
         if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
             raise HardwareConfigError(f"ndp_unit.ranks must be a positive integer, got {self.ranks!r}")
+        trp_ns = 0.0
         if self.dram:
             from hw_model.dram import get_standard
 
-            get_standard(self.dram)
+            trp_ns = get_standard(self.dram).trp_ns
+        if self.energy is not None:
+            self.energy.check_timing(trp_ns, bool(self.dram))
 
     @property
     def host_read_bandwidth_bytes_per_s(self) -> float:
@@ -173,6 +204,11 @@ class NdpUnitSpec(ComputeSpec):
         return get_standard(self.dram).host_read_bandwidth_bytes_per_s()
 
 
+def _check_link_energy(section: str, energy: object) -> None:
+    if energy is not None and not isinstance(energy, LinkEnergySpec):
+        raise HardwareConfigError(f"{section}.energy must be a LinkEnergySpec")
+
+
 @dataclass(frozen=True)
 class HostLinkSpec:
     """The host↔GPU link (PCIe): bandwidth per direction and a fixed cost per transfer."""
@@ -180,8 +216,10 @@ class HostLinkSpec:
     bandwidth_bytes_per_s: float
     latency_s: float
     pageable_bandwidth_bytes_per_s: float | None = None
+    energy: LinkEnergySpec | None = None
 
     def __post_init__(self) -> None:
+        _check_link_energy("host_link", self.energy)
         _require_positive("host_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _require_positive("host_link.latency_s", self.latency_s, allow_zero=True)
         if self.pageable_bandwidth_bytes_per_s is not None:
@@ -204,8 +242,10 @@ class NdpLinkSpec:
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    energy: LinkEnergySpec | None = None
 
     def __post_init__(self) -> None:
+        _check_link_energy("ndp_link", self.energy)
         _require_positive("ndp_link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         _require_positive("ndp_link.latency_s", self.latency_s, allow_zero=True)
 
@@ -228,6 +268,15 @@ class SystemSpec:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for where, text in (("name", self.name), ("description", self.description)):
+            if not isinstance(text, str):
+                raise HardwareConfigError(f"{where} must be a string, got {type(text).__name__}")
+        if len(self.name) > MAX_NAME_CHARS:
+            raise HardwareConfigError(f"name is {len(self.name):,} characters long {limit_note('MAX_NAME_CHARS')}")
+        if len(self.description) > MAX_DESCRIPTION_CHARS:
+            raise HardwareConfigError(
+                f"description is {len(self.description):,} characters long {limit_note('MAX_DESCRIPTION_CHARS')}"
+            )
         _require_unit_count("num_ndp_units", self.num_ndp_units, 0)
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
         object.__setattr__(self, "supported_ndp_units", tuple(self.supported_ndp_units))
@@ -245,6 +294,9 @@ class SystemSpec:
                 if f.name.startswith("_"):
                     continue
                 value = getattr(spec, f.name)
+                if f.name == "energy":
+                    out[f.name] = energy_to_dict(value)
+                    continue
                 out[f.name] = dict(value) if isinstance(value, Mapping) else value
             return out
 
@@ -271,7 +323,7 @@ def _section_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 # The cost form's constants beyond the roofline (every preset sets them; a user file may omit them).
-COMPUTE_OPTIONAL_FIELDS = _section_fields(ComputeSpec)[1]
+COMPUTE_OPTIONAL_FIELDS = tuple(name for name in _section_fields(ComputeSpec)[1] if name != "energy")
 # section -> (class, required fields, optional fields)
 _SECTIONS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
     key: (cls, *_section_fields(cls))
@@ -296,6 +348,8 @@ def _build_section(key: str, table: Any, sources: dict[str, str]) -> Any:
         if name not in required and name not in optional:
             known = ", ".join((*required, *optional))
             raise HardwareConfigError(f"{key}.{name}: unknown field (expected one of: {known})")
+        if name == "energy":
+            value = energy_from_table(key, value, sources)
         values[name] = value
     if key == "ndp_unit" and "dram" in values:
         _derive_dram_side(values, sources)
@@ -368,6 +422,27 @@ def system_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> SystemS
     )
 
 
+def hardware_file(text: str) -> Path:
+    """The hardware file ``text`` names (not a preset), or :class:`HardwareConfigError` saying why it cannot be
+    one: too long a path, a directory, a missing file."""
+    shown = text if len(text) <= 200 else text[:197] + "..."
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES or "\0" in text:
+        raise HardwareConfigError(
+            f"unknown hardware '{shown}': not a preset and not a usable file name {limit_note('MAX_PATH_BYTES')}"
+        )
+    path = Path(text)
+    try:
+        if path.is_dir():
+            raise HardwareConfigError(f"hardware file {shown}: is a directory, not a TOML file")
+        if path.is_file():
+            return path
+    except OSError as exc:  # a component too long for the file system
+        raise HardwareConfigError(f"unknown hardware '{shown}': {exc.strerror or type(exc).__name__}") from None
+    raise HardwareConfigError(
+        f"unknown hardware '{shown}': not a preset ({', '.join(list_presets())}) and no such file"
+    )
+
+
 def load_system(name_or_path: str | Path, ndp_units: int | None = None) -> SystemSpec:
     """Load a preset by name (``paper``, ``edge``, ``h200``) or a TOML file by path.
 
@@ -376,18 +451,11 @@ def load_system(name_or_path: str | Path, ndp_units: int | None = None) -> Syste
     reports and tables never show the edited design as the preset.
     """
     text_name = str(name_or_path)
-    path = Path(text_name)
     presets = list_presets()
-    if text_name in presets:
-        path = PRESET_DIR / f"{text_name}.toml"
-    elif not path.is_file():
-        raise HardwareConfigError(
-            f"unknown hardware '{text_name}': not a preset ({', '.join(list_presets())}) and no such file"
-        )
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise HardwareConfigError(f"{path}: not valid TOML ({exc})") from None
+    path = PRESET_DIR / f"{text_name}.toml" if text_name in presets else hardware_file(text_name)
+    data = read_toml(
+        path, HardwareConfigError, tomllib.loads
+    )  # size- and depth-bounded (ndp_io/limits.py), a BOM accepted
     system = system_from_dict(data, origin=str(path))
     if text_name not in presets and system.name in presets:
         preset = load_system(system.name)

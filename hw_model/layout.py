@@ -58,6 +58,7 @@ class LayoutSummary(NamedTuple):
     gpu_to_host_bytes: float
     reduction: str
     idle_pcie: tuple[tuple[float, float], ...]
+    work: tuple[float, ...]  # per hw_model.energy.WORK_FIELDS (what the energy model prices)
 
 
 def summarize(timeline: LayerTimeline) -> LayoutSummary:
@@ -85,6 +86,7 @@ def summarize(timeline: LayerTimeline) -> LayoutSummary:
         timeline.gpu_to_host_bytes,
         timeline.reduction,
         tuple(gaps),
+        timeline.work,
     )
 
 
@@ -275,6 +277,35 @@ class InvocationLayout:
             self.state.on_demand_bytes += weight_bytes / k if k > 0 else weight_bytes * (-k - 1) / -k
         self.decisions.append((SPLIT, tokens, k, 1 if resident else 0))
 
+    def repin(self, gpu: frozenset[int], ndp: frozenset[int]) -> float:
+        """Move the pinned experts among the recorded decisions where the pins say (``gpu``: on the GPU, resident;
+        ``ndp``: on the NDP units as the policy's layout has them) and finish again; returns the pinned latency
+        less the policy's own (0.0 when no active expert is pinned, or the policy laid out its own timeline)."""
+        if self._placement is not None and not self.decisions and self._unrecorded is None:
+            return 0.0  # finished with a timeline of its own (finish_with_timeline): no decisions to move
+        self._recorded()
+        units = self.units
+        before = self.summary.latency_s
+        moved = False
+        for i in range(len(self.ids)):
+            e = self.ids[i]
+            kind, tokens, a, _ = self.decisions[i]
+            if e in gpu and not (kind == GPU and a == 1):
+                if kind == GPU:  # its copy was counted as on-demand: resident now
+                    self.state.on_demand_bytes -= self.ctx.expert_bytes[self.layer_index]
+                self.decisions[i] = (GPU, tokens, 1, 0)
+                moved = True
+            elif e in ndp and units > 0 and kind in (GPU, SPLIT):
+                self.decisions[i] = (
+                    (SLICED, tokens, 0, 0) if self.ctx.tensor_parallel else (WHOLE, tokens, e % units, 0)
+                )
+                moved = True
+        if not moved:
+            return 0.0
+        self._timeline = None
+        self._placement = None
+        return self.finish().latency_s - before
+
     def finish(self) -> LayoutSummary:
         """Set :attr:`summary` from the recorded decisions (from the run's memo, laid out on a miss); returns it."""
         key = (self.ctx.layer_classes[self.layer_index], tuple(sorted(self.decisions)))
@@ -330,11 +361,18 @@ class InvocationLayout:
         shared_jobs: list[tuple[str, float]] = []
         shared_dram_s = 0.0
         shared_tokens = 0
+        # the work (hw_model.energy.WORK_FIELDS): GPU FLOPs, GPU memory bytes, NDP FLOPs, NDP DRAM bytes, DIMM bytes
+        # copies read, DIMM-link bytes (the timeline adds the combine and the reduction)
+        work = [0.0] * 6
         for (kind, tokens, a, b), e in sorted(zip(self.decisions, self.ids, strict=True)):
             if kind == GPU:
+                work[0] += expert.flops(tokens)
+                work[1] += weight_bytes + expert.activation_bytes(tokens)
                 if a:  # resident
                     gpu_jobs.append(GpuJob(f"e{e}", 0.0, costs.gpu_s(expert, tokens), 0.0))
                     continue
+                work[1] += weight_bytes  # the copy writes the weights into GPU memory
+                work[4] += weight_bytes
                 transfer = costs.transfer_s(expert, sources)
                 gpu_jobs.append(GpuJob(f"e{e}", transfer, costs.gpu_s(expert, tokens), weight_bytes))
                 read_s = costs.copy_read_s(expert, sources)
@@ -344,37 +382,52 @@ class InvocationLayout:
                     for u in range(units):
                         unit_dram_s[u] += read_s
             elif kind == SLICED:
+                work[2] += expert.flops(tokens)
+                work[3] += weight_bytes + units * expert.activation_bytes(tokens, units)
                 ndp_s, dram_s = costs.ndp_pair(expert, tokens, units)
                 shared_jobs.append((_SHARD_LABELS[e] if e < len(_SHARD_LABELS) else f"e{e} shard", ndp_s))
                 shared_dram_s += dram_s
                 shared_tokens += tokens
             elif kind == WHOLE:
+                work[2] += expert.flops(tokens)
+                work[3] += weight_bytes + expert.activation_bytes(tokens)
                 unit_jobs[a].append((f"e{e}", costs.ndp_s(expert, tokens, 1)))
                 unit_dram_s[a] += costs.ndp_dram_s(expert, tokens, 1)
                 unit_tokens[a] = min(tokens_all, unit_tokens[a] + tokens)
             else:  # SPLIT: a share of the FFN columns on the GPU (that part of the weights copied unless b), the rest
                 # sliced: 1/k of them for a = k >= 2, all but 1/k of them for a = -k
                 k = a
+                flops = expert.flops(tokens)
                 if k > 0:
-                    gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, k)
+                    gpu_shards: float = k
                     rest = units * k / (k - 1)
-                    share = 1.0 / k
+                    part_bytes = expert.weight_bytes() / k
+                    gpu_flops = flops / k
+                    read_s = costs.copy_read_s(expert, sources) / k
                     label = f"e{e} 1/{k}"
                 else:
-                    gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, -k / (-k - 1))
+                    gpu_shards = -k / (-k - 1)
                     rest = units * -k
                     share = (-k - 1) / -k
+                    part_bytes = expert.weight_bytes() * share
+                    gpu_flops = flops * share
+                    read_s = costs.copy_read_s(expert, sources) * share
                     label = f"e{e} {-k - 1}/{-k}"
+                gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, gpu_shards)
+                work[0] += gpu_flops
+                work[2] += flops - gpu_flops
+                work[3] += units * (expert.weight_bytes(rest) + expert.activation_bytes(tokens, rest))
                 shared_jobs.append((f"e{e} shard", costs.ndp_s(expert, tokens, rest)))
                 shared_tokens += tokens
                 if b:  # resident: the GPU computes its columns from the copy it holds
+                    work[1] += part_bytes + expert.activation_bytes(tokens, gpu_shards)
                     gpu_jobs.append(GpuJob(label, 0.0, gpu_s, 0.0))
                     shared_dram_s += costs.ndp_dram_s(expert, tokens, rest)
                     continue
-                part_bytes = expert.weight_bytes() / k if k > 0 else expert.weight_bytes() * share
+                work[1] += 2 * part_bytes + expert.activation_bytes(tokens, gpu_shards)
+                work[4] += part_bytes
                 transfer = ctx.system.host_link.latency_s + part_bytes / costs.copy_bandwidth(sources)
                 gpu_jobs.append(GpuJob(label, transfer, gpu_s, part_bytes))
-                read_s = costs.copy_read_s(expert, sources) / k if k > 0 else costs.copy_read_s(expert, sources) * share
                 shared_dram_s += costs.ndp_dram_s(expert, tokens, rest) + read_s
         if shared_jobs:
             for unit in range(units):
@@ -383,7 +436,15 @@ class InvocationLayout:
                 unit_dram_s[unit] += shared_dram_s
                 unit_tokens[unit] = min(tokens_all, unit_tokens[unit] + shared_tokens)
         return build_layer_timeline(
-            ctx.system, self.layer, tokens_all, unit_jobs, unit_tokens, gpu_jobs, self.tensor_parallel, unit_dram_s
+            ctx.system,
+            self.layer,
+            tokens_all,
+            unit_jobs,
+            unit_tokens,
+            gpu_jobs,
+            self.tensor_parallel,
+            unit_dram_s,
+            work,
         )
 
     # -- the per-item view the balancing rules and the packer use ----------------------------------------

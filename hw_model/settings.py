@@ -58,7 +58,14 @@ class SimulationSettings(SimulatorTuning):
         "cost every expert's weights in this dtype (default: quantized experts as stored, float experts in bf16, "
         "the deployment dtype)",
     )
+    placement: str | os.PathLike[str] | None = setting(
+        None,
+        "a placement file (TOML) pinning experts per MoE layer to the GPU or the NDP units and/or capping the GPU "
+        "expert pool; reports say what the pins cost against the policy's own placement (docs/settings.md)",
+        metavar="FILE.toml",
+    )
     system: SystemSpec = field(init=False, repr=False, compare=False)
+    pins: Any = field(init=False, repr=False, compare=False)  # hw_model.pins.PlacementPins of ``placement``, or None
     # the system already loaded from the same ``hw`` and ``ndp_units`` (:meth:`replace` hands it on)
     loaded: InitVar[SystemSpec | None] = None
 
@@ -84,6 +91,14 @@ class SimulationSettings(SimulatorTuning):
         else:
             raise SettingsError(f"hw must be a preset name, a hardware TOML file or a SystemSpec, got {hw!r}", "hw")
         object.__setattr__(self, "system", system)  # derived field of a frozen dataclass
+        pins = None
+        if self.placement is not None:
+            if not isinstance(self.placement, str | os.PathLike):
+                raise SettingsError(f"placement must be a placement file's path, got {self.placement!r}", "placement")
+            from hw_model.pins import load_pins
+
+            pins = load_pins(self.placement)
+        object.__setattr__(self, "pins", pins)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled (to a bench or sweep worker) without the loaded system, which is loaded again from ``hw``

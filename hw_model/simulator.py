@@ -30,6 +30,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from hw_model.cost import kernel_time_s
+from hw_model.energy import COPY_DRAM_BYTES, GPU_BYTES, NDP_FLOPS, EnergyReport, run_energy
 from hw_model.errors import WorkloadError
 from hw_model.hardware import SystemSpec
 from hw_model.layout import InvocationLayout, LayoutSummary
@@ -89,6 +90,7 @@ class LayerResult:
         "policy",
         "reduction",
         "added_events",
+        "needs_ndp",
         "_plan",
     )
 
@@ -101,6 +103,7 @@ class LayerResult:
         extra: Mapping[str, float],
         policy: str,
         added_events: tuple[TimelineEvent, ...] = (),
+        needs_ndp: bool = True,
     ) -> None:
         summary = plan.summary
         self.layer_index = layer_index
@@ -112,6 +115,7 @@ class LayerResult:
         self.policy = policy
         self.reduction = summary.reduction
         self.added_events = added_events
+        self.needs_ndp = needs_ndp  # the policy keeps the NDP cores powered (hw_model.energy)
         self._plan = plan
 
     def __repr__(self) -> str:
@@ -142,6 +146,41 @@ class LayerResult:
     def busy_s(self, resource: str) -> float:
         return self.busy_by_resource().get(resource, 0.0)
 
+    @property
+    def system(self) -> SystemSpec:
+        """The system the invocation was simulated on."""
+        return self._plan.ctx.system
+
+    @property
+    def dtype(self) -> str:
+        """The dtype its experts compute in."""
+        return self._plan.expert.dtype
+
+    @property
+    def work(self) -> tuple[float, ...]:
+        """The invocation's work (:data:`hw_model.energy.WORK_FIELDS`), its prefetch copies included."""
+        work = list(self._plan.summary.work)
+        copied = self.extra.get("prefetch_bytes", 0.0)
+        work[GPU_BYTES] += copied
+        work[COPY_DRAM_BYTES] += copied
+        return tuple(work)
+
+    def energy(self, elapsed_s: float | None = None) -> EnergyReport | None:
+        """The invocation's energy (:func:`hw_model.energy.run_energy`) over its latency (or ``elapsed_s``); ``None``
+        when the hardware has no energy tables."""
+        summary = self._plan.summary
+        work = self.work
+        copied = self.extra.get("prefetch_bytes", 0.0)
+        return run_energy(
+            self._plan.ctx.system,
+            work,
+            pcie_bytes=summary.host_to_gpu_bytes + summary.gpu_to_host_bytes + copied,
+            elapsed_s=self.latency_s if elapsed_s is None else elapsed_s,
+            busy_s=self.busy_by_resource(),
+            dtype=self._plan.expert.dtype,
+            uses_ndp=self.needs_ndp or work[NDP_FLOPS] > 0,
+        )
+
     def busy_by_resource(self) -> dict[str, float]:
         """Busy seconds per resource (without building the timeline's events)."""
         busy = dict(self._plan.summary.busy)
@@ -165,6 +204,7 @@ class StepResult:
         "_policy",
         "_prefetch",
         "_results",
+        "_needs_ndp",
     )
 
     def __init__(
@@ -178,6 +218,7 @@ class StepResult:
         self._layers = simulator.layers
         self._policy = simulator.policy
         self._prefetch = simulator.has_prefetcher
+        self._needs_ndp = simulator.policy_impl.needs_ndp
         self._results: dict[int, LayerResult] = {}
 
     def __len__(self) -> int:
@@ -203,7 +244,9 @@ class StepResult:
             layer_index = plan.layer_index
             tokens = -(-int(self._counts[i].sum()) // self._layers[layer_index].top_k)
             events = tuple(TimelineEvent(*event) for event in added)
-            result = self._results[i] = LayerResult(layer_index, self.phase, tokens, plan, extra, self._policy, events)
+            result = self._results[i] = LayerResult(
+                layer_index, self.phase, tokens, plan, extra, self._policy, events, self._needs_ndp
+            )
         return result
 
     def __iter__(self) -> Iterator[LayerResult]:
@@ -254,9 +297,19 @@ class MoESimulator:
         self.layers = tuple(layers)
         self.policy = policy
         largest_expert_bytes = max(layer.expert.weight_bytes() for layer in self.layers)
-        self.gpu_pool_bytes = max(
-            0.0, USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
-        )
+        pool = USABLE_GPU_MEMORY_FRACTION * system.gpu.memory_capacity_bytes - gpu_reserved_bytes
+        # what-if pins (hw_model/pins.py): per layer, the experts pinned to the GPU and to the NDP units
+        self._pin_sets: list[tuple[frozenset[int], frozenset[int]]] | None = None
+        self._pin_cost_s = 0.0
+        pins = settings.pins
+        if pins is not None:
+            pins.check([layer.num_experts for layer in self.layers])
+            self._pin_sets = [(pins.gpu(i), pins.ndp(i)) for i in range(len(self.layers))]
+            if pins.gpu_pool_cap_bytes > 0:
+                pool = min(pool, pins.gpu_pool_cap_bytes)
+            for i in range(len(self.layers)):  # GPU-pinned experts stay resident: out of the pool
+                pool -= len(self._pin_sets[i][0]) * self.layers[i].expert.weight_bytes()
+        self.gpu_pool_bytes = max(0.0, pool)
         if self.policy_impl.keeps_residents:
             self.residency_cap_bytes = self.gpu_pool_bytes * settings.residency_fraction
             self.staging_cap_bytes = max(self.gpu_pool_bytes - self.residency_cap_bytes, largest_expert_bytes)
@@ -292,6 +345,12 @@ class MoESimulator:
         self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
         self._median_of = -1  # summary(): len(decision_times_s) the cached median was computed over
         self._median_s = 0.0
+        # what the energy model prices (hw_model.energy): the work folded with the busy time, prefetch and
+        # look-ahead copies, and the non-expert time handed over
+        self._work = [0.0] * 6
+        self._pcie_bytes = 0.0
+        self._copied_bytes = 0.0
+        self._gap_total_s = 0.0
 
     @classmethod
     def from_settings(
@@ -387,6 +446,7 @@ class MoESimulator:
         context = self.context
         policy = self.policy_impl
         prefetcher = state.prefetcher
+        pin_sets = self._pin_sets
         policy.begin_step(context, state, indices, counts, phase)
         decode = phase == "decode"
         between = gap_before_layer_s > 0 or predictions is not None  # work before each invocation
@@ -420,6 +480,10 @@ class MoESimulator:
             recomputed_before = state.recomputations
             out = InvocationLayout(context, state, layer_index, active, active_tokens)
             policy.place(context, state, out, phase)
+            if pin_sets is not None:
+                gpu_pins, ndp_pins = pin_sets[layer_index]
+                if gpu_pins or ndp_pins:
+                    self._pin_cost_s += out.repin(gpu_pins, ndp_pins)
             summary = out.summary
             copied = 0.0
             added: Sequence[tuple[str, float, float, str]] = ()
@@ -437,6 +501,7 @@ class MoESimulator:
                 busy_count[1] += 1
             for resource, start_s, end_s, _ in added:
                 self._busy_s[resource] = self._busy_s.get(resource, 0.0) + (end_s - start_s)
+            self._copied_bytes += copied
             host_to_gpu_total += summary.host_to_gpu_bytes
             records.append((out, state.recomputations - recomputed_before, hits, misses, copied, added))
         if prefetcher is not None and scored < len(indices):
@@ -482,9 +547,16 @@ class MoESimulator:
 
     def _fold_busy(self) -> None:
         busy = self._busy_s
+        work = self._work
+        pcie = 0.0
         for summary, count in self._busy_counts.values():
             for resource, seconds in summary.busy.items():
                 busy[resource] = busy.get(resource, 0.0) + count * seconds
+            done = summary.work
+            for j in range(len(done)):
+                work[j] += count * done[j]
+            pcie += count * (summary.host_to_gpu_bytes + summary.gpu_to_host_bytes)
+        self._pcie_bytes += pcie
         self._busy_counts.clear()
 
     def predict_next(self, layer_index: int, predicted_counts: Sequence[int] | np.ndarray) -> None:
@@ -568,12 +640,43 @@ class MoESimulator:
         if seconds <= 0:
             return 0.0
         self._last_gap_s = seconds
+        self._gap_total_s += seconds
         copied = 0.0
         if prefetcher is not None:  # the prefetcher's queue first, look-ahead copies in what is left
             copied = prefetcher.drain(seconds, self._copy_bandwidth)
         if self._ahead_queue:
             copied += self._drain_ahead(seconds - copied / self._copy_bandwidth)
+        self._copied_bytes += copied
         return copied
+
+    @property
+    def uses_ndp(self) -> bool:
+        """Whether the run's NDP cores do work (the policy needs them, or some invocation ran on them); otherwise
+        the DIMMs are priced as plain ones."""
+        return self.policy_impl.needs_ndp or self._work[NDP_FLOPS] > 0
+
+    def energy(self, elapsed_s: float | None = None, *, extra_gpu_busy_s: float = 0.0) -> EnergyReport | None:
+        """The run's energy so far (:func:`hw_model.energy.run_energy`): the work of every invocation, the prefetch
+        and look-ahead copies, over ``elapsed_s`` (default: the expert latency plus the non-expert time handed over
+        with :meth:`advance_time_s`); ``extra_gpu_busy_s`` is non-expert GPU time to price (the GPU does it during
+        ``elapsed_s``). ``None`` when the hardware has no energy tables."""
+        self._fold_busy()
+        if elapsed_s is None:
+            elapsed_s = sum(self._latency_s.values()) + self._gap_total_s
+        work = list(self._work)
+        copied = self._copied_bytes
+        work[GPU_BYTES] += copied
+        work[COPY_DRAM_BYTES] += copied
+        return run_energy(
+            self.system,
+            work,
+            pcie_bytes=self._pcie_bytes + copied,
+            elapsed_s=elapsed_s,
+            busy_s=self._busy_s,
+            dtype=self.layers[0].expert.dtype,
+            uses_ndp=self.uses_ndp,
+            extra_gpu_busy_s=extra_gpu_busy_s,
+        )
 
     def summary(self) -> dict[str, Any]:
         """Run counters: invocations, expert latency per phase, placement recomputations and reuses,
@@ -609,6 +712,8 @@ class MoESimulator:
             "feasible": self.capacity.feasible,
             "infeasible_reason": self.capacity.reason,
         }
+        if self._pin_sets is not None:  # what the placement pins cost against the policy's own placement
+            values["pin_cost_s"] = self._pin_cost_s
         prefetch = state.prefetcher.stats_values() if state.prefetcher is not None else None
         cache = state.lru.stats_values() if state.lru is not None else None
         return SummarySnapshot(values, dict(self._busy_s), prefetch, cache)

@@ -63,6 +63,9 @@ class LayerTimeline:
     ndp_start_s: float = 0.0
     ndp_jobs: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
     ndp_end_s: tuple[tuple[int, float], ...] = ()
+    # the work done, per hw_model.energy.WORK_FIELDS (GPU FLOPs and memory bytes, NDP FLOPs and DRAM bytes, DIMM
+    # bytes read for copies, DIMM-link bytes): what the energy model prices
+    work: tuple[float, ...] = ()
     _events: list = field(default_factory=list, repr=False, compare=False)
     _busy: list = field(default_factory=list, repr=False, compare=False)
 
@@ -106,6 +109,8 @@ class LayerTimeline:
         return busy
 
 
+WORK_LENGTH = 6  # len(hw_model.energy.WORK_FIELDS): gpu FLOPs, gpu bytes, ndp FLOPs, ndp DRAM, copy DRAM, link bytes
+
 _COMBINE_MEMO: dict[tuple, tuple[object, float]] = {}
 
 
@@ -142,11 +147,13 @@ def build_layer_timeline(
     gpu_jobs: list[GpuJob],
     tensor_parallel: bool,
     unit_dram_s: list[float] | None = None,
+    work: list[float] | None = None,
 ) -> LayerTimeline:
     """Lay out one invocation. ``unit_jobs[u]`` are (label, seconds) run in order on NDP unit ``u``;
     ``unit_tokens[u]`` is how many token rows unit ``u``'s partial output has; ``tensor_parallel`` says whether
     the units' partial outputs are sums over the same rows (reducible over the DIMM-link); ``unit_dram_s[u]`` is
-    unit ``u``'s DRAM busy time (its kernels' bytes and the weight copies reading it) when known."""
+    unit ``u``'s DRAM busy time (its kernels' bytes and the weight copies reading it) when known; ``work`` the experts'
+    work (:data:`hw_model.energy.WORK_FIELDS`), to which the combine and the DIMM-link reduction are added."""
     events: list[TimelineEvent] = []
     row_bytes = layer.expert.hidden * layer.expert.dtype_bytes
     link = system.host_link
@@ -188,6 +195,7 @@ def build_layer_timeline(
 
     outputs_ready = 0.0
     reduction = "none"
+    link_bytes = 0.0
     if active_units:
         # Option A: each unit copies its partial output to the GPU (PCIe queue after the weight copies).
         clock_a = pcie_clock
@@ -211,6 +219,7 @@ def build_layer_timeline(
             option_b_end = copy_start + link.transfer_time_s(tokens * row_bytes)
         if option_b_end < option_a_end:
             reduction = "dimm-link"
+            link_bytes = (len(active_units) - 1) * tokens * row_bytes
             events.append(TimelineEvent("ndp_link", reduce_start, reduce_start + reduce_s, "reduce partial sums"))
             events.append(TimelineEvent("pcie", copy_start, option_b_end, "NDP output to GPU"))
             h2d_bytes += tokens * row_bytes
@@ -226,6 +235,10 @@ def build_layer_timeline(
     combine_s = _combine_s(system, layer, tokens, row_bytes)
     start = max(gpu_clock, outputs_ready)
     events.append(TimelineEvent("gpu", start, start + combine_s, "combine"))
+    done = list(work) if work is not None else [0.0] * WORK_LENGTH
+    done[0] += 2.0 * tokens * layer.top_k * layer.expert.hidden  # the combine's FLOPs and bytes (as _combine_s)
+    done[1] += (layer.top_k + 1) * tokens * row_bytes
+    done[5] += link_bytes
     return LayerTimeline(
         tuple(events),
         start + combine_s,
@@ -235,6 +248,7 @@ def build_layer_timeline(
         ndp_start_s=ndp_start,
         ndp_jobs=_ndp_jobs(unit_jobs, active_units),
         ndp_end_s=tuple(unit_end.items()),
+        work=tuple(done),
     )
 
 

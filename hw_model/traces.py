@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hw_model.errors import WorkloadError
+from ndp_io.limits import MAX_TRACE_BYTES, limit_note
+from ndp_io.parsing import read_json
 
 TRACE_FORMAT = "ndp-ep-trace/1"
 
@@ -182,16 +186,26 @@ def load_trace(path: str | Path) -> RoutingTrace:
         raise FileNotFoundError(2, "no such trace file", str(path))
     try:
         if path.suffix.lower() == ".npz":
+            _check_npz_size(path)  # from the members' headers, before any array is inflated
             with np.load(path, allow_pickle=False) as data:
                 missing = {"expert_ids", "num_experts", "prompt_tokens"} - set(data.files)
                 if missing:
                     raise WorkloadError(f"{path}: missing array '{sorted(missing)[0]}'")
-                return RoutingTrace(data["expert_ids"], int(data["num_experts"]), int(data["prompt_tokens"]))
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
+                ids_array = data["expert_ids"]
+                num_experts, prompt_tokens = data["num_experts"], data["prompt_tokens"]
+            return RoutingTrace(
+                ids_array, _count(path, "num_experts", num_experts), _count(path, "prompt_tokens", prompt_tokens)
+            )
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         if isinstance(exc, WorkloadError):
             raise
         raise WorkloadError(f"{path}: not a readable trace file ({exc})") from None
+    prefix = f"{path}: "
+
+    def unreadable(message: str) -> WorkloadError:
+        return WorkloadError(f"{path}: not a readable trace file ({message.removeprefix(prefix)})")
+
+    doc = read_json(path, unreadable)  # size- and depth-bounded (ndp_io/limits.py)
     if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
         raise WorkloadError(f"{path}: 'format' must be {TRACE_FORMAT!r}")
     for key in ("num_experts", "prompt_tokens", "expert_ids"):
@@ -199,9 +213,41 @@ def load_trace(path: str | Path) -> RoutingTrace:
             raise WorkloadError(f"{path}: missing field '{key}'")
     try:
         ids = np.asarray(doc["expert_ids"], dtype=np.int64)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise WorkloadError(f"{path}: expert_ids must be a [layers][tokens][top_k] list of integers") from None
-    return RoutingTrace(ids, int(doc["num_experts"]), int(doc["prompt_tokens"]))
+    return RoutingTrace(
+        ids, _count(path, "num_experts", doc["num_experts"]), _count(path, "prompt_tokens", doc["prompt_tokens"])
+    )
+
+
+def _count(path: Path, field: str, value: Any) -> int:
+    """A trace's scalar count field as an int: an integer (or a 0-d/1-element integer array) from 0 to 2^31."""
+    array = np.asarray(value)
+    if array.size != 1 or array.dtype.kind not in "iu" or not 0 <= int(array.reshape(())) <= 2**31:
+        shown = repr(value) if array.size == 1 else f"an array of shape {array.shape}"
+        raise WorkloadError(f"{path}: {field} must be an integer from 0 to 2^31, got {shown[:80]}")
+    return int(array.reshape(()))
+
+
+def _check_npz_size(path: Path) -> None:
+    """:class:`WorkloadError` when the arrays of the ``.npz`` at ``path`` would inflate to more than
+    :data:`ndp_io.limits.MAX_TRACE_BYTES` (each member's ``.npy`` header read, nothing decompressed beyond it)."""
+    total = 0
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+            if dtype.hasobject:
+                raise WorkloadError(f"{path}: {info.filename} holds Python objects; not read")
+            total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if total > MAX_TRACE_BYTES:
+                raise WorkloadError(
+                    f"{path}: its arrays would take over {MAX_TRACE_BYTES:,} bytes {limit_note('MAX_TRACE_BYTES')}"
+                )
 
 
 def popularity_weights(num_experts: int, skew: float, rng: np.random.Generator) -> np.ndarray:

@@ -60,6 +60,12 @@ class SimulatorTuning:
         32, "decode steps between the prefetcher's re-plans of the resident experts", metavar="N"
     )
     prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
+    power_cap_w: float = setting(
+        0.0,
+        "average-power cap, watts, of the power-capped policy (tp+lb+prefetch+powercap): the fastest placement whose "
+        "run-average power (hw_model/energy.py) stays within it; 0: no cap",
+        metavar="W",
+    )
 
     def __post_init__(self) -> None:
         check_fraction("residency_fraction", self.residency_fraction)
@@ -73,3 +79,5 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
+        if _number("power_cap_w", self.power_cap_w) < 0:
+            raise SettingsError(f"power_cap_w must be non-negative, got {self.power_cap_w!r}", "power_cap_w")

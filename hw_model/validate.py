@@ -43,7 +43,9 @@ from hw_model.cost import expert_shard_time_s, moe_layer_eager_time_s
 from hw_model.errors import CalibrationDataError, HwModelError
 from hw_model.figures import save_png
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
+from hw_model.validate_energy import DRAM_ENERGY_COLUMNS, load_energy_predictions
 from hw_model.workload import ExpertShape, MoELayerShape
+from ndp_io.limits import MAX_CSV_FIELD_BYTES, MAX_CSV_INTEGER_DIGITS, MAX_KIND_NAME_CHARS, limit_note
 
 DRAM_SWEEP_COLUMNS = ("standard", "mapping", "scope", "refresh", "bytes", "time_ns_mean")
 DRAM_CONTENTION_COLUMNS = (
@@ -61,7 +63,7 @@ DRAM_MAPPINGS = {"MOP4CLXOR": "interleaved", "RoBaRaCoCh": "row-sequential"}
 DRAM_SCOPE_RANKS = {"rank_ndp": 1, "dimm_ndp_2rank": 2, "channel_host_2rank": 1}
 KERNEL_COLUMNS = ("kind", "dtype", "d", "f", "tokens", "shards", "median_us", "p10_us", "p90_us", "flops", "bytes")
 TRANSFER_COLUMNS = ("direction", "memory", "bytes", "median_us", "p10_us", "p90_us")
-MOE_LAYER_KIND = re.compile(r"^moe_layer_e(\d+)_k(\d+)$")
+MOE_LAYER_KIND = re.compile(r"^moe_layer_e(\d{1,6})_k(\d{1,6})$")
 SHARD_KINDS = ("shard_graph", "shard_eager")
 TRANSFER_DIRECTIONS = ("h2d", "d2h")
 TRANSFER_MEMORY = ("pinned", "pageable")
@@ -160,25 +162,30 @@ class ValidationReport:
 
 
 def csv_layout(path: str | Path) -> str:
-    """``kernel``, ``transfer``, ``dram_sweep`` or ``dram_contention``, from the CSV's header."""
+    """``kernel``, ``transfer``, ``dram_sweep``, ``dram_contention`` or ``dram_energy`` (DRAMPower stream energies,
+    :mod:`hw_model.validate_energy`), from the CSV's header."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with _open_csv(path) as handle:
             header = {name.strip() for name in (next(csv.reader(handle), None) or ())}
     except UnicodeDecodeError as exc:
         raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except csv.Error as exc:
+        raise _csv_error(path, exc) from None
     for layout, columns in (
         ("kernel", KERNEL_COLUMNS),
         ("transfer", TRANSFER_COLUMNS),
         ("dram_sweep", DRAM_SWEEP_COLUMNS),
         ("dram_contention", DRAM_CONTENTION_COLUMNS),
+        ("dram_energy", DRAM_ENERGY_COLUMNS),
     ):
         if set(columns) <= header:
             return layout
     raise CalibrationDataError(
         f"{path}: header {','.join(sorted(header)) or '(empty)'} matches no known layout: kernel "
         f"({','.join(KERNEL_COLUMNS)}), transfer ({','.join(TRANSFER_COLUMNS)}), DRAM size sweep "
-        f"({','.join(DRAM_SWEEP_COLUMNS)}) or DRAM contention ({','.join(DRAM_CONTENTION_COLUMNS)})"
+        f"({','.join(DRAM_SWEEP_COLUMNS)}), DRAM contention ({','.join(DRAM_CONTENTION_COLUMNS)}) or DRAM energy "
+        f"({','.join(DRAM_ENERGY_COLUMNS)})"
     )
 
 
@@ -199,15 +206,27 @@ class DramPrediction:
 
 
 def load_dram_predictions(path: str | Path) -> list[DramPrediction]:
-    """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram`."""
-    from hw_model.dram import get_standard
-
+    """Read a DRAM size-sweep or contention CSV and predict each row with :mod:`hw_model.dram` (a DRAMPower
+    energy CSV: with :mod:`hw_model.energy`, see :mod:`hw_model.validate_energy`)."""
     path = Path(path)
     layout = csv_layout(path)
+    if layout == "dram_energy":
+        return [DramPrediction(*row) for row in load_energy_predictions(path)]
     if layout not in ("dram_sweep", "dram_contention"):
         raise CalibrationDataError(f"{path}: not a DRAM calibration CSV")
     out: list[DramPrediction] = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    try:
+        return _predict_dram_rows(path, layout, out)
+    except UnicodeDecodeError as exc:
+        raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
+    except csv.Error as exc:
+        raise _csv_error(path, exc) from None
+
+
+def _predict_dram_rows(path: Path, layout: str, out: list[DramPrediction]) -> list[DramPrediction]:
+    from hw_model.dram import get_standard
+
+    with _open_csv(path) as handle:
         for line, raw in enumerate(csv.DictReader(handle), start=2):
             row = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
             try:
@@ -305,7 +324,7 @@ def validate_dram(paths: Sequence[str | Path]) -> DramValidationReport:
 
 def format_dram_report(report: DramValidationReport, worst_per_kind: int = 2) -> str:
     """One line per kind, then the worst rows of each kind."""
-    lines = [f"DRAM model (hw_model/dram.py, JEDEC-derived) vs {', '.join(report.sources)}"]
+    lines = [f"DRAM model (hw_model/dram.py, JEDEC-derived; energy: hw_model/energy.py) vs {', '.join(report.sources)}"]
     lines.append(f"{'kind':<32} {'rows':>5} {'median err':>11} {'max err':>9}")
     for kind, stats in report.kinds.items():
         lines.append(f"{kind:<32} {stats.rows:>5} {stats.median_rel_err:>11.1%} {stats.max_rel_err:>9.1%}")
@@ -313,7 +332,7 @@ def format_dram_report(report: DramValidationReport, worst_per_kind: int = 2) ->
     for kind in report.kinds:
         worst = sorted((p for p in report.predictions if p.kind == kind), key=lambda p: -abs(p.rel_err))
         for p in worst[:worst_per_kind]:
-            scale, unit = (1e9, "ns") if p.unit == "s" else (1e-9, "GB/s")
+            scale, unit = {"s": (1e9, "ns"), "J": (1e6, "uJ")}.get(p.unit, (1e-9, "GB/s"))
             lines.append(
                 f"  {kind:<30} {p.label:<70} measured {p.measured * scale:10.2f} {unit}  predicted "
                 f"{p.predicted * scale:10.2f} {unit}  {p.rel_err:+6.1%}  (line {p.line})"
@@ -325,7 +344,7 @@ def load_measurements(path: str | Path) -> list[MeasuredRow]:
     """Read a kernel or transfer CSV (see the module docstring); errors name the file, line and column."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        with _open_csv(path) as handle:
             reader = csv.DictReader(handle)
             header = tuple(name.strip() for name in (reader.fieldnames or ()))
             if set(KERNEL_COLUMNS) <= set(header):
@@ -344,21 +363,42 @@ def load_measurements(path: str | Path) -> list[MeasuredRow]:
     except UnicodeDecodeError as exc:
         raise CalibrationDataError(f"{path}: not a UTF-8 text file ({exc.reason})") from None
     except csv.Error as exc:
-        raise CalibrationDataError(f"{path}: not a valid CSV file ({exc})") from None
+        raise _csv_error(path, exc) from None
     if not rows:
         raise CalibrationDataError(f"{path}: no data rows")
     return rows
 
 
+def _open_csv(path: Path) -> Any:
+    """A calibration CSV opened as text: UTF-8, a leading byte-order mark dropped (spreadsheets write one)."""
+    return path.open(newline="", encoding="utf-8-sig")
+
+
+def _csv_error(path: Path, exc: csv.Error) -> CalibrationDataError:
+    if "field larger than field limit" in str(exc):  # the csv module's own bound, which is ours
+        return CalibrationDataError(
+            f"{path}: a field is over {MAX_CSV_FIELD_BYTES:,} bytes {limit_note('MAX_CSV_FIELD_BYTES')}"
+        )
+    return CalibrationDataError(f"{path}: not a valid CSV file ({exc})")
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...") + f" ({len(text):,} characters)"
+
+
 def _number(path: Path, line: int, raw: Mapping[str, str], column: str, integer: bool = False) -> float:
     text = raw.get(column, "")
+    if integer and len(text.lstrip("+-")) > MAX_CSV_INTEGER_DIGITS:
+        raise CalibrationDataError(
+            f"{path}:{line}: column '{column}' has {len(text):,} digits {limit_note('MAX_CSV_INTEGER_DIGITS')}"
+        )
     try:
         value = int(text) if integer else float(text)
     except ValueError:
         kind = "an integer" if integer else "a number"
-        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be {kind}, got {text!r}") from None
+        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be {kind}, got {_shown(text)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be positive, got {text!r}")
+        raise CalibrationDataError(f"{path}:{line}: column '{column}' must be positive, got {_shown(text)}")
     return value
 
 
@@ -371,12 +411,17 @@ def _times(path: Path, line: int, raw: Mapping[str, str]) -> tuple[float, float,
 
 def _parse_kernel_row(path: Path, line: int, raw: Mapping[str, str]) -> MeasuredRow:
     kind, dtype = raw["kind"], raw["dtype"]
+    if len(kind) > MAX_KIND_NAME_CHARS:
+        raise CalibrationDataError(
+            f"{path}:{line}: kind {_shown(kind)} is too long {limit_note('MAX_KIND_NAME_CHARS')}"
+        )
     if kind not in SHARD_KINDS and not MOE_LAYER_KIND.match(kind):
         raise CalibrationDataError(
-            f"{path}:{line}: unknown kind {kind!r} (known: {', '.join(SHARD_KINDS)}, moe_layer_e<E>_k<K>)"
+            f"{path}:{line}: unknown kind {kind!r} (known: {', '.join(SHARD_KINDS)}, moe_layer_e<E>_k<K>, "
+            "E and K of at most 6 digits)"
         )
     if dtype not in DTYPE_BYTES:
-        raise CalibrationDataError(f"{path}:{line}: unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
+        raise CalibrationDataError(f"{path}:{line}: unknown dtype {_shown(dtype)} (known: {', '.join(DTYPE_BYTES)})")
     hidden, ffn, tokens, shards = (
         int(_number(path, line, raw, c, integer=True)) for c in ("d", "f", "tokens", "shards")
     )
@@ -446,18 +491,65 @@ def predict_row_s(system: SystemSpec, row: MeasuredRow) -> float:
 
 
 def find_inconsistent(rows: Sequence[MeasuredRow]) -> set[int]:
-    """Indices of rows measured slower (p10) than a run with more work (p90); see the module docstring."""
+    """Indices of rows measured slower (p10) than a run with more work (p90); see the module docstring.
+
+    O(n log n): per group, rows are swept from the most work (size) down; a prefix-minimum tree over the shard
+    counts holds the fastest p90 of the rows with more size seen so far (at most as many shards), and rows of
+    the same size are compared with those of strictly fewer shards. A row is flagged when the fastest p90 among
+    the rows that do more work than it, plus the margin, is below its p10 (the same rows the pairwise
+    definition, :meth:`MeasuredRow.has_at_least_the_work_of`, picks)."""
     by_group: dict[tuple[Any, ...], list[int]] = {}
     for index, row in enumerate(rows):
         by_group.setdefault(row.group, []).append(index)
     flagged: set[int] = set()
     for members in by_group.values():
-        for i in members:
-            if any(
-                rows[j].has_at_least_the_work_of(rows[i]) and rows[j].p90_s * (1 + INCONSISTENCY_MARGIN) < rows[i].p10_s
-                for j in members
-            ):
-                flagged.add(i)
+        flagged.update(_inconsistent_in_group(rows, members))
+    return flagged
+
+
+def _inconsistent_in_group(rows: Sequence[MeasuredRow], members: list[int]) -> list[int]:
+    scale = 1 + INCONSISTENCY_MARGIN
+    shard_values = sorted({rows[i].shards for i in members})
+    rank = {value: position + 1 for position, value in enumerate(shard_values)}  # 1-based for the tree
+    tree = [math.inf] * (len(shard_values) + 1)  # Fenwick tree of prefix minima of p90 over shard ranks
+
+    def fastest_up_to(position: int) -> float:
+        best = math.inf
+        while position > 0:
+            best = min(best, tree[position])
+            position -= position & -position
+        return best
+
+    def add(position: int, value: float) -> None:
+        while position < len(tree):
+            tree[position] = min(tree[position], value)
+            position += position & -position
+
+    order = sorted(members, key=lambda i: -rows[i].size)
+    flagged: list[int] = []
+    start = 0
+    while start < len(order):
+        end = start
+        while end < len(order) and rows[order[end]].size == rows[order[start]].size:
+            end += 1
+        same_size = sorted(order[start:end], key=lambda i: rows[i].shards)
+        fewer_shards = math.inf  # fastest p90 of this size's rows with strictly fewer shards
+        position = 0
+        while position < len(same_size):
+            last = position
+            shards = rows[same_size[position]].shards
+            while last < len(same_size) and rows[same_size[last]].shards == shards:
+                last += 1
+            for i in same_size[position:last]:
+                best = min(fastest_up_to(rank[shards]), fewer_shards)
+                if best * scale < rows[i].p10_s:
+                    flagged.append(i)
+            for i in same_size[position:last]:
+                fewer_shards = min(fewer_shards, rows[i].p90_s)
+            position = last
+        for i in same_size:  # now rows of smaller size see these (more size, at most as many shards)
+            add(rank[rows[i].shards], rows[i].p90_s)
+        start = end
     return flagged
 
 

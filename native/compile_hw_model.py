@@ -4,12 +4,13 @@
 
 CMake runs this on ``pip install .`` (option ``NDP_EP_COMPILE_HW_MODEL``, on by default) with the isolated build
 environment's Python, which has mypy (mypyc) and setuptools. The sources stay pure Python: this is an optional
-speed-up of the installed package. mypy type-checks the modules listed in :data:`MODULES` (and what they import),
-mypyc translates them to C under WORK_DIR, and setuptools' ``build_ext`` compiles that C, in parallel on all cores,
-into OUT_DIR laid out as it is installed relative to site-packages:
+speed-up of the installed package. mypy type-checks the modules listed in :data:`MODULES` and :data:`PACKAGES` (and
+what they import), mypyc translates them to C under WORK_DIR, and setuptools' ``build_ext`` compiles that C, in
+parallel on all cores, into OUT_DIR laid out as it is installed relative to site-packages:
 
-- ``OUT_DIR/hw_model/<name>.<EXT_SUFFIX>``: one small shim per module, found by ``import hw_model.<name>`` before
-  the ``.py`` file next to it;
+- ``OUT_DIR/hw_model/<name>.<EXT_SUFFIX>`` (``hw_model/<package>/<name>.<EXT_SUFFIX>``, ``__init__`` included, for
+  a package's modules): one small shim per module, found by ``import hw_model.<name>`` before the ``.py`` file next
+  to it;
 - ``OUT_DIR/<group>__mypyc.<EXT_SUFFIX>`` (top level): the compiled code of the group, which the shims load.
 
 Nothing is written into SOURCE_ROOT: the generated C, the object files and mypy's cache all go under WORK_DIR.
@@ -26,8 +27,10 @@ import sysconfig
 import time
 from pathlib import Path
 
-# the hw_model modules compiled (hw_model/<name>.py); the one place the list is kept
-MODULES = ("cost", "run_context", "timeline", "layout", "prefetch", "policies", "simulator")
+# the hw_model modules compiled (hw_model/<name>.py) and packages compiled whole (every hw_model/<name>/*.py: a
+# policy added to hw_model/policies/ is compiled with no edit here); the one place the lists are kept
+MODULES = ("cost", "run_context", "timeline", "layout", "prefetch", "simulator")
+PACKAGES = ("policies",)
 # mypyc group: names the shared library, <GROUP>__mypyc.<EXT_SUFFIX>, at the top of site-packages
 GROUP = "hw_model"
 # gcc's -O level for the generated C (mypyc's default is "3"). Measured on 2 cores, one C file (mypyc's default;
@@ -56,8 +59,17 @@ def mypy_args(source_root: Path, work_dir: Path) -> list[str]:
         "--ignore-missing-imports",
         "--disable-error-code",
         "annotation-unchecked",
-        *(str(source_root / "hw_model" / f"{name}.py") for name in MODULES),
+        *(str(path) for path in module_files(source_root)),
     ]
+
+
+def module_files(source_root: Path) -> list[Path]:
+    """The source files compiled: :data:`MODULES`, then every module of :data:`PACKAGES` (``__init__.py`` first)."""
+    files = [source_root / "hw_model" / f"{name}.py" for name in MODULES]
+    for package in PACKAGES:
+        found = (source_root / "hw_model" / package).glob("*.py")
+        files += sorted(found, key=lambda path: (path.name != "__init__.py", path.name))
+    return files
 
 
 def compile_hw_model(source_root: Path, out_dir: Path, work_dir: Path) -> None:
@@ -105,7 +117,7 @@ def main(argv: list[str]) -> int:
         print(f"{type(error).__name__}: {error}", file=sys.stderr)
         print(FAILURE, file=sys.stderr)
         return 1
-    names = ", ".join(MODULES)
+    names = ", ".join([*MODULES, *PACKAGES])
     print(f"ndp-ep: compiled hw_model ({names}) with mypyc in {time.perf_counter() - start:.1f} s")
     return 0
 

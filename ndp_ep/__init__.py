@@ -3,8 +3,8 @@
 ``ndp_ep.InferenceSession`` has ONNX Runtime's session API; ``ndp_ep.convert_model`` rewrites a model's
 MoE blocks into sharded expert ops; ``ndp_ep.sample_path`` finds the bundled sample models. For a plain
 ``onnxruntime.InferenceSession``: ``register()``, ``devices()``, ``session_options()``,
-``last_report(session)``, ``get_library_path()``, ``get_ep_name()``; for ONNX Runtime GenAI's own generation
-loop, ``GenerationReports``. Heavy modules are imported on first use
+``last_report(session)``, ``routing_trace(session)``, ``get_library_path()``, ``get_ep_name()``; for ONNX Runtime
+GenAI's own generation loop, ``GenerationReports``. Heavy modules are imported on first use
 (``_LAZY``), so ``import ndp_ep`` and ``ndp-ep --help`` stay fast; ``dir(ndp_ep)`` lists the public API.
 """
 
@@ -21,6 +21,7 @@ _LAZY = {
     "get_library_path": "ndp_ep.ep",
     "last_report": "ndp_ep.reporter",
     "register": "ndp_ep.ep",
+    "routing_trace": "ndp_ep.routing",
     "session_options": "ndp_ep.ep",
 }
 
@@ -39,6 +40,7 @@ __all__ = [
     "get_library_path",
     "last_report",
     "register",
+    "routing_trace",
     "sample_path",
     "session_options",
 ]

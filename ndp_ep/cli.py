@@ -25,7 +25,7 @@ from typing import NoReturn
 
 from ndp_ep.cli_args import HELP_DEFAULT
 
-COMMANDS = ("convert", "inspect", "run", "demo", "generate", "bench", "sweep", "validate", "diff")
+COMMANDS = ("convert", "inspect", "run", "demo", "generate", "bench", "sweep", "validate", "diff", "trace-stats")
 EXIT_BAD_INPUT = 2
 DISTRIBUTION = "ndp-ep"
 
@@ -67,6 +67,17 @@ class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, plus ``(default: X)`` on every option whose default is a value (or that names
     one through :data:`ndp_ep.cli_args.HELP_DEFAULT`) and is not already stated in its help; lines never break
     inside a hyphenated name (``paper-ddr5-4800``)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        # argparse measures a command's name at the list's indent, not at the deeper one it prints it at, so a
+        # long name (trace-stats) would push its help onto the next line
+        subactions = getattr(action, "_get_subactions", None)
+        if action.help is not argparse.SUPPRESS and subactions is not None:
+            deeper = self._current_indent + self._indent_increment
+            for sub in subactions():
+                length = len(self._format_action_invocation(sub)) + deeper
+                self._action_max_length = max(self._action_max_length, length)
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         import textwrap
@@ -130,7 +141,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if chosen in COMMANDS and argv is not None and argv[0] == chosen:
         names = (chosen,)  # only the chosen command's parser is ever consulted: the others' help is never shown
     for name in names:
-        module = importlib.import_module(f"ndp_ep.commands.{name}")
+        module = importlib.import_module(f"ndp_ep.commands.{name.replace('-', '_')}")
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         if chosen is None or chosen == name or chosen not in COMMANDS:
             module.add_arguments(command_parser)
@@ -146,7 +157,9 @@ def error_message(exc: BaseException) -> str:
     if translated is not None:
         exc = translated
     if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.strerror or 'cannot open'}: {exc.filename}"
+        from ndp_io.guard import shown_path
+
+        return f"{exc.strerror or 'cannot open'}: {shown_path(os.fsdecode(exc.filename))}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -158,10 +171,20 @@ def warn(command: str, message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (0 ok, 1 a negative answer such as ``diff``'s, 2 bad input)."""
+    from ndp_ep.text import terminal_streams
+
+    with terminal_streams():  # nothing printed sends a control character to the terminal (ndp_ep/text.py)
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     except SystemExit as done:  # --help, --version, or a usage error already printed as one line
         return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
+    except OSError as exc:  # an option's type function probing a path the system refuses (too long, ...)
+        print(f"ndp-ep: error: {error_message(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return int(args._module.run(args) or 0)
     except _input_error_types() as exc:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 
 from hw_model.hardware import MAX_NDP_UNITS
 from hw_model.settings import DEFAULT_POLICY, SimulationSettings
@@ -85,10 +84,15 @@ def output_file(text: str) -> str:
 
 def output_dir(text: str) -> str:
     """An argparse ``type`` for a directory the command will create or fill (refused when a file has the name)."""
+    from ndp_io import OutputWriteError
+    from ndp_io.guard import check_output_dir
+
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty; name a directory")
-    if Path(text).exists() and not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    try:
+        check_output_dir(text)  # writable, checked before the work rather than after it
+    except OutputWriteError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -234,3 +238,27 @@ def add_json_args(parser: argparse.ArgumentParser, *, what: str, file_option: bo
     parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON document on stdout")
     if file_option:
         parser.add_argument("--json-out", type=output_file, metavar="FILE", help=f"also write {what} as JSON to FILE")
+
+
+def check_trace_path(path: str | None) -> None:
+    """:class:`NdpEpError` unless ``path`` (a ``--save-routing`` value, None: not given) ends in ``.npz``."""
+    if path is not None and not str(path).lower().endswith(".npz"):
+        from ndp_ep.errors import NdpEpError
+
+        raise NdpEpError(f"--save-routing: a routing trace file must end in .npz, got {path!r}")
+
+
+def add_save_routing_arg(parser) -> None:
+    """The ``--save-routing FILE.npz`` option of ``ndp-ep run`` and ``ndp-ep generate``."""
+    parser.add_argument(
+        "--save-routing",
+        type=output_file,
+        metavar="FILE.npz",
+        help="write the run's routing (per step and MoE layer, with the model's shapes) as a routing trace "
+        "(docs/trace_format.md), for ndp-ep bench --trace and ndp-ep trace-stats",
+    )
+
+
+def add_placement_arg(parser: argparse.ArgumentParser) -> None:
+    """``--placement FILE.toml``: experts pinned per layer and a GPU pool cap (:mod:`hw_model.pins`)."""
+    _add_setting(parser, "placement")

@@ -2,14 +2,13 @@
 
 A model inside an ONNX Runtime GenAI folder (``genai_config.json`` beside it) stays a GenAI folder: the
 config, tokenizer and other side files are copied beside the output, with ``decoder.filename`` pointing at
-the converted model, so ``onnxruntime_genai.Model(output_dir)`` loads the converted model.
+the converted model, so ``onnxruntime_genai.Model(output_dir)`` loads the converted model; what is copied,
+and what is refused, is :mod:`ndp_ep.genai_folder`'s (all or nothing with the model).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +20,10 @@ from graph_passes.sharded_op import DOMAIN, OP_TYPE, is_sharded_node
 from hw_model.hardware import SystemSpec
 from hw_model.settings import SimulationSettings
 from ndp_ep.errors import ConversionError, graph_pass_errors
+from ndp_ep.genai_folder import plan_genai_folder
 from ndp_ep.partition import annotate_placement
 from ndp_ep.text import plural
-from ndp_io import FileSafetyError, atomic_write, check_no_clobber, check_output_path, write_text
+from ndp_io import FileSafetyError, check_no_clobber, check_output_path
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def convert_model(
         check_no_clobber(output_files(output_path), inputs)
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
-    genai = None if isinstance(source, onnx.ModelProto) else genai_folder_config(Path(source), output_path)
+    genai = None if isinstance(source, onnx.ModelProto) else plan_genai_folder(Path(source), output_path, inputs)
     requested = shards if shards is not None else system.num_ndp_units
     with graph_pass_errors():
         # the numeric checks of blocks too large to check whole run while the conversion is written
@@ -106,14 +106,19 @@ def convert_model(
             return checks.settled() is not None
 
     try:
-        files = _save(rewritten, output_path, settings, inputs, external_data, confirmed)
-        report = checks.settled()
-    except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again, checked
-        with graph_pass_errors():
-            rewritten, report = convert(source, shards=requested, strict=strict)
-        files = _save(rewritten, output_path, settings, inputs, external_data, None)
-    if genai is not None:
-        files = [*files, *copy_genai_folder(Path(source), output_path, genai, list(files))]
+        side_files = genai.write() if genai is not None else []  # before the model; removed if its save fails
+        try:
+            files = _save(rewritten, output_path, settings, inputs, external_data, confirmed)
+            report = checks.settled()
+        except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again
+            with graph_pass_errors():
+                rewritten, report = convert(source, shards=requested, strict=strict)
+            files = _save(rewritten, output_path, settings, inputs, external_data, None)
+    except BaseException:
+        if genai is not None:
+            genai.roll_back()
+        raise
+    files = [*files, *side_files]
     return ConversionResult(report, tuple(files), system, requested, already)
 
 
@@ -126,54 +131,3 @@ def _save(rewritten, output_path: Path, settings: SimulationSettings, inputs: li
         return save_rewritten(rewritten, output_path, external=external_data, before_commit=before_commit)
     except FileSafetyError as exc:
         raise ConversionError(str(exc)) from None
-
-
-GENAI_CONFIG = "genai_config.json"
-NOT_COPIED_SUFFIXES = (".onnx", ".onnx.data", ".data", ".npz")
-
-
-def genai_folder_config(source: Path, output: Path) -> dict | None:
-    """The GenAI config to write beside ``output`` (``decoder.filename`` pointing at it), or None.
-
-    None without a ``genai_config.json`` beside ``source`` or when the output is in the same folder (the
-    original config must keep pointing at the original model). Read before anything is written, so that an
-    unreadable config fails the conversion cleanly.
-    """
-    config_path = source.parent / GENAI_CONFIG
-    if not config_path.is_file() or source.parent.resolve() == output.parent.resolve():
-        return None
-    try:
-        config = json.loads(config_path.read_text())
-        config["model"]["decoder"]["filename"] = output.name
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        raise ConversionError(f"{config_path} is not a readable GenAI config ({type(exc).__name__})") from None
-    existing = output.parent / GENAI_CONFIG
-    if existing.is_file():  # replaced only when it is this output's own (a conversion again)
-        try:
-            owner = json.loads(existing.read_text())["model"]["decoder"]["filename"]
-        except (ValueError, KeyError, TypeError, OSError):
-            owner = None
-        if owner != output.name:
-            raise ConversionError(
-                f"{existing} is another model's GenAI config ({'decoder ' + repr(owner) if owner else 'unreadable'}): "
-                "converting a GenAI model writes its own there; convert into another folder"
-            )
-    return config
-
-
-def copy_genai_folder(source: Path, output: Path, config: dict, written: list[Path]) -> list[Path]:
-    """Copy the GenAI side files of ``source``'s folder beside ``output`` and write ``config``; returns the files
-    written. Model and data files are not copied (``written`` already holds the converted ones)."""
-    copied: list[Path] = []
-    taken = {p.resolve() for p in written}
-    for path in sorted(source.parent.iterdir()):
-        target = output.parent / path.name
-        if not path.is_file() or path.name == GENAI_CONFIG or path.name.endswith(NOT_COPIED_SUFFIXES):
-            continue
-        if target.resolve() in taken:
-            continue
-        with open(path, "rb") as source_file, atomic_write(target) as target_file:
-            shutil.copyfileobj(source_file, target_file)
-        copied.append(target)
-    target = write_text(output.parent / GENAI_CONFIG, json.dumps(config, indent=4))
-    return [*copied, target]

@@ -234,6 +234,13 @@ def parse_ep_options(values: Mapping[str, str]) -> SimulationSettings:
         raise NdpEpError(f"EP option record_routing must be 0 or 1, got {values['record_routing']!r}")
     if values.get(SESSION_KEY_OPTION) == "":
         raise NdpEpError(f"EP option {SESSION_KEY_OPTION} must not be empty")
+    from ndp_io.limits import MAX_SESSION_KEY_CHARS, limit_note
+
+    if len(values.get(SESSION_KEY_OPTION, "")) > MAX_SESSION_KEY_CHARS:
+        raise NdpEpError(
+            f"EP option {SESSION_KEY_OPTION} is {len(values[SESSION_KEY_OPTION]):,} characters long "
+            f"{limit_note('MAX_SESSION_KEY_CHARS')}"
+        )
     from hw_model.errors import HardwareConfigError
     from hw_model.settings import SimulationSettings, check_ndp_units
 

@@ -37,16 +37,15 @@ def read_config(folder: Path) -> dict:
     naming the file and the field otherwise (a bad value would fail later as a traceback, or read outside the
     folder: a decoder ``filename`` must be a relative path inside it, as GenAI requires)."""
     from ndp_ep.errors import ModelLoadError
+    from ndp_io.guard import inside_folder
+    from ndp_io.parsing import read_json
 
     path = folder / GENAI_CONFIG
     if not path.is_file():
         raise ModelLoadError(f"{folder} is not an ONNX Runtime GenAI model folder (no {GENAI_CONFIG})")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ModelLoadError(f"{path}: not a GenAI config (not JSON: {exc})") from None
+    if inside_folder(folder, path) is None:
+        raise ModelLoadError(f"{path} is a link out of the model folder; not read")
+    config = read_json(path, ModelLoadError)  # depth- and size-bounded (ndp_io/limits.py)
 
     def refuse(field: str, value: object, what: str) -> NoReturn:
         shown = json.dumps(value) if not isinstance(value, str) else repr(value)
@@ -92,6 +91,8 @@ def read_config(folder: Path) -> dict:
         refuse("model.decoder.filename", filename, "a path inside the model folder (relative, no '..')")
     if not (folder / filename).is_file():
         raise ModelLoadError(f"{path}: model.decoder.filename names {filename}, which is not a file in {folder}")
+    if inside_folder(folder, folder / filename) is None:
+        raise ModelLoadError(f"{path}: model.decoder.filename names {filename}, a link out of the model folder")
     return config
 
 
@@ -323,6 +324,21 @@ class GenerationReports:
     @property
     def last_report(self) -> RunReport | None:
         return self.reporter.last_report
+
+    def routing_trace(self, new_tokens: int | None = None):
+        """The routing trace of the runs so far (:mod:`ndp_ep.routing`): the prefill, then each decode step. Capture
+        starts at the first call if no report was read before it (call :meth:`start_routing_capture` first
+        otherwise); read it while GenAI's model is alive."""
+        from ndp_ep.routing import reporter_trace
+
+        prompt = self._prompt_tokens
+        return reporter_trace(self.reporter, prompt_tokens=prompt, new_tokens=new_tokens, source="GenerationReports")
+
+    def start_routing_capture(self) -> None:
+        """Record each run's routing from now on (before any report is read), for :meth:`routing_trace`."""
+        from ndp_ep.routing import start_capture
+
+        start_capture(self.reporter)
 
 
 __all__ = ["GENAI_CONFIG", "GenerationReports", "read_config", "load_decoder", "step_shapes"]

@@ -54,6 +54,12 @@ class LayerReport:
     def active_experts(self) -> int:
         return sum(1 for c in self.expert_tokens if c)
 
+    @property
+    def energy(self) -> Any:
+        """This invocation's :class:`hw_model.energy.EnergyReport` over its latency (None without a timeline or
+        without the hardware's energy tables)."""
+        return self.timeline.energy() if self.timeline is not None else None
+
     def __repr__(self) -> str:
         return (
             f"LayerReport({self.name!r}, tokens={self.tokens}, active_experts={self.active_experts}, "
@@ -70,6 +76,7 @@ class LayerReport:
             "latency_s": self.latency_s,
             "placement": {str(k): v for k, v in sorted(self.placement.items())},
             "busy_s": self.busy_s,
+            **_energy_json(self.energy, detail=False),
         }
 
 
@@ -104,6 +111,80 @@ class StepLayers(NamedTuple):
                 zip(self.indices, self.tokens, rows, step.latencies_s, strict=True)
             )
         )
+
+
+def _energy_json(energy: Any, detail: bool = True) -> dict[str, Any]:
+    """``energy_j`` and ``avg_power_w`` (None without energy figures), and with ``detail`` the per-resource
+    breakdown (``energy``: :meth:`hw_model.energy.EnergyReport.to_json`)."""
+    if energy is None:
+        out: dict[str, Any] = {"energy_j": None, "avg_power_w": None}
+        if detail:
+            out["energy"] = None
+        return out
+    out = {"energy_j": energy.total_j, "avg_power_w": energy.avg_power_w}
+    if detail:
+        out["energy"] = energy.to_json()
+    else:
+        out["energy_by_resource_j"] = dict(energy.by_resource_j)
+    return out
+
+
+def run_energy_of(layers: Sequence[LayerReport], elapsed_s: float, non_expert_gpu_s: float) -> Any:
+    """The :class:`hw_model.energy.EnergyReport` of a run: its layers' work priced over ``elapsed_s`` (the run's
+    simulated latency), its non-expert GPU time as memory-bound GPU work; None without layers or energy tables."""
+    results = [layer.timeline for layer in layers if layer.timeline is not None]
+    if not results:
+        return None
+    from hw_model.energy import NDP_FLOPS, run_energy
+
+    work = [sum(column) for column in zip(*(r.work for r in results), strict=True)]
+    busy: dict[str, float] = {}
+    for r in results:
+        for resource, seconds in r.busy_by_resource().items():
+            busy[resource] = busy.get(resource, 0.0) + seconds
+    pcie = sum(r.bytes_over_host_link + r.extra.get("prefetch_bytes", 0.0) for r in results)
+    return run_energy(
+        results[0].system,
+        work,
+        pcie_bytes=pcie,
+        elapsed_s=elapsed_s,
+        busy_s=busy,
+        dtype=results[0].dtype,
+        uses_ndp=results[0].needs_ndp or work[NDP_FLOPS] > 0,
+        extra_gpu_busy_s=non_expert_gpu_s,
+    )
+
+
+def power_levels(energy: Any, trace: dict[str, Any], units: int) -> dict[str, tuple[float, float]]:
+    """(idle W, busy W) per trace resource such that the counters integrate to ``energy`` (an
+    :class:`hw_model.energy.EnergyReport`): each resource's static power when idle, plus its dynamic joules spread
+    over its busy time in ``trace`` (the GPU's memory energy with the GPU, the DRAM, core and host-copy energy over
+    the NDP units, PCIe's over both directions)."""
+    from hw_model.chrome_trace import busy_s_by_resource
+
+    busy = busy_s_by_resource(trace)
+    elapsed = energy.elapsed_s or 1.0
+    total, static = energy.by_resource_j, energy.static_j
+    ndp = [f"ndp{u}" for u in range(units)]
+    groups = {
+        ("gpu",): (("gpu", "gpu_memory"), ("gpu",)),
+        ("pcie", "pcie_d2h"): (("pcie",), ("pcie",)),
+        tuple(ndp): (("ndp_core", "ndp_dram", "host"), ("ndp_core", "ndp_dram")),
+        ("ndp_link",): (("ndp_link",), ("ndp_link",)),
+    }
+    levels: dict[str, tuple[float, float]] = {}
+    for resources, (parts, static_parts) in groups.items():
+        if not resources:
+            continue
+        static_j = sum(static.get(p, 0.0) for p in static_parts)
+        dynamic_j = sum(total.get(p, 0.0) for p in parts) - static_j
+        busy_s = sum(busy.get(r, 0.0) for r in resources)
+        idle_w = static_j / elapsed / len(resources)
+        if busy_s <= 0:  # nothing ran there: its dynamic joules (if any) spread over the run
+            idle_w += dynamic_j / elapsed / len(resources)
+        for resource in resources:
+            levels[resource] = (idle_w, idle_w + (dynamic_j / busy_s if busy_s > 0 else 0.0))
+    return levels
 
 
 def simulated_summary(snapshot: Any) -> dict[str, Any]:
@@ -203,6 +284,13 @@ class RunReport:
     def simulated_latency_s(self) -> float:
         return self.non_expert_gpu_s + self.moe_s
 
+    @property
+    def energy(self) -> Any:
+        """The run's :class:`hw_model.energy.EnergyReport` (:func:`run_energy_of`; computed once)."""
+        if "_energy" not in self.__dict__:
+            self.__dict__["_energy"] = run_energy_of(self.layers, self.simulated_latency_s, self.non_expert_gpu_s)
+        return self.__dict__["_energy"]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "run_index": self.run_index,
@@ -216,6 +304,7 @@ class RunReport:
             "simulated_latency_s": self.simulated_latency_s,
             "non_expert_gpu_s": self.non_expert_gpu_s,
             "moe_s": self.moe_s,
+            **_energy_json(self.energy),
             "layers": [layer.to_json() for layer in self.layers],
             "simulator": self.simulator,
             "notes": list(self.notes),
@@ -238,7 +327,7 @@ class RunReport:
         The MoE layers run one after another, each preceded by an equal share of ``non_expert_gpu_s`` on the
         GPU (the session charges the non-expert ops that way), so the trace spans ``simulated_latency_s``.
         """
-        from hw_model.chrome_trace import TraceLayer, chrome_trace, sequential_layers
+        from hw_model.chrome_trace import TraceLayer, add_power_counters, chrome_trace, sequential_layers
 
         meta = {k: v for k, v in self.to_json().items() if k not in ("layers", "simulator")}
         if not self.layers:
@@ -247,7 +336,10 @@ class RunReport:
         invocations = [(layer.index, self.phase, layer.events, layer.latency_s) for layer in self.layers]
         gap = self.non_expert_gpu_s / len(self.layers)
         names = [layer.name for layer in self.layers]
-        return chrome_trace(sequential_layers(invocations, gap, "non-expert ops", names=names), metadata=meta)
+        trace = chrome_trace(sequential_layers(invocations, gap, "non-expert ops", names=names), metadata=meta)
+        if self.energy is not None:
+            add_power_counters(trace, power_levels(self.energy, trace, self.ndp_units), self.simulated_latency_s)
+        return trace
 
     def format_text(self) -> str:
         """The headline (simulated latency, phase, tokens, hardware, policy, the dtype weights are costed as),
@@ -271,7 +363,19 @@ class RunReport:
                     f"on {'+'.join(where) or '-'}",
                 ]
             )
+        energy = self.energy
+        if energy is not None:
+            lines.append(
+                f"simulated energy {energy.total_j * 1e3:.3f} mJ, average power {energy.avg_power_w:.1f} W "
+                f"(most on {energy.dominant}: {energy.by_resource_j[energy.dominant] * 1e3:.3f} mJ)"
+            )
         lines += table(rows, "<><<", indent="  ")
+        pin_cost = self.simulator.get("pin_cost_s") if isinstance(self.simulator, dict) else None
+        if pin_cost is not None:  # hw_model/pins.py: the session's runs so far, against the policy's own choice
+            lines.append(
+                f"  placement pins: {pin_cost * 1e3:+.4f} ms over the session's runs so far against the policy's "
+                "own placement"
+            )
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 

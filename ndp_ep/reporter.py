@@ -164,6 +164,7 @@ class SessionReporter:
         self._width = max((layer.num_experts for layer in self.layers), default=0)
         # input shapes of an untagged run from its tokens, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
+        self.capture = None  # a RoutingCapture (hw_model/routing_capture.py) while routing is captured (routing.py)
         self.aggregates = Aggregates(
             layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
         )
@@ -441,6 +442,8 @@ class SessionReporter:
                 invocations[index] += 1
                 expert_tokens[index] += total
         self._ring.append(report)
+        if self.capture is not None:
+            self.capture.add_step(report.phase, layers, layer_tokens, counts, gpu_s, gpu_s + moe_s)
         a.runs += 1
         a.tokens += tokens
         a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s
@@ -585,6 +588,11 @@ def reporter_for(session) -> SessionReporter:
     own = getattr(session, "reporter", None)
     if isinstance(own, SessionReporter):
         return own
+    if not callable(getattr(session, "get_session_options", None)):  # None, a path, a SessionOptions...
+        raise NdpEpError(
+            "expected an ndp_ep.InferenceSession or an onnxruntime.InferenceSession created with "
+            f"ndp_ep.session_options(), got {type(session).__name__}"
+        )
     from ndp_ep.ep import EP_NAME, REPORT_OPTION_KEYS, SESSION_KEY_OPTION, parse_ep_options, session_option
 
     with _plain_lock:

@@ -90,7 +90,8 @@ class InferenceSession:
     quantized experts as stored, float experts in bf16, the deployment dtype); ``report_ring``: how
     many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
     is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
-    noted in the next reports); ``input_shapes``: the input shapes of the runs to come, when known
+    noted in the next reports); ``capture_routing``: record every run's routing for :meth:`routing_trace` (off:
+    nothing is recorded beyond the reports); ``input_shapes``: the input shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
     of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
     attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
@@ -117,6 +118,7 @@ class InferenceSession:
         report_ring: int = DEFAULT_REPORT_RING,
         routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
+        capture_routing: bool = False,
         **kwargs,
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
@@ -125,6 +127,7 @@ class InferenceSession:
         self.system = self.settings.system
         check_positive("shards", shards)
         check_positive("routing_capacity", routing_capacity)
+        _check_input_shapes(input_shapes)
         self.dtype = self.settings.dtype or DEPLOYMENT_DTYPE  # what non-expert work is costed in
         proto, base_dir, source_path = _load(path_or_bytes)  # checked but for :func:`_finish_checks`
         claimed = _claim(proto)
@@ -166,6 +169,10 @@ class InferenceSession:
                     notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
                 )
                 self.reporter.prepare_costing(input_shapes)
+                if capture_routing:
+                    from ndp_ep.routing import start_capture
+
+                    start_capture(self.reporter)
             except BaseException:
                 if checks_pending:  # an error they find comes first, as when they ran first
                     _finish_checks(proto)
@@ -208,6 +215,14 @@ class InferenceSession:
         :class:`RunError`."""
         _check_mapping(input_feed)
         shapes = {name: tuple(np.shape(value)) for name, value in input_feed.items()}
+        # ONNX Runtime reads an array's bytes in this machine's order whatever its dtype says (a big-endian int64
+        # [1, 2] ran as [72057594037927936, ...]): such a feed is converted, its values kept
+        input_feed = {
+            name: value.astype(value.dtype.newbyteorder("="))
+            if isinstance(value, np.ndarray) and not value.dtype.isnative
+            else value
+            for name, value in input_feed.items()
+        }
         return self._tagged_run(self._session.run, output_names, input_feed, run_options, shapes, _array_signature)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values: Mapping[str, Any], run_options=None) -> list:
@@ -262,6 +277,12 @@ class InferenceSession:
             expected = _ORT_TYPES.get(spec.type)
             if expected is not None and dtype != expected:
                 got = dtype.name if isinstance(dtype, np.dtype) else dtype
+                if isinstance(dtype, np.dtype) and dtype.newbyteorder("=") == expected:  # same type, other order
+                    order = "big" if dtype.byteorder == ">" else "little"
+                    raise FeedError(
+                        f"input {name!r} must be {np.dtype(expected).name} in this machine's byte order, got "
+                        f"{order}-endian {got} ({dtype.str!r}): convert it with .astype({np.dtype(expected).str!r})"
+                    )
                 raise FeedError(f"input {name!r} must be {np.dtype(expected).name}, got {got}")
             if len(spec.shape) != len(shape):
                 raise FeedError(f"input {name!r} must have rank {len(spec.shape)} {spec.shape}, got shape {shape}")
@@ -285,6 +306,24 @@ class InferenceSession:
         MoE layers): its ``summary()`` holds the counters since the session started."""
         self.reporter.reports  # noqa: B018 - simulates the runs not yet seen
         return self.reporter.simulator
+
+    def end_profiling(self) -> str:
+        """ONNX Runtime's ``end_profiling`` (its profile's path), with each reported run's simulated GPU / NDP /
+        PCIe spans added beside ONNX Runtime's measured events (:mod:`ndp_ep.profiling`)."""
+        path = self._session.end_profiling()
+        if path and self._has_moe:
+            from ndp_ep.profiling import add_simulated_tracks
+
+            add_simulated_tracks(path, self.reporter.reports)
+        return path
+
+    def routing_trace(self):
+        """The routing trace of every run so far (:class:`hw_model.routing_trace.CapturedTrace`; save it with
+        ``hw_model.routing_trace_io.save_trace``): captured from the start with ``capture_routing=True``, else
+        from this first call if no report was read before it (:mod:`ndp_ep.routing`)."""
+        from ndp_ep.routing import reporter_trace
+
+        return reporter_trace(self.reporter, source="ndp_ep.InferenceSession")
 
     @property
     def aggregates(self):
@@ -427,12 +466,33 @@ def _check_requested_providers(providers: Sequence[Any] | None, provider_options
         )
 
 
+def _check_input_shapes(shapes) -> None:
+    """:class:`NdpEpError` unless ``shapes`` is None or maps input names to sequences of non-negative ints."""
+    if shapes is None:
+        return
+    if not isinstance(shapes, Mapping):
+        raise NdpEpError(f"input_shapes must map input names to shapes, got {type(shapes).__name__}")
+    for name, shape in shapes.items():
+        dims = list(shape) if isinstance(shape, Sequence) and not isinstance(shape, str | bytes) else None
+        bad = dims is None or any(
+            isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 or d > 2**62 for d in dims
+        )
+        if not isinstance(name, str) or bad:
+            raise NdpEpError(f"input_shapes[{name!r}] must be a sequence of non-negative integers, got {shape!r}"[:300])
+
+
 def _check_no_provider_added(options) -> None:
     """:class:`NdpEpError` for options that already carry this provider (``ndp_ep.session_options()``), whose
     ``hw``, ``ndp_units``... the session would silently ignore; a warning for other providers added to them, which
     the copy (:func:`_copy_session_options`) does not keep. Before onnxruntime 1.24 options cannot tell."""
+    if options is None:
+        return
+    import onnxruntime as ort
+
+    if not isinstance(options, ort.SessionOptions):
+        raise NdpEpError(f"sess_options must be an onnxruntime.SessionOptions or None, got {type(options).__name__}")
     has_providers = getattr(options, "has_providers", None)
-    if options is None or has_providers is None or not has_providers():
+    if has_providers is None or not has_providers():
         return
     if config_entry(options, OPTION_PREFIX + SESSION_KEY_OPTION) is not None:
         raise NdpEpError(

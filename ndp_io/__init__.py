@@ -25,6 +25,7 @@ from ndp_io.atomic import (
     new_temp_path,
     remove_on_signal,
     staged_file,
+    temporary_directory,
     write_bytes,
     write_text,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "new_temp_path",
     "remove_on_signal",
     "staged_file",
+    "temporary_directory",
     "write_bytes",
     "write_text",
 ]

@@ -1,4 +1,5 @@
-"""Atomic file replacement: staged temporary files, renamed into place, removed on failure or signal.
+"""Atomic file replacement: staged temporary files, renamed into place, removed on failure or signal; scratch
+directories (:func:`temporary_directory`) removed the same way.
 
 :func:`staged_file` is the primitive (a temporary file in the target's directory that becomes the target only
 when :meth:`Staged.commit` is called); :func:`atomic_write` commits when its block ends without an error.
@@ -42,6 +43,7 @@ _WRITE_ERRNOS = {
 
 _live_lock = threading.Lock()
 _live_temps: set[str] = set()
+_live_dirs: set[str] = set()
 _signal_depth = 0
 _previous_handlers: dict[int, Any] = {}
 
@@ -109,9 +111,34 @@ def clean_stale_temp_files(directory: PathLike) -> list[Path]:
 def _remove_live_temps() -> None:
     with _live_lock:
         names = list(_live_temps)
+        folders = list(_live_dirs)
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(name)
+    import shutil
+
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def temporary_directory(prefix: str) -> Iterator[Path]:
+    """A fresh scratch directory (``tempfile.mkdtemp``), removed with its contents when the block ends, on any
+    exception, and on SIGTERM, SIGINT and SIGHUP (by the handler of :func:`remove_on_signal`, which then lets the
+    signal act as before): the one place every command's scratch space (``generate``, ``demo``) is cleaned up."""
+    import shutil
+    import tempfile
+
+    with remove_on_signal():
+        folder = tempfile.mkdtemp(prefix=prefix)
+        with _live_lock:
+            _live_dirs.add(folder)
+        try:
+            yield Path(folder)
+        finally:
+            with _live_lock:
+                _live_dirs.discard(folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -261,9 +288,12 @@ def write_bytes(target: PathLike, data: bytes) -> Path:
 
 
 def write_text(target: PathLike, text: str, encoding: str = "utf-8") -> Path:
-    """Replace ``target`` atomically with ``text``; returns the target."""
-    with atomic_write(target, "w", encoding=encoding) as handle:
-        handle.write(text)
+    """Replace ``target`` atomically with ``text``; returns the target. A character the encoding cannot hold (a
+    lone surrogate: a byte of a file name that is not UTF-8, quoted in a report) is written as its ``\\uXXXX``
+    escape, which JSON reads back as that character."""
+    data = text.encode(encoding, errors="backslashreplace")
+    with atomic_write(target, "wb") as handle:
+        handle.write(data)
     return Path(target)
 
 

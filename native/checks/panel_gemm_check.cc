@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -234,8 +236,50 @@ void CheckConversions() {
 
 }  // namespace
 
+// PackQuantizedRows (codes as stored rows, as the kernel loads them) gives the bytes PackQuantized gives from the
+// same codes read one by one; with a uniform zero point, the zero points every panel reads are that one.
+void CheckRowPacking(int bits, bool int8_rows, bool uniform_zero, int64_t k, int64_t n, int64_t block,
+                     Random& random) {
+  const int64_t row_bytes = (k * bits + 7) / 8, blocks = (k + block - 1) / block;
+  std::vector<uint8_t> rows(static_cast<size_t>(n * row_bytes));
+  for (auto& byte : rows) byte = static_cast<uint8_t>(random.Next());
+  std::vector<float> scales(static_cast<size_t>(n * blocks));
+  for (auto& value : scales) value = random.Uniform();
+  std::vector<uint8_t> zeros(scales.size());
+  for (auto& value : zeros) value = uniform_zero ? 8 : static_cast<uint8_t>(random.Next() % (1u << bits));
+  auto code = [&](int64_t i, int64_t j) {
+    const uint8_t* row = rows.data() + j * row_bytes;
+    return bits == 8 ? row[i] : static_cast<uint8_t>((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 0x0F);
+  };
+  auto scale = [&](int64_t b, int64_t j) { return scales[static_cast<size_t>(j * blocks + b)]; };
+  auto zero = [&](int64_t b, int64_t j) { return zeros[static_cast<size_t>(j * blocks + b)]; };
+  ndp::PackedMatrix one, two;
+  one.PackQuantized(bits, block, k, n, code, scale, zero, int8_rows);
+  two.PackQuantizedRows(bits, block, k, n, rows.data(), row_bytes, scale, zero, int8_rows, uniform_zero);
+  const std::string what = "row packing bits " + std::to_string(bits) + (int8_rows ? " int8 rows" : "") +
+                           (uniform_zero ? " uniform zero" : "") + " k " + std::to_string(k) + " n " +
+                           std::to_string(n) + " block " + std::to_string(block);
+  const size_t panel_bytes = static_cast<size_t>(one.PanelRows() * ndp::PackedMatrix::RowBytes(one.format()));
+  for (int64_t p = 0; p < one.panel_count(); ++p) {
+    if (std::memcmp(one.panel(p), two.panel(p), panel_bytes) != 0) Fail(what + ": codes of panel " + std::to_string(p));
+    const size_t count = static_cast<size_t>(blocks * ndp::kPanelWidth);
+    if (std::memcmp(one.scales(p), two.scales(p), count * sizeof(float)) != 0) Fail(what + ": scales");
+    const int64_t width = std::min(ndp::kPanelWidth, n - p * ndp::kPanelWidth);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t j = 0; j < width; ++j)
+        if (one.zeros(p)[b * ndp::kPanelWidth + j] != two.zeros(p)[b * ndp::kPanelWidth + j]) Fail(what + ": zeros");
+  }
+  if (uniform_zero && two.bytes() >= one.bytes() && one.panel_count() > 1) Fail(what + ": zero points not shared");
+}
+
 int main() {
   CheckConversions();
+  Random packing;
+  for (int bits : {8, 4})
+    for (bool int8_rows : {false, true})
+      for (bool uniform_zero : {false, true})
+        for (int64_t k : {32, 90, 352})
+          for (int64_t n : {2, 32, 70}) CheckRowPacking(bits, int8_rows, uniform_zero, k, n, 32, packing);
   ndp::PanelIsa best;
   const std::string chosen = ndp::ChoosePanelIsa(nullptr, &best);
   if (!chosen.empty()) Fail("no kernel for this CPU: " + chosen);

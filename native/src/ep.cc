@@ -25,6 +25,7 @@
 #include "moe_kernel.h"
 #include "op_contract_gen.h"  // kDomain, kOpType, kOpsetVersion: generated from graph_passes/sharded_op.py
 #include "routing_log.h"
+#include "weight_map.h"
 
 #ifndef NDP_EP_VERSION
 #define NDP_EP_VERSION "0.0.0"
@@ -163,6 +164,65 @@ OrtStatus* TensorOf(const OrtValue* value, RawTensor* out) {
   NDP_RETURN_IF_ERROR(status);
   out->elem_type = static_cast<int32_t>(type);
   return g_api->GetTensorData(value, &out->data);
+}
+
+// Bytes per element of the weight types the contract allows (0: another type, left to ONNX Runtime's value).
+size_t ElementBytes(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+      return 4;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+      return 2;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// A weight held in an external-data file, mapped through `files` (weight_map.h): true with *out filled, or false
+// (no external data, a location left to ONNX Runtime, a size that does not match the type) for ONNX Runtime's
+// value to be used instead, whose loading then applies ONNX Runtime's own checks.
+OrtStatus* MapExternalWeight(const OrtGraph* graph, const OrtValueInfo* info, WeightFileMap* files, RawTensor* out,
+                             bool* mapped) {
+  *mapped = false;
+  OrtExternalInitializerInfo* external = nullptr;
+  NDP_RETURN_IF_ERROR(g_api->ValueInfo_GetExternalInitializerInfo(info, &external));
+  if (external == nullptr) return nullptr;
+  const char* relative = g_api->ExternalInitializerInfo_GetFilePath(external);
+  const std::string location = relative ? relative : "";
+  const int64_t offset = g_api->ExternalInitializerInfo_GetFileOffset(external);
+  const size_t bytes = g_api->ExternalInitializerInfo_GetByteSize(external);
+  g_api->ReleaseExternalInitializerInfo(external);
+  const char* model_path = nullptr;
+  NDP_RETURN_IF_ERROR(g_api->Graph_GetModelPath(graph, &model_path));
+  if (model_path == nullptr || *model_path == '\0') return nullptr;  // a model from bytes: ORT knows the folder
+  const std::string path = ExternalDataPath(model_path, location);
+  if (path.empty()) return nullptr;
+  const OrtTypeInfo* type_info = nullptr;
+  NDP_RETURN_IF_ERROR(g_api->GetValueInfoTypeInfo(info, &type_info));
+  const OrtTensorTypeAndShapeInfo* tensor_info = nullptr;
+  NDP_RETURN_IF_ERROR(g_api->CastTypeInfoToTensorInfo(type_info, &tensor_info));
+  if (tensor_info == nullptr) return nullptr;
+  ONNXTensorElementDataType type;
+  size_t rank = 0;
+  NDP_RETURN_IF_ERROR(g_api->GetTensorElementType(tensor_info, &type));
+  NDP_RETURN_IF_ERROR(g_api->GetDimensionsCount(tensor_info, &rank));
+  RawTensor tensor;
+  tensor.elem_type = static_cast<int32_t>(type);
+  tensor.shape.assign(rank, 0);
+  NDP_RETURN_IF_ERROR(g_api->GetDimensions(tensor_info, tensor.shape.data(), rank));
+  size_t elements = 1;
+  for (int64_t dim : tensor.shape) {
+    if (dim < 0) return nullptr;
+    elements *= static_cast<size_t>(dim);
+  }
+  if (ElementBytes(type) == 0 || elements * ElementBytes(type) != bytes) return nullptr;
+  if (!files->Map(path, offset, bytes, &tensor.data).empty()) return nullptr;  // ONNX Runtime reports it
+  *out = std::move(tensor);
+  *mapped = true;
+  return nullptr;
 }
 
 // ---- the compiled node -------------------------------------------------------------------------------------
@@ -394,7 +454,11 @@ struct NdpEp : OrtEp {
         std::vector<const OrtValueInfo*> inputs;
         NDP_RETURN_IF_ERROR(NodeInputs(node, &inputs));
         std::vector<RawTensor> weights(inputs.size() - 3);
+        WeightFileMap files;  // external data, mapped here and dropped expert by expert (weight_map.h)
         for (size_t i = 3; i < inputs.size(); ++i) {
+          bool mapped = false;
+          NDP_RETURN_IF_ERROR(MapExternalWeight(graphs[g], inputs[i], &files, &weights[i - 3], &mapped));
+          if (mapped) continue;
           const OrtValue* value = nullptr;
           NDP_RETURN_IF_ERROR(g_api->ValueInfo_GetInitializerValue(inputs[i], &value));
           if (value == nullptr) return Error(ORT_EP_FAIL, spec.layer + ": a weight is not an initializer");
@@ -409,7 +473,9 @@ struct NdpEp : OrtEp {
         PanelIsa isa;
         problem = ChoosePanelIsa(std::getenv(kKernelIsaEnv), &isa);
         if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, problem);
-        problem = compiled->kernel.Load(spec, weights, compute, isa);
+        problem = compiled->kernel.Load(spec, weights, compute, isa, [&files](const RawTensor& t) {
+          files.Release(t.data, t.element_count() * ElementBytes(static_cast<ONNXTensorElementDataType>(t.elem_type)));
+        });
         if (!problem.empty()) return Error(ORT_INVALID_GRAPH, problem);
         const char* name = nullptr;
         NDP_RETURN_IF_ERROR(g_api->Node_GetName(node, &name));

@@ -168,7 +168,7 @@ size_t RawTensor::element_count() const {
 }
 
 std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
-                            PanelIsa isa) {
+                            PanelIsa isa, const ReleaseWeight& release) {
   std::string error = spec.Validate();
   if (!error.empty()) return error;
   if (weights.size() != spec.weight_input_count())
@@ -227,11 +227,12 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     const int64_t row_bytes = k * bits / 8, blocks = (k + block - 1) / block, zero_row_bytes = (blocks * bits + 7) / 8;
     const auto* code_data = static_cast<const uint8_t*>(codes.data);
     const auto* zero_data = zeros ? static_cast<const uint8_t*>(zeros->data) : nullptr;
-    out.PackQuantized(
-        bits, block, k, n, [&](int64_t i, int64_t j) { return Unpack(code_data + j * row_bytes, i, bits); },
+    out.PackQuantizedRows(
+        bits, block, k, n, code_data, row_bytes,
         [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
         [&](int64_t b, int64_t j) { return zero_data ? Unpack(zero_data + j * zero_row_bytes, b, bits) : default_zero; },
-        int8);  // int8 rows multiply the codes one byte each, four rows at a time
+        int8,               // int8 rows multiply the codes one byte each, four rows at a time
+        zeros == nullptr);  // no zero points: the default one, kept once
   };
 
   experts_.assign(static_cast<size_t>(E), ExpertWeights{});
@@ -279,6 +280,14 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
       if (!error.empty()) return error;
       w.down_bias.resize(static_cast<size_t>(H));
       for (int64_t j = 0; j < H; ++j) w.down_bias[static_cast<size_t>(j)] = ReadFloat(down_bias[e], j);
+    }
+    if (release) {  // expert e is packed: its source tensors are not read again
+      for (int64_t s = 0; s < S; ++s) {
+        const size_t i = static_cast<size_t>(e * S + s);
+        for (const RawTensor* group : {first, down, first_scales, down_scales, first_zp, down_zp, first_bias})
+          if (group) release(group[i]);
+      }
+      if (down_bias) release(down_bias[e]);
     }
   }
   return "";

@@ -113,6 +113,9 @@ struct ExpertWeights {
   std::vector<float> down_bias;   // [H] or empty
 };
 
+// Called with each source tensor once the kernel has packed what it needs from it (it never reads it again).
+using ReleaseWeight = std::function<void(const RawTensor&)>;
+
 // Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory.
 using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
 
@@ -120,8 +123,10 @@ class MoEKernel {
  public:
   // Builds the kernel from the node's weight inputs (in contract order); returns an error message or "".
   // `compute` says how quantized projections multiply (ignored for float weights); `isa` which matrix kernel runs.
+  // Experts are packed one after the other; `release` (when set) gets each expert's tensors after its packing, so
+  // a caller holding them in a file mapping can drop their pages while the next expert is packed.
   std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
-                   PanelIsa isa);
+                   PanelIsa isa, const ReleaseWeight& release = nullptr);
 
   const MoESpec& spec() const { return spec_; }
 

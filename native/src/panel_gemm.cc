@@ -16,14 +16,57 @@
 
 namespace ndp {
 
-void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block) {
+void PackedMatrix::Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero) {
   format_ = format;
   k_ = k;
   n_ = n;
   block_ = block;
+  uniform_zero_ = uniform_zero;
   data_.assign(static_cast<size_t>(panel_count() * PanelRows() * RowBytes(format)), 0);
   scales_.assign(static_cast<size_t>(panel_count() * Blocks() * kPanelWidth), 0.0f);
-  zeros_.assign(scales_.size(), 0);
+  zeros_.assign(uniform_zero ? static_cast<size_t>(Blocks() * kPanelWidth) : scales_.size(), 0);
+}
+
+void PackedMatrix::PackCodeRows(int bits, const uint8_t* codes, int64_t row_bytes) {
+  const int64_t row_out = RowBytes(format_);
+  for (int64_t p = 0; p < panel_count(); ++p) {
+    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n_ - first);
+    uint8_t* out = data_.data() + p * PanelRows() * row_out;
+    if (format_ == PanelFormat::kUint4) {  // byte c of a panel row: column c in its low nibble, c + 16 in its high
+      for (int64_t j = 0; j < std::min<int64_t>(width, 16); ++j) {
+        const uint8_t* low = codes + (first + j) * row_bytes;
+        const uint8_t* high = j + 16 < width ? codes + (first + j + 16) * row_bytes : nullptr;
+        uint8_t* column = out + j;
+        int64_t i = 0;
+        if (high != nullptr) {
+          for (; i + 1 < k_; i += 2) {
+            const uint8_t a = low[i >> 1], b = high[i >> 1];
+            column[i * row_out] = static_cast<uint8_t>((a & 0x0F) | (b << 4));
+            column[(i + 1) * row_out] = static_cast<uint8_t>((a >> 4) | (b & 0xF0));
+          }
+          if (i < k_) column[i * row_out] = static_cast<uint8_t>((low[i >> 1] & 0x0F) | (high[i >> 1] << 4));
+        } else {
+          for (; i + 1 < k_; i += 2) {
+            const uint8_t a = low[i >> 1];
+            column[i * row_out] = static_cast<uint8_t>(a & 0x0F);
+            column[(i + 1) * row_out] = static_cast<uint8_t>(a >> 4);
+          }
+          if (i < k_) column[i * row_out] = static_cast<uint8_t>(low[i >> 1] & 0x0F);
+        }
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      const uint8_t* row = codes + (first + j) * row_bytes;
+      if (format_ == PanelFormat::kInt8Quads) {  // column j's four codes of a quad of rows side by side
+        for (int64_t i = 0; i < k_; ++i)
+          out[(i / 4) * 4 * kPanelWidth + j * 4 + i % 4] =
+              bits == 8 ? row[i] : static_cast<uint8_t>((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 0x0F);
+      } else {
+        for (int64_t i = 0; i < k_; ++i) out[i * row_out + j] = row[i];
+      }
+    }
+  }
 }
 
 namespace {

@@ -60,10 +60,19 @@ class PackedMatrix {
   template <typename Value>
   void PackFloat(PanelFormat format, int64_t k, int64_t n, Value value);
   // Packs a block-quantized K x N matrix of `bits` (8 or 4) bit codes: code(i, j), and scale(b, j) / zero(b, j)
-  // for block b = i / block of rows; as kInt8Quads when `int8_rows` (then `block` is a multiple of 4).
+  // for block b = i / block of rows; as kInt8Quads when `int8_rows` (then `block` is a multiple of 4). With
+  // `uniform_zero` every zero point is `zero(0, 0)` (a model without zero points): one block row of them is kept
+  // and shared by every panel instead of one byte per block and column.
   template <typename Code, typename Scale, typename Zero>
   void PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero,
-                     bool int8_rows = false);
+                     bool int8_rows = false, bool uniform_zero = false);
+
+  // PackQuantized for codes stored as ONNX Runtime's QMoE and the sharded op store them: N rows of `row_bytes`
+  // bytes, row j holding column j's K codes along the input (two 4-bit codes a byte, low nibble first). Gives the
+  // same panels as PackQuantized with code(i, j) read from there, streaming each row once.
+  template <typename Scale, typename Zero>
+  void PackQuantizedRows(int bits, int64_t block, int64_t k, int64_t n, const uint8_t* codes, int64_t row_bytes,
+                         Scale scale, Zero zero, bool int8_rows = false, bool uniform_zero = false);
 
   PanelFormat format() const { return format_; }
   int64_t rows() const { return k_; }
@@ -73,7 +82,7 @@ class PackedMatrix {
   size_t bytes() const { return data_.size() + scales_.size() * sizeof(float) + zeros_.size(); }
   const uint8_t* panel(int64_t p) const { return data_.data() + p * PanelRows() * RowBytes(format_); }
   const float* scales(int64_t p) const { return scales_.data() + p * Blocks() * kPanelWidth; }
-  const uint8_t* zeros(int64_t p) const { return zeros_.data() + p * Blocks() * kPanelWidth; }
+  const uint8_t* zeros(int64_t p) const { return zeros_.data() + (uniform_zero_ ? 0 : p * Blocks() * kPanelWidth); }
 
   static int64_t RowBytes(PanelFormat format) {
     switch (format) {
@@ -93,14 +102,18 @@ class PackedMatrix {
   int64_t PanelRows() const { return format_ == PanelFormat::kInt8Quads ? (k_ + 3) / 4 * 4 : k_; }
 
  private:
-  void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block);
+  void Allocate(PanelFormat format, int64_t k, int64_t n, int64_t block, bool uniform_zero = false);
+  void PackCodeRows(int bits, const uint8_t* codes, int64_t row_bytes);  // the codes of PackQuantizedRows
+  template <typename Scale, typename Zero>
+  void PackBlockParameters(Scale scale, Zero zero, bool uniform_zero);
   int64_t Blocks() const { return block_ ? (k_ + block_ - 1) / block_ : 0; }
 
   PanelFormat format_ = PanelFormat::kFloat32;
   int64_t k_ = 0, n_ = 0, block_ = 0;
   AlignedBytes data_;
   AlignedFloats scales_;       // [panel][block][kPanelWidth]
-  std::vector<uint8_t> zeros_;  // [panel][block][kPanelWidth]
+  std::vector<uint8_t> zeros_;  // [panel][block][kPanelWidth], or [block][kPanelWidth] shared when uniform_zero_
+  bool uniform_zero_ = false;
 };
 
 // The instruction sets PanelGemm has kernels for. All sum over k in the same order; the AVX kernels fuse each
@@ -182,9 +195,10 @@ void PackedMatrix::PackFloat(PanelFormat format, int64_t k, int64_t n, Value val
 
 template <typename Code, typename Scale, typename Zero>
 void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, Code code, Scale scale, Zero zero,
-                                 bool int8_rows) {
+                                 bool int8_rows, bool uniform_zero) {
   const PanelFormat format = int8_rows ? PanelFormat::kInt8Quads : bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
-  Allocate(format, k, n, block);
+  Allocate(format, k, n, block, uniform_zero);
+  if (uniform_zero) std::fill(zeros_.begin(), zeros_.end(), static_cast<uint8_t>(zero(0, 0)));
   const int64_t row_bytes = RowBytes(format), blocks = Blocks();
   for (int64_t p = 0; p < panel_count(); ++p) {
     const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n - first);
@@ -201,10 +215,31 @@ void PackedMatrix::PackQuantized(int bits, int64_t block, int64_t k, int64_t n, 
         }
       }
     }
+  }
+  PackBlockParameters(scale, zero, uniform_zero);
+}
+
+template <typename Scale, typename Zero>
+void PackedMatrix::PackQuantizedRows(int bits, int64_t block, int64_t k, int64_t n, const uint8_t* codes,
+                                     int64_t row_bytes, Scale scale, Zero zero, bool int8_rows, bool uniform_zero) {
+  const PanelFormat format = int8_rows ? PanelFormat::kInt8Quads : bits == 8 ? PanelFormat::kUint8 : PanelFormat::kUint4;
+  Allocate(format, k, n, block, uniform_zero);
+  if (uniform_zero) std::fill(zeros_.begin(), zeros_.end(), static_cast<uint8_t>(zero(0, 0)));
+  PackCodeRows(bits, codes, row_bytes);
+  PackBlockParameters(scale, zero, uniform_zero);
+}
+
+// Each panel's scales (and zero points unless uniform) per block of rows: [panel][block][kPanelWidth].
+template <typename Scale, typename Zero>
+void PackedMatrix::PackBlockParameters(Scale scale, Zero zero, bool uniform_zero) {
+  const int64_t blocks = Blocks();
+  for (int64_t p = 0; p < panel_count(); ++p) {
+    const int64_t first = p * kPanelWidth, width = std::min(kPanelWidth, n_ - first);
     for (int64_t b = 0; b < blocks; ++b) {
       for (int64_t j = 0; j < width; ++j) {
         scales_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = scale(b, first + j);
-        zeros_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = static_cast<uint8_t>(zero(b, first + j));
+        if (!uniform_zero)
+          zeros_[static_cast<size_t>((p * blocks + b) * kPanelWidth + j)] = static_cast<uint8_t>(zero(b, first + j));
       }
     }
   }

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir, output_file
 
     add_hardware_args(parser, units=False)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     parser.add_argument(
         "--ndp-units",
         type=_unit_counts,
@@ -67,7 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shift-at", type=float, default=0.5, help="fraction of decode after which the domain shifts; -1: none"
     )
-    parser.add_argument("--trace", default=None, help="routing trace file (.npz/.json) instead of synthetic traces")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="routing trace file instead of synthetic traces: a captured one (--save-routing: the model's own shapes "
+        "and routing, benched at each NDP count and policy) or a token trace (.npz/.json) for the built-in models",
+    )
+    parser.add_argument(
+        "--model-from",
+        default=None,
+        metavar="MODEL.onnx",
+        help="bench this model's MoE shapes (converted, or converted in memory) with synthetic routing at the "
+        "calibrated skew instead of the built-in models",
+    )
     parser.add_argument("--seed", type=bounded_int(0), default=0, help="seed of the synthetic routing traces")
     parser.add_argument(
         "--out", type=output_dir, default=None, help="directory for PNG plots and sweeps.json (default: none written)"
@@ -90,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
+    from hw_model.bench_energy_tables import format_energy_table
     from hw_model.bench_tables import format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.models import MODELS
@@ -102,8 +118,16 @@ def run(args: argparse.Namespace) -> int:
     system = SimulationSettings(hw=args.hw).system
     out_dir = Path(args.out) if args.out else None
     sweeps_file = out_dir / "sweeps.json" if out_dir else None
-    check_no_clobber([args.json_out, args.markdown, sweeps_file], [args.trace, args.hw])  # before any work
+    check_no_clobber(
+        [args.json_out, args.markdown, sweeps_file], [args.trace, args.hw, args.model_from, args.placement]
+    )
+    if args.placement:  # checked once, before any work (each job loads it again)
+        SimulationSettings(hw=args.hw, placement=args.placement)
     ndp_units = args.ndp_units or system.supported_ndp_units or (2, 4, 6)
+    from ndp_ep.trace_bench import is_captured_trace
+
+    if args.model_from or (args.trace and is_captured_trace(args.trace)):  # one model's own shapes
+        return _run_one_model(args, tuple(ndp_units))
     skew_override = None
     parts = _str_list(args.skew)
     if all(p in DEFAULT_SKEW_LEVELS for p in parts):
@@ -127,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         locality=args.locality,
         shift_at=None if args.shift_at < 0 else args.shift_at,
         trace_file=args.trace,
+        placement=args.placement,
         seed=args.seed,
         sweeps=not args.no_sweeps,
         default_units=default_units,
@@ -139,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         load_trace(args.trace)
     records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
     text = format_table(records)
+    energy = format_energy_table(records)
+    if energy:
+        text += "\n\n" + energy
     sweeps = format_sweeps(records)
     if sweeps:
         text += "\n\n" + sweeps
@@ -173,4 +201,52 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"plots: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return 0
+
+
+def _run_one_model(args: argparse.Namespace, ndp_units: tuple[int, ...]) -> int:
+    """``--trace CAPTURED.npz`` or ``--model-from MODEL.onnx`` (ndp_ep/trace_bench.py): the main table of one
+    model's own shapes at each NDP count and policy."""
+    import json
+
+    from hw_model.bench import write_json_atomic
+    from hw_model.errors import WorkloadError
+    from hw_model.policies import POLICIES
+    from hw_model.traces import DEFAULT_SKEW_LEVELS
+    from ndp_ep.trace_bench import model_name_of, run_model_bench, trace_from_model
+    from ndp_io import write_text
+
+    if args.model_from and args.trace:
+        raise WorkloadError("--trace and --model-from each name the model to bench: give one")
+    if args.models:
+        raise WorkloadError("--models names built-in models; --trace CAPTURED.npz and --model-from bench their own")
+    policies = args.policies or POLICIES
+    if args.trace:
+        from hw_model.routing_trace_io import load_captured
+
+        trace, notes = load_captured(args.trace), []
+        name = model_name_of(trace.header, "captured")
+    else:
+        from hw_model.settings import SimulationSettings
+
+        parts = _str_list(args.skew)
+        level = parts[0] if parts[0] in DEFAULT_SKEW_LEVELS else "typical"
+        skew = None if parts[0] in DEFAULT_SKEW_LEVELS else float(parts[0])
+        prompt, new = (32, 8) if args.quick else (512, 512)
+        settings = SimulationSettings(hw=args.hw, ndp_units=ndp_units[0], placement=args.placement)
+        trace, notes = trace_from_model(
+            args.model_from, settings, prompt_tokens=prompt, new_tokens=new, level=level, skew=skew, seed=args.seed
+        )
+        name = os.path.splitext(os.path.basename(args.model_from))[0]
+        if name == "model":  # a GenAI folder's model.onnx: the folder names it
+            name = os.path.basename(os.path.dirname(os.path.abspath(args.model_from)))
+    done = run_model_bench(args, trace, name, notes, ndp_units, policies)
+    if args.json:
+        print(json.dumps(done["records"]))
+    else:
+        print(done["text"])
+    if args.markdown:
+        write_text(args.markdown, done["text"] + "\n")
+    if args.json_out:
+        write_json_atomic(args.json_out, done["records"])
     return 0

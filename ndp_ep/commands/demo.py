@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ndp_ep.cli_args import add_hardware_args, add_json_args, bounded_int, output_dir
+from ndp_io import temporary_directory
 
 HELP = "convert and run a bundled MoE sample, check it against stock ONNX Runtime, compare ours with the baselines"
 PARITY_TOLERANCE = 1e-5  # max |provider - stock| relative to max |stock|
@@ -63,6 +63,7 @@ class PolicyRun:
     whole_runs: int  # a whole expert on a single NDP unit
     on_demand_weight_bytes: float
     summary: dict
+    energy_j: float | None = None  # the request's simulated joules (None: the hardware has no energy tables)
 
     def __post_init__(self) -> None:
         if self.prompt_s < 0 or any(s < 0 for s in self.decode_s):
@@ -94,6 +95,7 @@ class PolicyRun:
             whole_runs=sum(1 for p in places if p.startswith("ndp") and p != "ndp"),
             on_demand_weight_bytes=float(summary.get("on_demand_weight_bytes", 0.0)),
             summary=summary,
+            energy_j=None if any(r.energy is None for r in reports) else sum(r.energy.total_j for r in reports),
         )
 
     def to_json(self) -> dict:
@@ -104,6 +106,7 @@ class PolicyRun:
             "total_s": self.total_s,
             "expert_runs": {"gpu": self.gpu_runs, "ndp_split": self.split_runs, "ndp_whole": self.whole_runs},
             "on_demand_weight_bytes": self.on_demand_weight_bytes,
+            "energy_j": self.energy_j,
         }
 
 
@@ -163,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)  # ours: the default policy
     system = settings.system
     ours_policy = settings.policy
-    with tempfile.TemporaryDirectory(prefix="ndp-ep-demo-") as scratch:
+    with temporary_directory("ndp-ep-demo-") as scratch:  # removed on SIGTERM/SIGHUP/SIGINT too (ndp_io)
         out_dir = Path(args.out) if args.out else Path(scratch)
         if args.out:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +247,16 @@ def _comparison(runs: list[PolicyRun], ours: PolicyRun, best: PolicyRun) -> str:
             label += " (ours)"
         ratio = "-" if run is ours else faster_or_slower(run.total_s, ours.total_s)
         rows.append([label, ms(run.prompt_s), ms(run.per_token_s), ms(run.total_s), ratio])
-    return "\n".join(table(rows, "<>>><", indent="  ")) + "\n"
+    lines = table(rows, "<>>><", indent="  ")
+    if ours.energy_j is not None and best.energy_j is not None:
+        watts = ours.energy_j / ours.total_s if ours.total_s > 0 else 0.0
+        ratio = max(best.energy_j, ours.energy_j) / min(best.energy_j, ours.energy_j)
+        lines.append(
+            f"  energy: ours {ours.energy_j * 1e3:.1f} mJ ({watts:.0f} W average), {best.policy} "
+            f"{best.energy_j * 1e3:.1f} mJ: {ratio:.2f}x "
+            f"{'less' if best.energy_j >= ours.energy_j else 'more'}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _where(run: PolicyRun, units: int) -> str:

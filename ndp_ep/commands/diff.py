@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from graph_passes.model_io import model_files
     from ndp_ep.diff import RenderOptions, diff_models, renderers
     from ndp_ep.errors import NdpEpError
+    from ndp_ep.text import unescaped
     from ndp_io import check_no_clobber, write_text
 
     if args.json and args.format not in (None, "json"):
@@ -71,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
             args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         )
         chosen = "json" if args.json else args.format or "text"
-        sys.stdout.write(formats[chosen].render(result, RenderOptions(colour=colour, max_items=args.max_items)))
+        stream = unescaped(sys.stdout) if chosen == "text" else sys.stdout  # the text renderer escapes itself
+        stream.write(formats[chosen].render(result, RenderOptions(colour=colour, max_items=args.max_items)))
     return 0 if result.equivalent else 1

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ndp_ep.genai import GENAI_CONFIG, decoder_path, is_converted, load_decoder, read_config
+from ndp_io import temporary_directory
 
 if TYPE_CHECKING:
     from ndp_ep.genai import GenerationReports
@@ -57,9 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_hardware_args(parser)
     add_policy_arg(parser)
     add_tuning_args(parser)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     add_shards_arg(parser, purpose="shards per expert when converting")
     add_seed_arg(parser, of="the prompt's token ids")
     add_json_args(parser, what="the tokens and the simulated latency")
+    from ndp_ep.cli_args import add_save_routing_arg
+
+    add_save_routing_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     from ndp_ep.errors import NdpEpError
 
     settings = settings_from_args(args)  # every simulation option checked, before any work
+    if args.save_routing:
+        from ndp_ep.cli_args import check_trace_path
+        from ndp_io import check_no_clobber
+
+        check_trace_path(args.save_routing)
+        check_no_clobber([args.save_routing], [args.model_dir, args.reference, args.hw, args.placement])
 
     try:
         import onnxruntime_genai as og
@@ -74,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
         raise NdpEpError("ndp-ep generate needs onnxruntime-genai: pip install 'ndp-ep[genai]'") from None
     model_dir = Path(args.model_dir)
     reference = Path(args.reference) if args.reference else None
+    for folder in (model_dir, reference):  # ONNX Runtime GenAI takes a folder as UTF-8 text only
+        if folder is not None and not _is_utf8(folder):
+            raise NdpEpError(
+                f"{folder}: ONNX Runtime GenAI opens only folders whose path is UTF-8; "
+                "rename it (or link to it from a UTF-8 path)"
+            )
     config = read_config(model_dir)
     check_fits(model_dir, config, args.prompt_tokens, args.new_tokens)
     reference_config = read_config(reference) if reference is not None else config
@@ -82,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         load_decoder(reference, reference_config)
     decoder = load_decoder(model_dir, config)
     converted = is_converted(decoder)
-    with tempfile.TemporaryDirectory(prefix="ndp-ep-generate-") as tmp:
+    with temporary_directory("ndp-ep-generate-") as tmp:  # removed on SIGTERM/SIGHUP/SIGINT too (ndp_io)
         folder = model_dir
         if not converted:
             reference = reference or model_dir
@@ -95,6 +114,15 @@ def run(args: argparse.Namespace) -> int:
             result["reference_tokens_identical"] = expected == result["tokens"]
         _print(result, args)
         return 0 if result.get("reference_tokens_identical", True) else 1
+
+
+def _is_utf8(path: Path) -> bool:
+    try:
+        os.fsencode(path).decode("utf-8")
+        str(path).encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
 
 
 def check_fits(folder: Path, config: dict, prompt_tokens: int, new_tokens: int) -> None:
@@ -210,6 +238,10 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         graph_model, config, settings, prompt_tokens=len(prompt), report_ring=args.new_tokens + 1
     )
     reporter = generation.reporter
+    if args.save_routing:
+        from ndp_ep.routing import start_capture
+
+        start_capture(reporter)
     mismatch = shard_mismatch((c.spec for c in reporter.claimed), system.num_ndp_units)
     if mismatch:  # as ndp-ep run says it
         warn("generate", mismatch)
@@ -218,8 +250,18 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
     wall_s = time.perf_counter() - start
     reports = reporter.reports  # read while the model (and the provider's routing log) is alive
     del model
+    if args.save_routing:
+        from hw_model.routing_trace_io import save_trace
+        from ndp_ep.routing import reporter_trace
+
+        source = f"ndp-ep generate {shown}"
+        trace = reporter_trace(reporter, prompt_tokens=len(prompt), new_tokens=len(tokens), source=source)
+        save_trace(trace, args.save_routing)
     prefill, steps = (reports[0], reports[1:]) if reports else (None, [])
     decode_s = [r.simulated_latency_s for r in steps]
+    energies = [r.energy for r in reports]
+    known = bool(energies) and all(e is not None for e in energies)
+    decode_j = [e.total_j for e in energies[1:]] if known else None
     return {
         "model_dir": str(shown),
         "prompt": prompt,
@@ -232,6 +274,10 @@ def _generate(og, folder: Path, config: dict, graph_model, settings, args, shown
         "decode_steps": len(steps),
         "decode_s_per_token": decode_s,
         "simulated_total_s": sum(r.simulated_latency_s for r in reports),
+        # energy (hw_model/energy.py): the prompt's joules per prompt token, each decode step's joules (one token)
+        "prefill_j_per_token": energies[0].total_j / max(1, prefill.tokens) if known and prefill else None,
+        "decode_j_per_token": decode_j,
+        "energy_j": sum(e.total_j for e in energies) if known else None,
         "simulator": reports[-1].simulator if reports else {},
         "notes": sorted({n for r in reports for n in r.notes}),
     }
@@ -267,5 +313,12 @@ def _print(result: dict, args) -> None:
             f"max {max(decode) * 1e3:.3f})"
         )
     print(f"  total                  {result['simulated_total_s'] * 1e3:10.3f} ms")
+    if result["energy_j"] is not None:
+        decode_j = result["decode_j_per_token"]
+        per_token = f", decode {statistics.mean(decode_j) * 1e3:.3f} mJ/token" if decode_j else ""
+        print(
+            f"  energy   {result['energy_j'] * 1e3:.3f} mJ: prefill {result['prefill_j_per_token'] * 1e3:.3f} "
+            f"mJ/prompt token{per_token}"
+        )
     for note in result["notes"]:
         print(f"  note: {note}")

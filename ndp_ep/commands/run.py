@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_policy_arg(parser)
     add_dtype_arg(parser)
     add_tuning_args(parser)
+    from ndp_ep.cli_args import add_placement_arg
+
+    add_placement_arg(parser)
     add_feed_args(parser)
     add_json_args(parser, what="the run's report and the outputs' shapes")
     parser.add_argument(
@@ -51,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write the simulated timeline as Chrome trace-event JSON (Perfetto)",
     )
+    from ndp_ep.cli_args import add_save_routing_arg
+
+    add_save_routing_arg(parser)
 
 
 def shard_mismatch(specs: Iterable[ShardedOpSpec], ndp_units: int) -> str | None:
@@ -150,12 +156,16 @@ def _run(args: argparse.Namespace) -> int:
     from ndp_ep.session import InferenceSession, one_run_session_options
 
     settings = settings_from_args(args)  # every simulation option checked, before any work
-    outputs = [args.outputs, args.trace]
+    outputs = [args.outputs, args.trace, args.save_routing]
+    if args.save_routing:
+        from ndp_ep.cli_args import check_trace_path
+
+        check_trace_path(args.save_routing)
     if any(outputs):  # never clobber an input (the model, its data files, feeds, a hardware file): before any work
         from graph_passes.model_io import model_files
         from ndp_io import check_no_clobber
 
-        check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw])
+        check_no_clobber(outputs, [*model_files(args.model), args.inputs, args.hw, args.placement])
     feeds = load_feeds(args.inputs) if args.inputs else None
     options = one_run_session_options()  # imports ONNX Runtime
     warm_up()  # its one-time work on a thread of its own while the session imports onnx and checks the model
@@ -164,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         options,
         settings=settings,
         input_shapes={name: value.shape for name, value in feeds.items()} if feeds is not None else None,
+        capture_routing=bool(args.save_routing),
     )
     # the session's claimed nodes are the model's converted nodes, each already parsed and contract-checked
     mismatch = shard_mismatch((c.spec for c in session.reporter.claimed), session.system.num_ndp_units)
@@ -203,6 +214,11 @@ def _run(args: argparse.Namespace) -> int:
         from hw_model.chrome_trace import write_chrome_trace
 
         write_chrome_trace(args.trace, report.chrome_trace())
+    if args.save_routing:
+        from hw_model.routing_trace_io import save_trace
+        from ndp_ep.routing import reporter_trace
+
+        save_trace(reporter_trace(session.reporter, source=f"ndp-ep run {args.model}"), args.save_routing)
     if args.json:
         import json
 

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="measured rows: kernel CSV (kind,dtype,d,f,tokens,shards,median_us,...), transfer CSV "
-        "(direction,memory,bytes,median_us,...) or a DRAM calibration CSV (size sweep or contention); may be "
+        "(direction,memory,bytes,median_us,...) or a DRAM calibration CSV (size sweep, contention, or DRAMPower "
+        "stream energies); may be "
         "repeated; default: every CSV shipped in hw_model/calibration",
     )
     parser.add_argument(
@@ -51,7 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_data() -> list[str]:
     """The calibration CSVs shipped with the package (kernel, transfer and DRAM rows)."""
-    names = ("h200/expert_ffn.csv", "h200/transfers.csv", "ndp_dram/size_sweep_raw.csv", "ndp_dram/contention.csv")
+    names = (
+        "h200/expert_ffn.csv",
+        "h200/transfers.csv",
+        "ndp_dram/size_sweep_raw.csv",
+        "ndp_dram/contention.csv",
+        "dram_energy/streams.csv",
+    )
     return [str(CALIBRATION_DIR / name) for name in names if (CALIBRATION_DIR / name).is_file()]
 
 

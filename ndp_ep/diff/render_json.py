@@ -7,6 +7,7 @@ are counted, not listed. Keys are always present; values that a model does not c
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ndp_ep.diff.renderers import RenderOptions
@@ -132,8 +133,13 @@ def to_json_document(diff: ModelDiff) -> dict[str, Any]:
     }
 
 
+_C1 = re.compile(r"[\x7f-\x9f]")  # json.dumps escapes C0 controls but leaves DEL and C1 raw under ensure_ascii=False
+
+
 def render_json(diff: ModelDiff) -> str:
-    return json.dumps(to_json_document(diff), indent=2, ensure_ascii=False) + "\n"
+    """The diff as JSON; names stay readable UTF-8 but no control character is raw (``\\u009b``, ...)."""
+    text = json.dumps(to_json_document(diff), indent=2, ensure_ascii=False)
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
 
 def render(diff: ModelDiff, options: RenderOptions) -> str:

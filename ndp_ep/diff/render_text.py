@@ -17,7 +17,7 @@ from typing import Any
 
 from ndp_ep.diff.renderers import RenderOptions
 from ndp_ep.diff.result import INITIALIZER_STATUSES, InitializerDiff, ModelDiff, ModelSummary, MoEBlockDiff, NodeRef
-from ndp_ep.text import human_bytes, plural
+from ndp_ep.text import human_bytes, plural, terminal_safe
 
 FORMAT = "text"
 DESCRIPTION = "readable text, wrapped at 80 columns, coloured on a terminal (the default)"
@@ -285,23 +285,7 @@ def render_text(diff: ModelDiff, colour: bool = False, max_items: int = 50, widt
         note = f", plus {shown_with_blocks} shown with their MoE block" if shown_with_blocks else ""
         out.line(out.paint(f"Initializers ({len(init_items)} groups{note})", "bold"))
         out.limited([_init_line(out, item) for item in init_items], "  ")
-    return sanitize_terminal("\n".join(out.lines) + "\n", keep_colours=out.colour)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_SGR = re.compile(r"(\x1b\[(?:[0-9]{1,2};)*[0-9]{1,2}m)")
-
-
-def sanitize_terminal(text: str, keep_colours: bool = False) -> str:
-    """Show control characters (escape sequences in node names: cursor moves, window titles, ...) as ``\\xNN``;
-    with ``keep_colours``, plain colour codes (what :meth:`_Writer.paint` emits) stay."""
-
-    def visible(match: re.Match[str]) -> str:
-        return f"\\x{ord(match.group()):02x}"
-
-    if not keep_colours:
-        return _CONTROL.sub(visible, text)
-    return "".join(part if _SGR.fullmatch(part) else _CONTROL.sub(visible, part) for part in _SGR.split(text))
+    return terminal_safe("\n".join(out.lines) + "\n", keep_colours=out.colour)
 
 
 def render(diff: ModelDiff, options: RenderOptions) -> str:

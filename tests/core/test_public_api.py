@@ -52,5 +52,7 @@ def test_report_text_says_one_token_in_the_singular_and_aligns_its_columns(decod
     lines = str(decode_report).splitlines()
     assert "(decode, 1 token," in lines[0] and "weights costed as bf16" in lines[0]
     assert not re.search(r"\b1 (tokens|experts)\b", str(decode_report))
-    ms_ends = {line.index(" ms") for line in lines[1:] if not line.lstrip().startswith("note:")}
+    rows = [line for line in lines[1:] if line.startswith("  ") and not line.lstrip().startswith("note:")]
+    assert lines[1].startswith("simulated energy ") and " mJ" in lines[1]
+    ms_ends = {line.index(" ms") for line in rows}
     assert len(ms_ends) == 1, lines  # latencies right-aligned in one column

@@ -23,6 +23,15 @@ def script():
 
 def test_the_compiled_list_names_existing_hw_model_modules(script):
     assert script.MODULES and all((ROOT / "hw_model" / f"{name}.py").is_file() for name in script.MODULES)
+    assert script.PACKAGES and all((ROOT / "hw_model" / name / "__init__.py").is_file() for name in script.PACKAGES)
+
+
+def test_a_package_is_compiled_whole_its_init_first(script):
+    files = script.module_files(ROOT)
+    policies = [path.relative_to(ROOT).as_posix() for path in files if path.parent.name == "policies"]
+    assert policies[0] == "hw_model/policies/__init__.py"
+    assert sorted(policies) == sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "hw_model/policies").glob("*.py"))
+    assert "hw_model/policies/tp_lb_prefetch.py" in policies  # ours, as a file of its own
 
 
 def test_without_pythons_headers_hw_model_installs_interpreted_with_a_warning(script, tmp_path, monkeypatch, capsys):
@@ -48,3 +57,17 @@ def test_a_type_error_fails_the_build_naming_the_option_that_skips_the_compile(s
     assert err.err.strip().splitlines()[-1] == script.FAILURE
     assert not list((tmp_path / "out").glob("**/*.so"))
     assert not (source / ".mypy_cache").exists()  # mypy's cache goes under the work directory
+
+
+def test_compiled_modules_names_a_compiled_subpackage_once(tmp_path):
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    import hw_model
+
+    suffix = EXTENSION_SUFFIXES[0]
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "empty").mkdir()
+    for name in ("cost.py", f"simulator{suffix}", "policies/__init__.py", f"policies/__init__{suffix}"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "policies" / f"base{suffix}").write_bytes(b"")
+    assert hw_model.compiled_modules(tmp_path) == ("policies", "simulator")

@@ -1,0 +1,90 @@
+"""The load-balancing packer (:mod:`hw_model.scheduler`) as ``tp+lb`` and ours call it: the placement problem of
+one invocation, its decision memoised per item sequence, and the plan reused while the activation
+histogram stays close to the one it was made on."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hw_model.layout import InvocationLayout
+from hw_model.policies.base import PolicyState
+from hw_model.run_context import RunContext
+from hw_model.scheduler import PlacementProblem, pack
+
+
+def _scheduled_gpu_set(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, resident: list[bool], phase: str
+) -> tuple[list[bool], frozenset[int] | None]:
+    """Per active expert of the invocation ``out``, whether the packer puts it on the GPU (``resident[i]``: whether
+    active expert ``i`` is there already); and the new plan (its GPU set), or None when the plan was reused (while
+    the smoothed activation histogram stays close to the plan's)."""
+    tracker = state.histograms[phase]
+    layer_index, active = out.layer_index, out.active
+    if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
+        state.reuses += 1
+        # respect residency: resident active experts run on the GPU (no copy); others as planned
+        planned_gpu = tracker.plans[layer_index]
+        return [resident[i] or active[i] in planned_gpu for i in range(len(active))], None  # index loop: see simulator
+    # Items differ only by token count and residency, so the packer's decision is a function of the items'
+    # (tokens, resident) sequence: memoised per sequence (a pure speed-up, the decision is identical). A new
+    # sequence is put in one canonical order (by tokens, then residency, then position), so the packer runs
+    # once per distinct set of items, whatever their order.
+    active_tokens = out.active_tokens
+    signature = (ctx.layer_classes[layer_index], tuple(active_tokens), tuple(resident))
+    on_gpu = state.pack_memo.get(signature)
+    if on_gpu is None:
+        canonical = sorted(range(len(active)), key=list(zip(active_tokens, resident, strict=True)).__getitem__)
+        tokens = [active_tokens[i] for i in canonical]
+        res = [resident[i] for i in canonical]
+        canonical_signature = (signature[0], tuple(tokens), tuple(res))
+        decision = state.pack_memo.get(canonical_signature)
+        if decision is None:
+            decision = _pack_decision(ctx, state, out, [active[i] for i in canonical], tokens, res)
+            state.pack_memo[canonical_signature] = decision
+        on_gpu = [False] * len(active)
+        for i, chosen in zip(canonical, decision, strict=True):
+            on_gpu[i] = chosen
+        state.pack_memo[signature] = on_gpu
+    state.recomputations += 1
+    if phase == "decode":
+        state.decode_recomputations += 1
+    planned = frozenset([e for e, chosen in zip(active, on_gpu, strict=True) if chosen])
+    tracker.replan(layer_index, planned)
+    return on_gpu, planned
+
+
+def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, np.ndarray]) -> PlacementProblem:
+    """The packer's problem for the invocation ``out`` over the per-item arrays ``items`` (see
+    :meth:`InvocationLayout.item_arrays`): every unit starts busy with the activation copy, its NDP work and
+    copy reads are costed as the timeline does (kernels and DRAM, the outputs' way back, copy before compute)."""
+    result_s, result_pcie_s = out.result_s()
+    return PlacementProblem(
+        ndp_time_s=items["ndp"],
+        gpu_compute_s=items["gpu"],
+        transfer_s=items["transfer"],
+        transfer_bytes=items["staged"],
+        staging_cap_bytes=ctx.staging_cap_bytes,
+        unit_base_s=np.full(out.units, out.activation_s()),
+        copy_unit_s=items["copy"],
+        ndp_dram_s=items["dram"],
+        result_s=result_s,
+        result_pcie_s=result_pcie_s,
+        ndp_optional=True,
+        copy_tail=True,
+    )
+
+
+def _pack_decision(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, ids: list[int], tokens: list[int], resident: list[bool]
+) -> list[bool]:
+    """The load-balancing packer's choice (per item: on the GPU?) for experts ``ids`` of the invocation ``out``
+    with ``tokens`` tokens each, ``resident`` or not; its wall time is recorded as a decision time."""
+    problem = _placement_problem(ctx, out, out.item_arrays(ids, tokens, resident))
+    started = time.perf_counter()
+    decision = pack(problem).tolist()
+    state.decision_times_s.append(time.perf_counter() - started)
+    if len(state.pack_memo) > 200_000:
+        state.pack_memo.clear()
+    return decision

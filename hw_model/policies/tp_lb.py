@@ -1,0 +1,45 @@
+"""``tp+lb``: the ablation of tensor parallelism and the load-balancing packer, without prefetch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hw_model.layout import InvocationLayout
+from hw_model.policies.base import Policy, PolicyState
+from hw_model.policies.drift import DriftTracker
+from hw_model.policies.packing import _scheduled_gpu_set
+from hw_model.policies.residency import _keep_copies
+from hw_model.run_context import RunContext
+
+
+class TensorParallelLoadBalanced(Policy):
+    name = "tp+lb"
+    role = "ablation"
+    description = "tp + the load-balancing packer moving whole experts to the GPU where the layer ends sooner"
+    source = "arXiv 2601.03992 (load-balancing-aware scheduler)"
+    tensor_parallel = True
+    layout = "sliced"
+
+    def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
+        """Per active expert, whether its weights are on the GPU already."""
+        return [False] * len(active)
+
+    def begin_step(
+        self, ctx: RunContext, state: PolicyState, layers: Sequence[int], counts: np.ndarray, phase: str
+    ) -> None:
+        tracker = state.histograms.get(phase)
+        if tracker is None:
+            width = max(layer.num_experts for layer in ctx.layers)
+            tracker = state.histograms[phase] = DriftTracker(len(ctx.layers), width, ctx.tuning.drift_smoothing)
+        tracker.update(layers, counts)
+
+    def place(self, ctx: RunContext, state: PolicyState, out: InvocationLayout, phase: str) -> None:
+        layer_index = out.layer_index
+        resident = self._resident(state, layer_index, out.active)
+        on_gpu, _ = _scheduled_gpu_set(ctx, state, out, resident, phase)
+        out.extra["resident_selected"] = float(sum(resident))
+        on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
+        if on_the_gpu:
+            _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
