@@ -22,14 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s
+from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s, whole_floor_s
+from hw_model.models import ModelConfig
 from hw_model.run_context import RunContext
+from hw_model.settings import SimulationSettings
 from hw_model.simulator import MoESimulator
 from hw_model.traces import RoutingTrace
 
 DEFAULT_FORESIGHT_WINDOW = 32  # decode tokens between the foresight bound's free refills (the prefetcher's interval)
 
-__all__ = ["DEFAULT_FORESIGHT_WINDOW", "TraceBound", "phase_residency", "trace_bound"]
+__all__ = ["DEFAULT_FORESIGHT_WINDOW", "TraceBound", "bound_fields", "phase_residency", "trace_bound"]
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,15 @@ class _Memo:
             return tp
         homes = [e % units for e in active]
         whole_key = (layer_class, tuple(sorted(zip(tokens, resident, homes, strict=True))))
-        whole = self.whole.get(whole_key)
-        if whole is None:
+        value = self.whole.get(whole_key)  # the least of both families (tp's value is the same for the whole key)
+        if value is None:
             inv = Invocation(layer_index, tuple(active), tuple(tokens))
-            whole = self.whole[whole_key] = invocation_bound_s(ctx, inv, resident, ("whole",)).latency_s
-            self.solved += 1
-        return min(tp, whole)
+            value = tp
+            if whole_floor_s(ctx, inv, resident) < tp:
+                value = min(tp, invocation_bound_s(ctx, inv, resident, ("whole",)).latency_s)
+                self.solved += 1
+            self.whole[whole_key] = value
+        return value
 
 
 def _decode_bound_s(
@@ -155,3 +160,13 @@ def trace_bound(
         windows += [(s, min(s + foresight_window, stop)) for s in range(start, stop, foresight_window)]
     foresight_s = _decode_bound_s(memo, trace, layers, windows, pool)
     return TraceBound(prefill_s, causal_s, foresight_s, memo.solved + 2)
+
+
+def bound_fields(
+    model: ModelConfig, settings: SimulationSettings, trace: RoutingTrace, phase_starts: Sequence[int] = ()
+) -> TraceBound:
+    """:func:`trace_bound` of ``model``'s experts on ``settings``' system over ``trace``, the GPU pool what the bench
+    leaves for experts (the non-expert weights and the KV cache of the whole trace reserved, as ``run_job`` does)."""
+    reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(trace.num_tokens)
+    sim = MoESimulator.from_settings(settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
+    return trace_bound(sim, trace, phase_starts)

@@ -46,7 +46,15 @@ from hw_model.timeline import build_layer_timeline
 
 FAMILIES = ("tp", "whole")
 
-__all__ = ["FAMILIES", "Invocation", "InvocationBound", "bound_context", "invocation_bound_s", "joint_bound_s"]
+__all__ = [
+    "FAMILIES",
+    "Invocation",
+    "InvocationBound",
+    "bound_context",
+    "invocation_bound_s",
+    "joint_bound_s",
+    "whole_floor_s",
+]
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,39 @@ def _whole_block(ctx: RunContext, inv: Invocation) -> _Block:
     return block
 
 
+def whole_floor_s(ctx: RunContext, inv: Invocation, resident: Sequence[bool]) -> float:
+    """A quick lower bound on the ``whole`` family's program (no solver): in any placement, each unit either has work
+    of its own, and then ends no sooner than its start-up plus, for each non-resident expert homed there, the less of
+    running it whole and reading its copy; or has none, and then every non-resident expert homed there is copied over
+    PCIe (and computed on the GPU). The least over which units have work (at most ``2 ** units`` cases)."""
+    _, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
+    costs, expert, units = ctx.costs, ctx.layers[inv.layer_index].expert, ctx.system.num_ndp_units
+    transfer_s, read_s = costs.transfer_s(expert, 1), costs.copy_read_s(expert, 1)
+    start_s = activation_s + result_s
+    dram = [0.0] * units
+    copies = [0.0] * units
+    gpu = [0.0] * units
+    for e, tokens, res in zip(inv.active, inv.tokens, resident, strict=True):
+        if not res:
+            home = e % units
+            dram[home] += min(costs.ndp_dram_s(expert, tokens, 1), read_s)
+            copies[home] += transfer_s
+            gpu[home] += costs.gpu_s(expert, tokens)
+    loaded = [u for u in range(units) if copies[u] > 0]
+    best = float("inf")
+    for mask in range(1 << len(loaded)):  # bit set: that unit has no work
+        pcie = gpu_s = unit_s = 0.0
+        for bit, u in enumerate(loaded):
+            if mask >> bit & 1:
+                pcie += copies[u]
+                gpu_s += gpu[u]
+            else:
+                pcie += result_s
+                unit_s = max(unit_s, start_s + dram[u])
+        best = min(best, max(pcie, gpu_s, unit_s))
+    return (best if loaded else 0.0) + combine_s
+
+
 def _solve(
     blocks: Sequence[_Block],
     residency: Sequence[Sequence[float]],
@@ -213,7 +254,8 @@ def _solve(
     time_limit_s: float = 5.0,
 ) -> float:
     """A lower bound on the least sum of the blocks' ``T`` (plus their fixed parts), exact unless ``relax`` (binaries
-    relaxed to [0, 1]) or the time limit ends the branch and bound (its dual bound is returned).
+    relaxed to [0, 1]: an LP, solved without a time limit) or the time limit ends the branch and bound (its dual
+    bound is returned).
     ``residency[b][i]``: the upper bound of block ``b``'s ``r_i``; ``pool``: (bytes of each residency variable in
     block order, pool bytes) for a joint fill."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -267,7 +309,7 @@ def _solve(
         constraints=LinearConstraint(matrix, np.array(lows), np.array(highs)),
         bounds=Bounds(np.concatenate(lower), np.concatenate(upper)),
         integrality=None if relax else np.concatenate(integer),
-        options={"mip_rel_gap": 1e-9, "time_limit": time_limit_s},
+        options={"mip_rel_gap": 1e-9} if relax else {"mip_rel_gap": 1e-9, "time_limit": time_limit_s},
     )
     fixed_s = sum(block.fixed_s for block in blocks)
     if result.status == 0 and result.x is not None:
@@ -316,7 +358,9 @@ def invocation_bound_s(
     best = InvocationBound(float("inf"), "")
     upper = [[1.0 if flag else 0.0 for flag in resident]]
     for family in families:
-        if family == "whole" and ctx.system.num_ndp_units == 0:
+        if family == "whole" and (
+            ctx.system.num_ndp_units == 0 or whole_floor_s(ctx, inv, resident) >= best.latency_s
+        ):  # a family that cannot go below another's value changes nothing
             continue
         value = _solve_family(family, ctx, [inv], upper, None, best.latency_s)
         if value < best.latency_s:

@@ -88,6 +88,7 @@ class ExpertPrefetcher:
         # per layer, the experts whose copy is on the GPU (sets: the simulator asks about a handful of experts
         # per invocation, where a set look-up is much cheaper than indexing an array)
         self.resident_sets: list[set[int]] = [set() for _ in num_experts]
+        self.held_bytes = 0.0  # bytes of the resident experts (kept as they are loaded, adopted and evicted)
         self._widths = list(num_experts)
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
         self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
@@ -185,6 +186,7 @@ class ExpertPrefetcher:
                 queue.popleft()
                 if expert in self._wanted_sets[layer]:
                     resident[layer].add(expert)
+                    self.held_bytes += self._expert_bytes[layer]
                     self.loads_completed += 1
             else:
                 queue[0] = (layer, expert, left - step)
@@ -197,6 +199,7 @@ class ExpertPrefetcher:
         resident = self.resident_sets[layer]
         if expert in self._wanted_sets[layer] and expert not in resident:
             resident.add(expert)
+            self.held_bytes += self._expert_bytes[layer]
             self.loads_completed += 1
             self.adopted += 1
             return True
@@ -269,6 +272,8 @@ class ExpertPrefetcher:
             self.evictions += len((self._wanted_sets[layer] - wanted[layer]) & resident)
             resident_sets.append(resident & wanted[layer])
         self.resident_sets = resident_sets
+        sizes = self._expert_bytes
+        self.held_bytes = sum([len(resident_sets[layer]) * sizes[layer] for layer in range(len(wanted))], 0.0)
         self._wanted_sets = wanted
         kept = deque([entry for entry in self._queue if entry[1] in wanted[entry[0]]])
         queued_bytes = float(sum([left for _, _, left in kept]))
