@@ -22,11 +22,12 @@ from hw_model.settings import DEFAULT_POLICY, SimulationSettings
 from hw_model.traces import skew_for
 
 # the knobs as they were before issue 29's changes; each variant is one change from them, "now" the defaults
-BEFORE: dict[str, object] = {"dynamic_staging": 0, "replan_on_residency": 0}
+BEFORE: dict[str, object] = {"dynamic_staging": 0, "adopt_prefill_copies": 0, "replan_on_residency": 0}
 VARIANTS: dict[str, dict[str, object]] = {
     "before": BEFORE,
     "dynamic-staging": {**BEFORE, "dynamic_staging": 1},
     "replan-on-residency": {**BEFORE, "replan_on_residency": 1},
+    "adopt-prefill-copies": {**BEFORE, "adopt_prefill_copies": 1},
     "always-replan": {**BEFORE, "drift_threshold": 0.0},
     "residency=0.9": {**BEFORE, "residency_fraction": 0.9},
     "now": {},

@@ -205,6 +205,31 @@ class ExpertPrefetcher:
             return True
         return False
 
+    def adopt_prefill_copies(self, layer: int, copied: list[tuple[int, int]]) -> int:
+        """Before the first plan, the prefill of ``layer`` copied ``copied`` (``(expert, tokens)`` pairs) to the GPU to
+        run them there: keep the ones with the most tokens as resident (and planned), within this layer's share of
+        the residency cap (the cap over the layers), instead of letting the copies go. The first decode step's plan
+        then starts from them (its hysteresis keeps them unless clearly beaten). Returns how many were kept."""
+        if self._planned or not copied:
+            return 0
+        size = self._expert_bytes[layer]
+        share = self.config.residency_cap_bytes / len(self._expert_bytes)
+        resident, wanted = self.resident_sets[layer], self._wanted_sets[layer]
+        kept = 0
+        for expert, _ in sorted(copied, key=lambda item: -item[1]):
+            if (len(resident) + 1) * size > share:
+                break
+            if expert not in resident:
+                resident.add(expert)
+                wanted.add(expert)
+                if not self._lists:
+                    self._wanted_mask[layer, expert] = True
+                self.held_bytes += size
+                self.loads_completed += 1
+                self.adopted += 1
+                kept += 1
+        return kept
+
     # -- planning ---------------------------------------------------------------------------------------
     def _plan(self) -> None:
         """Choose the resident set: best scores per byte within the cap; keep residents unless clearly beaten."""

@@ -66,6 +66,12 @@ class SimulatorTuning:
         "prefill, before any is loaded, the whole pool); 0: only the fixed staging share",
         metavar="0|1",
     )
+    adopt_prefill_copies: int = setting(
+        1,
+        "1: the experts the prefill copies to the GPU to run them stay resident (those with the most tokens, within "
+        "each layer's share of the residency cap) until the first decode plan; 0: the copies go",
+        metavar="0|1",
+    )
     replan_on_residency: int = setting(
         1,
         "1: a reused placement is re-planned when an active expert's residency disagrees with it (resident but "
@@ -91,7 +97,7 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
-        for name in ("dynamic_staging", "replan_on_residency"):
+        for name in ("dynamic_staging", "adopt_prefill_copies", "replan_on_residency"):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in (0, 1):
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
