@@ -28,11 +28,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "dynamic-staging": {**BEFORE, "dynamic_staging": 1},
     "replan-on-residency": {**BEFORE, "replan_on_residency": 1},
     "adopt-prefill-copies": {**BEFORE, "adopt_prefill_copies": 1},
+    "eager-prefetch": {**BEFORE, "eager_prefetch": 1},
     "always-replan": {**BEFORE, "drift_threshold": 0.0},
-    "residency=0.9": {**BEFORE, "residency_fraction": 0.9},
     "now": {},
-    "now+residency=0.9": {"residency_fraction": 0.9},
     "now+residency=1.0": {"residency_fraction": 1.0},
+    "now+eager-prefetch": {"eager_prefetch": 1},
+    "now+decay=0.8": {"prefetch_decay": 0.8},
 }
 
 

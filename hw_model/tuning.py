@@ -72,6 +72,13 @@ class SimulatorTuning:
         "each layer's share of the residency cap) until the first decode plan; 0: the copies go",
         metavar="0|1",
     )
+    eager_prefetch: int = setting(
+        0,
+        "1: the prefetcher's queued copies also run while the NDP units work (the PCIe link idles then), their DRAM "
+        "reads delaying the invocation (measured: no gain but on Mixtral, docs/bench.md); 0: only in the PCIe and DIMM "
+        "idle time",
+        metavar="0|1",
+    )
     replan_on_residency: int = setting(
         1,
         "1: a reused placement is re-planned when an active expert's residency disagrees with it (resident but "
@@ -97,7 +104,7 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
-        for name in ("dynamic_staging", "adopt_prefill_copies", "replan_on_residency"):
+        for name in ("dynamic_staging", "adopt_prefill_copies", "eager_prefetch", "replan_on_residency"):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in (0, 1):
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
