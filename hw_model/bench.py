@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hw_model.bench_bound import bound_fields
 from hw_model.bench_energy import energy_fields
 from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
@@ -80,6 +81,7 @@ class BenchConfig:
     gantt: bool = True
     default_units: int = 4
     lookahead_accuracy: float = 0.8
+    bound: bool = True  # the tight bounds of each main-table and skew row (hw_model.bench_bound)
     placement: str | None = None  # a placement file (hw_model/pins.py) every job simulates with
 
     def __post_init__(self) -> None:
@@ -229,6 +231,8 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
         "best_baseline": None,
         "prefill_s": prefill_s,
         "decode_s": decode_s,
+        "expert_latency_s": expert_s,
+        "expert_latency_prefill_s": summary["expert_latency_prefill_s"],
         "decode_ms_per_token": 1e3 * decode_s / max(1, trace.generated_tokens),
         "decode_p50_ms": 1e3 * float(np.percentile(step_times, 50)),
         "decode_p90_ms": 1e3 * float(np.percentile(step_times, 90)),
@@ -380,11 +384,44 @@ def run_bench(
             if r["section"] == "main" and r["policy"] == OURS_POLICY and r["ndp_units"] == config.default_units
         ]
     fill_speedups(records)
+    if config.bound:
+        fill_bounds(records, config)
     gantt = {}
     for job, result in zip(jobs, results, strict=False):
         if result.gantt:
             gantt.setdefault(job.model.name, {})[job.policy] = result.gantt
     return records, gantt
+
+
+def fill_bounds(records: list[dict[str, Any]], config: BenchConfig, trace_cache: dict | None = None) -> None:
+    """Fill, in every record of the main table and the skew sweep, the row's tight bounds (:mod:`hw_model.bench_bound`;
+    the non-expert time, the same under every policy, added): ``bound_s`` (causal) and ``foresight_bound_s``,
+    ``over_bound`` (the record's latency over the causal bound), ``ceiling_over_best_baseline`` (the strongest
+    baseline of the row over the causal bound: the most any causal policy could gain over it) and
+    ``foresight_ceiling_over_best_baseline``."""
+    cache = {} if trace_cache is None else trace_cache
+    rows: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["section"] in ("main", "skew") and "expert_latency_s" in r:
+            rows.setdefault((r["section"], r["model"], r["ndp_units"], r["skew_level"], r["skew"]), []).append(r)
+    for (_, name, units, level, skew), same in rows.items():
+        model = get_model(name)
+        job = Job(model, SimulationSettings(hw=config.hw, ndp_units=units), level, skew)
+        trace = _trace_for(job, config, cache)
+        starts = []
+        if config.shift_at is not None and not config.trace_file:
+            starts.append(trace.prompt_tokens + int(round(config.shift_at * trace.generated_tokens)))
+        bound = bound_fields(model, job.settings, trace, starts)
+        non_expert_s = same[0]["latency_s"] - same[0]["expert_latency_s"]
+        causal_s, foresight_s = non_expert_s + bound.causal_s, non_expert_s + bound.foresight_s
+        baselines = [r["latency_s"] for r in same if r["policy"] in BASELINE_POLICIES and r["feasible"]]
+        best = min(baselines) if baselines else None
+        for r in same:
+            r["bound_s"] = causal_s
+            r["foresight_bound_s"] = foresight_s
+            r["over_bound"] = r["latency_s"] / causal_s
+            r["ceiling_over_best_baseline"] = best / causal_s if best else None
+            r["foresight_ceiling_over_best_baseline"] = best / foresight_s if best else None
 
 
 def fill_speedups(records: list[dict[str, Any]]) -> None:
@@ -479,6 +516,7 @@ def records_for_json(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 __all__ = [
     "BenchConfig",
     "ProgressBar",
+    "fill_bounds",
     "fill_speedups",
     "main_table",
     "plan_jobs",

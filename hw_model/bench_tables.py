@@ -80,6 +80,45 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_bound_table(records: Sequence[dict[str, Any]]) -> str:
+    """Ours against the tight bound of each main-table row, and the most any causal policy could gain over the
+    strongest baseline (the ceiling), with perfect foresight as well; empty without bounds."""
+    rows = [r for r in main_table(records) if r["policy"] == OURS_POLICY and r.get("bound_s")]
+    if not rows:
+        return ""
+    lines = [
+        "The tight bound (docs/bench.md): end-to-end latency, s; ours over the causal bound; the most any causal "
+        "policy could gain over the strongest baseline (strongest / causal bound), and with perfect foresight",
+        "",
+        f"| model | NDP | {OURS_POLICY} | strongest baseline | causal bound | foresight bound | ours / bound | "
+        "most any causal policy could gain over the strongest | with perfect foresight |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    over, ceilings = [], []
+    for r in sorted(rows, key=lambda r: (*_model_order(r["model"]), r["ndp_units"])):
+        strongest = "-"
+        if r.get("best_baseline") and r.get("speedup_vs_best_baseline"):
+            strongest = f"{r['latency_s'] * r['speedup_vs_best_baseline']:.2f} ({r['best_baseline']})"
+        ceiling = r.get("ceiling_over_best_baseline")
+        foresight = r.get("foresight_ceiling_over_best_baseline")
+        if r["feasible"]:
+            over.append(r["over_bound"])
+            if ceiling:
+                ceilings.append(ceiling)
+        lines.append(
+            f"| {r['model']} | {r['ndp_units']} | {r['latency_s']:.2f} | {strongest} | {r['bound_s']:.2f} | "
+            f"{r['foresight_bound_s']:.2f} | {r['over_bound']:.3f} | "
+            f"{f'{ceiling:.2f}×' if ceiling else '-'} | {f'{foresight:.2f}×' if foresight else '-'} |"
+        )
+    lines.append("")
+    if over:
+        lines.append(
+            f"{OURS_POLICY} over the causal bound: max {max(over):.3f}, mean {float(np.mean(over)):.3f} over "
+            f"{len(over)} feasible rows; the causal ceiling over the strongest baseline: " + _stats(ceilings)
+        )
+    return "\n".join(lines)
+
+
 def format_sweeps(records: Sequence[dict[str, Any]]) -> str:
     """The sweep tables (markdown); empty sections are left out."""
     parts = [
@@ -225,4 +264,4 @@ def _shape_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_sweeps", "format_table"]
+__all__ = ["format_bound_table", "format_sweeps", "format_table"]

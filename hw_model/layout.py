@@ -42,7 +42,8 @@ MEMO_SIZE = 20_000  # memoised layout summaries per run (cleared when full)
 _SHARD_LABELS = tuple(f"e{e} shard" for e in range(1024))  # the labels of sliced experts' NDP jobs
 
 # (kind, tokens, detail_a, detail_b): GPU (resident 0/1, home unit the copy reads or 0); SLICED (0, 0);
-# WHOLE (home unit, 0); SPLIT (k, 0). The expert it is about is kept beside it.
+# WHOLE (home unit, 0); SPLIT (k: 1/k on the GPU, or -k: all but 1/k; resident 0/1). The expert it is about is kept
+# beside it.
 Decision = tuple[int, int, int, int]
 Flags: TypeAlias = Sequence[bool] | np.ndarray  # one flag per active expert: a list, or a boolean array
 
@@ -267,11 +268,15 @@ class InvocationLayout:
         else:
             self.whole_on_units(experts, tokens)
 
-    def split(self, e: int, tokens: int, k: int) -> None:
-        """1/``k`` of expert ``e``'s FFN columns on the GPU (that part of its weights copied), the rest sliced."""
+    def split(self, e: int, tokens: int, k: int, resident: bool = False) -> None:
+        """1/``k`` of expert ``e``'s FFN columns on the GPU (``k`` >= 2; all but 1/``-k`` of them for ``k`` <= -2),
+        that part of its weights copied unless ``resident`` (the GPU holds the whole expert and computes those
+        columns from its copy), the rest sliced."""
         self.ids.append(e)
-        self.state.on_demand_bytes += self.layer.expert.weight_bytes() / k
-        self.decisions.append((SPLIT, tokens, k, 0))
+        if not resident:
+            weight_bytes = self.layer.expert.weight_bytes()
+            self.state.on_demand_bytes += weight_bytes / k if k > 0 else weight_bytes * (-k - 1) / -k
+        self.decisions.append((SPLIT, tokens, k, 1 if resident else 0))
 
     def repin(self, gpu: frozenset[int], ndp: frozenset[int]) -> float:
         """Move the pinned experts among the recorded decisions where the pins say (``gpu``: on the GPU, resident;
@@ -390,22 +395,41 @@ class InvocationLayout:
                 unit_jobs[a].append((f"e{e}", costs.ndp_s(expert, tokens, 1)))
                 unit_dram_s[a] += costs.ndp_dram_s(expert, tokens, 1)
                 unit_tokens[a] = min(tokens_all, unit_tokens[a] + tokens)
-            else:  # SPLIT: 1/k of the FFN columns on the GPU (that part of the weights copied), the rest sliced
+            else:  # SPLIT: a share of the FFN columns on the GPU (that part of the weights copied unless b), the rest
+                # sliced: 1/k of them for a = k >= 2, all but 1/k of them for a = -k
                 k = a
-                part_bytes = expert.weight_bytes() / k
-                transfer = ctx.system.host_link.latency_s + part_bytes / costs.copy_bandwidth(sources)
-                gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, k)
-                gpu_jobs.append(GpuJob(f"e{e} 1/{k}", transfer, gpu_s, part_bytes))
-                rest = units * k / (k - 1)
                 flops = expert.flops(tokens)
-                work[0] += flops / k
-                work[1] += 2 * part_bytes + expert.activation_bytes(tokens, k)
-                work[4] += part_bytes
-                work[2] += flops - flops / k
+                if k > 0:
+                    gpu_shards: float = k
+                    rest = units * k / (k - 1)
+                    part_bytes = expert.weight_bytes() / k
+                    gpu_flops = flops / k
+                    read_s = costs.copy_read_s(expert, sources) / k
+                    label = f"e{e} 1/{k}"
+                else:
+                    gpu_shards = -k / (-k - 1)
+                    rest = units * -k
+                    share = (-k - 1) / -k
+                    part_bytes = expert.weight_bytes() * share
+                    gpu_flops = flops * share
+                    read_s = costs.copy_read_s(expert, sources) * share
+                    label = f"e{e} {-k - 1}/{-k}"
+                gpu_s = expert_shard_time_s(ctx.system.gpu, expert, tokens, gpu_shards)
+                work[0] += gpu_flops
+                work[2] += flops - gpu_flops
                 work[3] += units * (expert.weight_bytes(rest) + expert.activation_bytes(tokens, rest))
                 shared_jobs.append((f"e{e} shard", costs.ndp_s(expert, tokens, rest)))
-                shared_dram_s += costs.ndp_dram_s(expert, tokens, rest) + costs.copy_read_s(expert, sources) / k
                 shared_tokens += tokens
+                if b:  # resident: the GPU computes its columns from the copy it holds
+                    work[1] += part_bytes + expert.activation_bytes(tokens, gpu_shards)
+                    gpu_jobs.append(GpuJob(label, 0.0, gpu_s, 0.0))
+                    shared_dram_s += costs.ndp_dram_s(expert, tokens, rest)
+                    continue
+                work[1] += 2 * part_bytes + expert.activation_bytes(tokens, gpu_shards)
+                work[4] += part_bytes
+                transfer = ctx.system.host_link.latency_s + part_bytes / costs.copy_bandwidth(sources)
+                gpu_jobs.append(GpuJob(label, transfer, gpu_s, part_bytes))
+                shared_dram_s += costs.ndp_dram_s(expert, tokens, rest) + read_s
         if shared_jobs:
             for unit in range(units):
                 own = unit_jobs[unit]

@@ -88,6 +88,7 @@ class ExpertPrefetcher:
         # per layer, the experts whose copy is on the GPU (sets: the simulator asks about a handful of experts
         # per invocation, where a set look-up is much cheaper than indexing an array)
         self.resident_sets: list[set[int]] = [set() for _ in num_experts]
+        self.held_bytes = 0.0  # bytes of the resident experts (kept as they are loaded, adopted and evicted)
         self._widths = list(num_experts)
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
         self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
@@ -187,6 +188,7 @@ class ExpertPrefetcher:
                 queue.popleft()
                 if expert in self._wanted_sets[layer]:
                     resident[layer].add(expert)
+                    self.held_bytes += self._expert_bytes[layer]
                     self.loads_completed += 1
             else:
                 queue[0] = (layer, expert, left - step)
@@ -202,10 +204,36 @@ class ExpertPrefetcher:
         resident = self.resident_sets[layer]
         if expert in self._wanted_sets[layer] and expert not in resident:
             resident.add(expert)
+            self.held_bytes += self._expert_bytes[layer]
             self.loads_completed += 1
             self.adopted += 1
             return True
         return False
+
+    def adopt_prefill_copies(self, layer: int, copied: list[tuple[int, int]]) -> int:
+        """Before the first plan, the prefill of ``layer`` copied ``copied`` (``(expert, tokens)`` pairs) to the GPU to
+        run them there: keep the ones with the most tokens as resident (and planned), within this layer's share of
+        the residency cap (the cap over the layers), instead of letting the copies go. The first decode step's plan
+        then starts from them (its hysteresis keeps them unless clearly beaten). Returns how many were kept."""
+        if self._planned or not copied:
+            return 0
+        size = self._expert_bytes[layer]
+        share = self.config.residency_cap_bytes / len(self._expert_bytes)
+        resident, wanted = self.resident_sets[layer], self._wanted_sets[layer]
+        kept = 0
+        for expert, _ in sorted(copied, key=lambda item: -item[1]):
+            if (len(resident) + 1) * size > share:
+                break
+            if expert not in resident:
+                resident.add(expert)
+                wanted.add(expert)
+                if not self._lists:
+                    self._wanted_mask[layer, expert] = True
+                self.held_bytes += size
+                self.loads_completed += 1
+                self.adopted += 1
+                kept += 1
+        return kept
 
     # -- planning ---------------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -274,6 +302,8 @@ class ExpertPrefetcher:
             self.evictions += len((self._wanted_sets[layer] - wanted[layer]) & resident)
             resident_sets.append(resident & wanted[layer])
         self.resident_sets = resident_sets
+        sizes = self._expert_bytes
+        self.held_bytes = sum([len(resident_sets[layer]) * sizes[layer] for layer in range(len(wanted))], 0.0)
         self._wanted_sets = wanted
         kept = deque([entry for entry in self._queue if entry[1] in wanted[entry[0]]])
         queued_bytes = float(sum([left for _, _, left in kept]))

@@ -480,9 +480,11 @@ class MoESimulator:
             summary = out.summary
             copied = 0.0
             added: Sequence[tuple[str, float, float, str]] = ()
+            latency = summary.latency_s
+            if decode and prefetcher is not None and prefetcher.queued_bytes > 0 and context.tuning.eager_prefetch:
+                latency += self._drain_during_ndp(summary)
             if self._ahead_queue or (prefetcher is not None and prefetcher.queued_bytes > 0):
                 copied, added = self._drain_in_gaps(summary)
-            latency = summary.latency_s
             latencies.append(latency)
             latency_total += latency
             if last_latency is not None:
@@ -599,6 +601,23 @@ class MoESimulator:
             else:
                 self._ahead_queue[0] = (layer, expert, left - step)
         return copied
+
+    def _drain_during_ndp(self, summary: LayoutSummary) -> float:
+        """``eager_prefetch``: run queued prefetch copies while the NDP units work (the PCIe link is idle then, until
+        the first idle window after them), their DRAM reads taking that time from the units they read: returns the
+        seconds the invocation ends later (the copies' reads per DIMM at its streaming bandwidth)."""
+        prefetcher = self._state.prefetcher
+        assert prefetcher is not None
+        window = summary.idle_pcie[0][0] if summary.idle_pcie else summary.latency_s
+        window -= summary.busy.get("pcie", 0.0) + summary.busy.get("pcie_d2h", 0.0)
+        if window <= 0:
+            return 0.0
+        copied = prefetcher.drain(window, self._copy_bandwidth)
+        units = self.system.num_ndp_units
+        if copied <= 0 or units == 0:
+            return 0.0
+        sources = max(1, self.context.copy_sources)
+        return copied / sources / self.system.ndp_unit.achievable_bandwidth_bytes_per_s
 
     def _drain_in_gaps(self, summary: LayoutSummary) -> tuple[float, list[tuple[str, float, float, str]]]:
         """Run queued prefetch copies, then look-ahead copies, in this layer's idle PCIe (host to GPU) time once

@@ -62,6 +62,31 @@ class SimulatorTuning:
         32, "decode steps between the prefetcher's re-plans of the resident experts", metavar="N"
     )
     prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
+    dynamic_staging: int = setting(
+        1,
+        "1: the packer's on-demand copies may use all of the GPU pool the prefetcher's residents do not hold (the "
+        "prefill, before any is loaded, the whole pool); 0: only the fixed staging share",
+        metavar="0|1",
+    )
+    adopt_prefill_copies: int = setting(
+        1,
+        "1: the experts the prefill copies to the GPU to run them stay resident (those with the most tokens, within "
+        "each layer's share of the residency cap) until the first decode plan; 0: the copies go",
+        metavar="0|1",
+    )
+    eager_prefetch: int = setting(
+        0,
+        "1: the prefetcher's queued copies also run while the NDP units work (the PCIe link idles then), their DRAM "
+        "reads delaying the invocation (measured: no gain but on Mixtral, docs/bench.md); 0: only in the PCIe and DIMM "
+        "idle time",
+        metavar="0|1",
+    )
+    replan_on_residency: int = setting(
+        1,
+        "1: a reused placement is re-planned when an active expert's residency disagrees with it (resident but "
+        "planned on the NDP units, or planned on the GPU but not resident); 0: reused whatever the residency",
+        metavar="0|1",
+    )
     power_cap_w: float = setting(
         0.0,
         "average-power cap, watts: tp+lb and ours take the fastest placement whose run-average power "
@@ -81,5 +106,9 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
+        for name in ("dynamic_staging", "adopt_prefill_copies", "eager_prefetch", "replan_on_residency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in (0, 1):
+                raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
         if _number("power_cap_w", self.power_cap_w) < 0:
             raise SettingsError(f"power_cap_w must be non-negative, got {self.power_cap_w!r}", "power_cap_w")

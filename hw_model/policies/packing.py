@@ -23,25 +23,30 @@ def _scheduled_gpu_set(
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
     if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
-        state.reuses += 1
-        # respect residency: resident active experts run on the GPU (no copy); others as planned
         planned_gpu = tracker.plans[layer_index]
-        return [resident[i] or active[i] in planned_gpu for i in range(len(active))], None  # index loop: see simulator
+        # the plan is kept unless residency disagrees with it (replan_on_residency)
+        if not ctx.tuning.replan_on_residency or all(
+            [resident[i] == (active[i] in planned_gpu) for i in range(len(active))]
+        ):
+            state.reuses += 1
+            # respect residency: resident active experts run on the GPU (no copy); others as planned
+            return [resident[i] or active[i] in planned_gpu for i in range(len(active))], None  # index loop: simulator
+    staging_cap = staging_cap_bytes(ctx, state)
     # Items differ only by token count and residency, so the packer's decision is a function of the items'
     # (tokens, resident) sequence: memoised per sequence (a pure speed-up, the decision is identical). A new
     # sequence is put in one canonical order (by tokens, then residency, then position), so the packer runs
     # once per distinct set of items, whatever their order.
     active_tokens = out.active_tokens
-    signature = (ctx.layer_classes[layer_index], tuple(active_tokens), tuple(resident))
+    signature = (ctx.layer_classes[layer_index], tuple(active_tokens), tuple(resident), staging_cap)
     on_gpu = state.pack_memo.get(signature)
     if on_gpu is None:
         canonical = sorted(range(len(active)), key=list(zip(active_tokens, resident, strict=True)).__getitem__)
         tokens = [active_tokens[i] for i in canonical]
         res = [resident[i] for i in canonical]
-        canonical_signature = (signature[0], tuple(tokens), tuple(res))
+        canonical_signature = (signature[0], tuple(tokens), tuple(res), staging_cap)
         decision = state.pack_memo.get(canonical_signature)
         if decision is None:
-            decision = _pack_decision(ctx, state, out, [active[i] for i in canonical], tokens, res)
+            decision = _pack_decision(ctx, state, out, [active[i] for i in canonical], tokens, res, staging_cap)
             state.pack_memo[canonical_signature] = decision
         on_gpu = [False] * len(active)
         for i, chosen in zip(canonical, decision, strict=True):
@@ -55,17 +60,30 @@ def _scheduled_gpu_set(
     return on_gpu, planned
 
 
-def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, np.ndarray]) -> PlacementProblem:
+def staging_cap_bytes(ctx: RunContext, state: PolicyState) -> float:
+    """The bytes one invocation's on-demand copies may take: the fixed staging share, or with ``dynamic_staging``
+    (policies with a prefetcher) all of the GPU pool its residents do not hold."""
+    prefetcher = state.prefetcher
+    if not ctx.tuning.dynamic_staging or prefetcher is None:
+        return ctx.staging_cap_bytes
+    pool = ctx.residency_cap_bytes + ctx.staging_cap_bytes
+    return max(ctx.staging_cap_bytes, pool - prefetcher.held_bytes)
+
+
+def _placement_problem(
+    ctx: RunContext, out: InvocationLayout, items: dict[str, np.ndarray], staging_cap: float | None = None
+) -> PlacementProblem:
     """The packer's problem for the invocation ``out`` over the per-item arrays ``items`` (see
     :meth:`InvocationLayout.item_arrays`): every unit starts busy with the activation copy, its NDP work and
-    copy reads are costed as the timeline does (kernels and DRAM, the outputs' way back, copy before compute)."""
+    copy reads are costed as the timeline does (kernels and DRAM, the outputs' way back, copy before compute);
+    on-demand copies within ``staging_cap`` bytes (default: the fixed staging share)."""
     result_s, result_pcie_s = out.result_s()
     return PlacementProblem(
         ndp_time_s=items["ndp"],
         gpu_compute_s=items["gpu"],
         transfer_s=items["transfer"],
         transfer_bytes=items["staged"],
-        staging_cap_bytes=ctx.staging_cap_bytes,
+        staging_cap_bytes=ctx.staging_cap_bytes if staging_cap is None else staging_cap,
         unit_base_s=np.full(out.units, out.activation_s()),
         copy_unit_s=items["copy"],
         ndp_dram_s=items["dram"],
@@ -77,11 +95,18 @@ def _placement_problem(ctx: RunContext, out: InvocationLayout, items: dict[str, 
 
 
 def _pack_decision(
-    ctx: RunContext, state: PolicyState, out: InvocationLayout, ids: list[int], tokens: list[int], resident: list[bool]
+    ctx: RunContext,
+    state: PolicyState,
+    out: InvocationLayout,
+    ids: list[int],
+    tokens: list[int],
+    resident: list[bool],
+    staging_cap: float | None = None,
 ) -> list[bool]:
     """The load-balancing packer's choice (per item: on the GPU?) for experts ``ids`` of the invocation ``out``
-    with ``tokens`` tokens each, ``resident`` or not; its wall time is recorded as a decision time."""
-    problem = _placement_problem(ctx, out, out.item_arrays(ids, tokens, resident))
+    with ``tokens`` tokens each, ``resident`` or not, copies within ``staging_cap`` bytes; its wall time is recorded
+    as a decision time."""
+    problem = _placement_problem(ctx, out, out.item_arrays(ids, tokens, resident), staging_cap)
     started = time.perf_counter()
     decision = pack(problem).tolist()
     state.decision_times_s.append(time.perf_counter() - started)

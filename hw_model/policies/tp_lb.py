@@ -16,6 +16,7 @@ from hw_model.policies.drift import DriftTracker
 from hw_model.policies.packing import _scheduled_gpu_set
 from hw_model.policies.residency import _keep_copies
 from hw_model.power_cap import PowerBudget, capped_gpu_set
+from hw_model.prefetch import ExpertPrefetcher
 from hw_model.run_context import RunContext
 
 
@@ -57,4 +58,15 @@ class TensorParallelLoadBalanced(Policy):
         out.extra["resident_selected"] = float(sum(resident))
         on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
         if on_the_gpu:
+            if phase == "prefill" and state.prefetcher is not None and ctx.tuning.adopt_prefill_copies:
+                _adopt_prefill_copies(state.prefetcher, out, on_the_gpu)
             _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
+
+
+def _adopt_prefill_copies(
+    prefetcher: ExpertPrefetcher, out: InvocationLayout, on_the_gpu: list[tuple[int, bool]]
+) -> None:
+    """The prefill's copies of ``on_the_gpu`` (``(expert, resident)`` pairs) kept resident
+    (:meth:`ExpertPrefetcher.adopt_prefill_copies`)."""
+    tokens = dict(zip(out.active, out.active_tokens, strict=True))
+    prefetcher.adopt_prefill_copies(out.layer_index, [(e, tokens[e]) for e, res in on_the_gpu if not res])

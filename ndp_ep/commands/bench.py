@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
     from hw_model.bench_energy_tables import format_energy_table
-    from hw_model.bench_tables import format_sweeps, format_table
+    from hw_model.bench_tables import format_bound_table, format_sweeps, format_table
     from hw_model.errors import WorkloadError
     from hw_model.models import MODELS
     from hw_model.policies import POLICIES
@@ -170,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
         load_trace(args.trace)
     records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
     text = format_table(records)
+    bound = format_bound_table(records)
+    if bound:
+        text += "\n\n" + bound
     energy = format_energy_table(records)
     if energy:
         text += "\n\n" + energy

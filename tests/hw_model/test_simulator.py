@@ -50,7 +50,7 @@ def test_events_never_overlap_on_one_resource_and_end_by_the_layer_latency():
 def test_placement_is_reused_until_the_smoothed_histogram_drifts():
     # smoothing 0.1: after k invocations of a disjoint histogram the smoothed one has moved 2 * (1 - 0.9**k)
     # in L1 from the plan's: 0.19 (reuse at threshold 0.25), then 0.361 (recompute)
-    sim = _sim("tp+lb", drift_threshold=0.25, drift_smoothing=0.1)
+    sim = _sim("tp+lb", drift_threshold=0.25, drift_smoothing=0.1, replan_on_residency=0)  # the drift rule alone
     first = _one_hot([0, 1, 2, 3, 4, 5, 6, 7])
     other = _one_hot([10, 11, 12, 13, 14, 15, 16, 17])
     recomputed = [sim.simulate_layer(0, c, "decode").extra["recomputed"] for c in (first, first, other, other)]
@@ -60,7 +60,7 @@ def test_placement_is_reused_until_the_smoothed_histogram_drifts():
 
 
 def test_a_reused_plan_runs_resident_experts_on_the_gpu():
-    sim = _sim("tp+lb+prefetch", drift_threshold=0.5)
+    sim = _sim("tp+lb+prefetch", drift_threshold=0.5, replan_on_residency=0)
     sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
     prefetcher = sim._state.prefetcher
     prefetcher.resident_sets[0].add(9)  # expert 9 of layer 0 became resident
@@ -68,6 +68,20 @@ def test_a_reused_plan_runs_resident_experts_on_the_gpu():
     assert result.extra["recomputed"] == 0.0
     assert result.placement[9] == "gpu"
     assert not any(e.resource == "pcie" and e.label == "e9 weights" for e in result.events)
+
+
+def test_a_plan_is_replanned_when_residency_disagrees_with_it():
+    """replan_on_residency: the same drift-free histogram, but an active expert became resident after the plan put it
+    on the NDP units: re-planned (with the knob off the plan is reused, as above)."""
+    sim = _sim("tp+lb+prefetch", drift_threshold=0.5)
+    first = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
+    assert first.placement[7] == "ndp"
+    again = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
+    assert again.extra["recomputed"] == 0.0  # residency agrees with the plan: reused
+    sim._state.prefetcher.resident_sets[0].add(7)
+    result = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
+    assert result.extra["recomputed"] == 1.0
+    assert result.placement[7] == "gpu"
 
 
 def test_prefetch_makes_popular_experts_resident_and_reports_hits_and_bytes():

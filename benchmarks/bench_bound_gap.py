@@ -1,0 +1,86 @@
+"""Ours against the tight causal bound, one change at a time (docs/bench.md, "Closing the gap to the bound").
+
+Per model and NDP count: the bench's own trace (512 + 512 tokens unless told), the causal bound
+(:mod:`hw_model.bench_bound`) and ``tp+lb+prefetch`` under each variant of its tuning knobs
+(:class:`hw_model.tuning.SimulatorTuning`), each row one change from the default so each is measured on its own, and
+the combination. Prints a markdown table of latency and latency / bound. Deterministic (no wall-time figures).
+
+    python benchmarks/bench_bound_gap.py [--models a,b] [--units 4] [--prompt 512] [--generated 512]
+        [--variants default,residency=1.0,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from hw_model.bench import BenchConfig, Job, _trace_for, run_job
+from hw_model.bench_bound import bound_fields
+from hw_model.models import MODELS, get_model
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings
+from hw_model.traces import skew_for
+
+# the knobs as they were before issue 29's changes; each variant is one change from them, "now" the defaults
+BEFORE: dict[str, object] = {"dynamic_staging": 0, "adopt_prefill_copies": 0, "replan_on_residency": 0}
+VARIANTS: dict[str, dict[str, object]] = {
+    "before": BEFORE,
+    "dynamic-staging": {**BEFORE, "dynamic_staging": 1},
+    "replan-on-residency": {**BEFORE, "replan_on_residency": 1},
+    "adopt-prefill-copies": {**BEFORE, "adopt_prefill_copies": 1},
+    "eager-prefetch": {**BEFORE, "eager_prefetch": 1},
+    "always-replan": {**BEFORE, "drift_threshold": 0.0},
+    "now": {},
+    "now+residency=1.0": {"residency_fraction": 1.0},
+    "now+eager-prefetch": {"eager_prefetch": 1},
+    "now+decay=0.8": {"prefetch_decay": 0.8},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--units", default="4")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--generated", type=int, default=512)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skew", default="typical")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    config = BenchConfig(
+        models=tuple(args.models.split(",")),
+        ndp_units=tuple(int(u) for u in args.units.split(",")),
+        prompt_tokens=args.prompt,
+        generated_tokens=args.generated,
+        seed=args.seed,
+        sweeps=False,
+        gantt=False,
+    )
+    print("| model | NDP | causal bound, s | " + " | ".join(variants) + " |")
+    print("|---|---|---|" + "---|" * len(variants))
+    for name in config.models:
+        model = get_model(name)
+        skew = skew_for(name, args.skew)
+        for units in config.ndp_units:
+            base = SimulationSettings(hw=config.hw, ndp_units=units)
+            cache: dict = {}
+            cells = []
+            bound_s = None
+            for variant in variants:
+                started = time.monotonic()
+                settings = base.replace(policy=DEFAULT_POLICY, **VARIANTS[variant])
+                record = run_job(Job(model, settings, args.skew, skew), config, cache).record
+                if bound_s is None:
+                    trace = _trace_for(Job(model, settings, args.skew, skew), config, cache)
+                    starts = [trace.prompt_tokens + int(round(0.5 * trace.generated_tokens))]
+                    bound = bound_fields(model, settings, trace, starts)
+                    bound_s = record["latency_s"] - record["expert_latency_s"] + bound.causal_s
+                cells.append(f"{record['latency_s']:.2f} ({record['latency_s'] / bound_s:.3f})")
+                print(f"  {name} {units} {variant}: {time.monotonic() - started:.0f} s", file=sys.stderr)
+            print(f"| {name} | {units} | {bound_s:.2f} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

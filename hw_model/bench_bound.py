@@ -1,0 +1,172 @@
+"""The bench's bound: :mod:`hw_model.bound` over a whole routing trace, with the GPU pool filled for free.
+
+The trace is cut into phases: the prefill, then the decode tokens between phase starts (a synthetic trace's domain
+shift starts a new phase). Two bounds of the expert latency:
+
+- **causal**: each decode phase runs with the shared GPU pool holding, for free, that phase's most-used
+  (layer, expert) pairs (as many as fit, most selections first). On a trace whose routing is drawn from one
+  distribution per phase, no policy that cannot see future routing can expect more hits: it can at best hold the
+  most likely experts, and the phase's own counts are the best estimate of which those are.
+- **foresight**: the pool refilled for free every ``window`` decode tokens with the experts of that window
+  (perfect knowledge of the routing ahead at the prefetcher's re-plan granularity, copies free).
+
+The prefill is bounded by one joint program over all its layers (:func:`hw_model.bound.joint_bound_s`), any
+fractions of its experts resident as long as they fit the pool together. The non-expert work is the same for every
+policy: the bench adds it to both (``docs/bench.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s, whole_floor_s
+from hw_model.models import ModelConfig
+from hw_model.run_context import RunContext
+from hw_model.settings import SimulationSettings
+from hw_model.simulator import MoESimulator
+from hw_model.traces import RoutingTrace
+
+DEFAULT_FORESIGHT_WINDOW = 32  # decode tokens between the foresight bound's free refills (the prefetcher's interval)
+
+__all__ = ["DEFAULT_FORESIGHT_WINDOW", "TraceBound", "bound_fields", "phase_residency", "trace_bound"]
+
+
+@dataclass(frozen=True)
+class TraceBound:
+    """Bounds of one trace's expert latency, seconds: the prefill's (shared by both), the decode's under the causal
+    oracle and under perfect foresight; how many distinct programs were solved."""
+
+    prefill_s: float
+    decode_causal_s: float
+    decode_foresight_s: float
+    programs_solved: int
+
+    @property
+    def causal_s(self) -> float:
+        return self.prefill_s + self.decode_causal_s
+
+    @property
+    def foresight_s(self) -> float:
+        return self.prefill_s + self.decode_foresight_s
+
+
+def phase_residency(counts: np.ndarray, expert_bytes: Sequence[float], pool_bytes: float) -> list[set[int]]:
+    """Per layer, the experts the pool holds: the (layer, expert) pairs with the most selections in ``counts``
+    (``[layers, experts]``, one phase's), in that order (ties: lower layer, then lower expert), while their bytes fit
+    ``pool_bytes`` (one that does not fit is passed over); pairs never selected are left out."""
+    layers, width = counts.shape
+    flat = counts.ravel()
+    chosen: list[set[int]] = [set() for _ in range(layers)]
+    left = pool_bytes
+    for cell in np.argsort(-flat, kind="stable").tolist():
+        if flat[cell] <= 0:
+            break
+        size = expert_bytes[cell // width]
+        if size <= left:
+            left -= size
+            chosen[cell // width].add(cell % width)
+    return chosen
+
+
+class _Memo:
+    """Invocation bounds memoised by what they depend on: per family, the layer's class and the active experts'
+    (tokens, resident[, home unit]) in a canonical order."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.tp: dict[tuple, float] = {}
+        self.whole: dict[tuple, float] = {}
+        self.solved = 0
+
+    def bound_s(self, layer_index: int, active: list[int], tokens: list[int], resident: list[bool]) -> float:
+        ctx = self.ctx
+        layer_class = ctx.layer_classes[layer_index]
+        tp_key = (layer_class, tuple(sorted(zip(tokens, resident, strict=True))))
+        tp = self.tp.get(tp_key)
+        if tp is None:
+            inv = Invocation(layer_index, tuple(active), tuple(tokens))
+            tp = self.tp[tp_key] = invocation_bound_s(ctx, inv, resident, ("tp",)).latency_s
+            self.solved += 1
+        units = ctx.system.num_ndp_units
+        if units == 0:
+            return tp
+        homes = [e % units for e in active]
+        whole_key = (layer_class, tuple(sorted(zip(tokens, resident, homes, strict=True))))
+        value = self.whole.get(whole_key)  # the least of both families (tp's value is the same for the whole key)
+        if value is None:
+            inv = Invocation(layer_index, tuple(active), tuple(tokens))
+            value = tp
+            if whole_floor_s(ctx, inv, resident) < tp:
+                value = min(tp, invocation_bound_s(ctx, inv, resident, ("whole",)).latency_s)
+                self.solved += 1
+            self.whole[whole_key] = value
+        return value
+
+
+def _decode_bound_s(
+    memo: _Memo, trace: RoutingTrace, layers: int, segments: list[tuple[int, int]], pool: float
+) -> float:
+    """The decode's bound with the pool refilled at the start of each of ``segments`` (token ranges) with that
+    segment's most-used experts."""
+    ctx = memo.ctx
+    expert_bytes = list(ctx.expert_bytes)
+    total = 0.0
+    for start, stop in segments:
+        counts = np.stack([trace.counts(layer, start, stop) for layer in range(layers)])
+        resident = phase_residency(counts, expert_bytes, pool)
+        batch = trace.tokens_counts(start, stop, layers)  # [tokens, layers, experts]
+        for step in batch:
+            for layer in range(layers):
+                row = step[layer]
+                active = np.flatnonzero(row).tolist()
+                if not active:
+                    continue
+                tokens = row[active].tolist()
+                held = resident[layer]
+                total += memo.bound_s(layer, active, tokens, [e in held for e in active])
+    return total
+
+
+def trace_bound(
+    sim: MoESimulator,
+    trace: RoutingTrace,
+    phase_starts: Sequence[int] = (),
+    foresight_window: int = DEFAULT_FORESIGHT_WINDOW,
+) -> TraceBound:
+    """The causal and foresight bounds of ``trace``'s expert latency on ``sim``'s system, layers and GPU pool (the
+    whole pool, residency and staging together). ``phase_starts``: token indices (inside the decode) where a new
+    routing phase starts."""
+    ctx = bound_context(sim.context)
+    layers = len(sim.layers)
+    pool = sim.gpu_pool_bytes
+    prompt, end = trace.prompt_tokens, trace.num_tokens
+    prefill_counts = trace.prefill_step_counts(layers)
+    invocations = []
+    for layer in range(layers):
+        row = prefill_counts[layer]
+        active = np.flatnonzero(row).tolist()
+        if active:
+            invocations.append(Invocation(layer, tuple(active), tuple(row[active].tolist())))
+    prefill_s = joint_bound_s(ctx, invocations, pool).latency_s if invocations else 0.0
+    memo = _Memo(ctx)
+    cuts = sorted({prompt, end, *[s for s in phase_starts if prompt < s < end]})
+    phases = list(zip(cuts[:-1], cuts[1:], strict=True))
+    causal_s = _decode_bound_s(memo, trace, layers, phases, pool)
+    windows = []
+    for start, stop in phases:
+        windows += [(s, min(s + foresight_window, stop)) for s in range(start, stop, foresight_window)]
+    foresight_s = _decode_bound_s(memo, trace, layers, windows, pool)
+    return TraceBound(prefill_s, causal_s, foresight_s, memo.solved + 2)
+
+
+def bound_fields(
+    model: ModelConfig, settings: SimulationSettings, trace: RoutingTrace, phase_starts: Sequence[int] = ()
+) -> TraceBound:
+    """:func:`trace_bound` of ``model``'s experts on ``settings``' system over ``trace``, the GPU pool what the bench
+    leaves for experts (the non-expert weights and the KV cache of the whole trace reserved, as ``run_job`` does)."""
+    reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(trace.num_tokens)
+    sim = MoESimulator.from_settings(settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
+    return trace_bound(sim, trace, phase_starts)
