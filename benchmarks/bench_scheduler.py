@@ -10,7 +10,7 @@ Prints the median decision time in microseconds and its ratio to the 200 us targ
 
 With ``--richer N``, instead: the quality of the extensions' decisions (``tp+lb+prefetch+vtp``: per expert on
 the GPU, sliced over every unit, or whole on its home unit, each unit its own bin; ``tp+lb+prefetch+split``) against the
-exact optimum of the richer problem (``hw_model.scheduler.solve_exact_modes``, a MILP; per expert: the GPU,
+exact optimum of the richer problem (``hw_model.oracles.solve_exact_modes``, a MILP; per expert: the GPU,
 sliced, whole on its home unit, or 1/k on the GPU and the rest sliced, k = 2..8), on N real invocations per
 (model, NDP units, phase): decode (top-k experts, one token each) and a 16-token prefill, a random quarter of the
 active experts resident. Also against the same optimum: ours' packer (every expert sliced or on the GPU), the
@@ -34,14 +34,9 @@ from hw_model.cost import expert_shard_time_s  # noqa: E402
 from hw_model.hardware import load_system  # noqa: E402
 from hw_model.layout import InvocationLayout  # noqa: E402
 from hw_model.models import get_model  # noqa: E402
+from hw_model.oracles import makespan_modes_s, solve_exact, solve_exact_modes  # noqa: E402
 from hw_model.policies import ExpertCosts, richer_choices, richer_problem  # noqa: E402
-from hw_model.scheduler import (  # noqa: E402
-    PlacementProblem,
-    makespan_modes_s,
-    pack,
-    solve_exact,
-    solve_exact_modes,
-)
+from hw_model.scheduler import PlacementProblem, pack  # noqa: E402
 from hw_model.simulator import MoESimulator  # noqa: E402
 from hw_model.traces import TraceKnobs, skew_for, synthetic_trace  # noqa: E402
 

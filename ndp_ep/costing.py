@@ -3,9 +3,10 @@
 Shapes come from ONNX shape inference on a weightless skeleton of the model with the run's concrete input
 shapes; each claimed expert node is stood in for by an ``Identity`` of its hidden input (same shape). ONNX infers
 only its standard operators: for the inference, each node of the ONNX Runtime operators decoders are built from
-(attention, quantized products, fused norms: the keys of :data:`STAND_INS`) is replaced by standard nodes that
-give its outputs the same shapes and element types, and the node itself is costed from its own formula
-(:data:`CONTRIB_COSTS`). Nodes whose shapes stay unknown are not costed: :attr:`GpuCost.uncosted` names them.
+(attention, quantized products, fused norms: the keys of :data:`ndp_ep.stand_ins.STAND_INS`) is replaced by
+standard nodes that give its outputs the same shapes and element types, and the node itself is costed from its own
+formula (:data:`ndp_ep.contrib_costs.CONTRIB_COSTS`). Nodes whose shapes stay unknown are not costed:
+:attr:`GpuCost.uncosted` names them.
 Results are cached per input-shape signature (the oldest of ``MAX_COSTED_SHAPES`` forgotten first). A KV-cache
 decoder's input shapes change at every decode step; its steps are costed from each node's figures as affine
 functions of the past length, fitted by inference at a few past lengths and checked (:class:`_PastLengths`),
@@ -21,10 +22,12 @@ from typing import Any, NamedTuple
 import onnx
 from onnx import TensorProto, helper
 
-from graph_passes.graph_index import constant_value, copy_fields, copy_without_initializers
+from graph_passes.graph_index import copy_fields, copy_without_initializers
 from hw_model.cost import kernel_time_s
 from hw_model.hardware import DTYPE_BYTES, SystemSpec
+from ndp_ep.contrib_costs import CONTRIB, CONTRIB_COSTS, CostFormula, NodeIo, Shape, element_bytes, never_costed
 from ndp_ep.partition import is_ndp_supported
+from ndp_ep.stand_ins import STAND_IN_OPSET, STAND_INS, StandInGraph, StandInNodes
 
 MAX_COSTED_SHAPES = 4096  # input shapes whose non-expert GPU seconds are remembered (oldest forgotten first)
 
@@ -42,10 +45,8 @@ FREE_OPS = {
     "Cast",
 }
 SMALL_INITIALIZER_BYTES = 4096
-CONTRIB = "com.microsoft"
 # ndp_ep.reporter.UnconvertedMoE costs the fused MoE ops the conversion skipped; here they only pass shapes on
 COSTED_BY_THE_REPORTER = frozenset({(CONTRIB, "MoE"), (CONTRIB, "QMoE")})
-STAND_IN_OPSET = 15  # the stand-ins use CastLike and Shape's start and end
 FIT_SPAN = 4096  # past tokens a decode-step fit covers from its first step, at most
 FIT_SHRINK = 8  # a range that does not fit is tried again this many times shorter
 MIN_FIT_SPAN = 8  # down to this many past tokens
@@ -53,14 +54,6 @@ MAX_FITTED_FAMILIES = 64  # shape families (a batch and sequence length) whose d
 _WEIGHT_BYTE_FIELDS = ("raw_data", "external_data")
 # a node missing a required attribute, or with shapes its op does not allow: not costed (and named), not an error
 _MALFORMED = (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError)
-_PACKED_SOURCE_OPS = ("Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
-_LOGICAL_QUANTIZED_TYPES = frozenset(
-    getattr(TensorProto, name)
-    for name in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1", "FLOAT8E4M3FN", "FLOAT8E5M2")
-    if hasattr(TensorProto, name)
-)
-
-Shape = tuple[int, ...]
 
 
 class GpuCost(NamedTuple):
@@ -78,19 +71,6 @@ class GpuCost(NamedTuple):
     working_set_bytes: float = 0.0
     working_set_node: str = ""
     uncosted: tuple[str, ...] = ()
-
-
-class NodeIo(NamedTuple):
-    """What a cost formula sees of one node: its attributes, which inputs it has, the shapes (None: unknown or
-    absent) of its inputs and outputs, position for position, its inputs' ONNX element types (0: unknown) and the
-    shape of its stand-in's probe (a value inference propagated, as a shape), when it has one."""
-
-    attributes: dict[str, Any]
-    given: tuple[bool, ...]
-    inputs: list[Shape | None]
-    outputs: list[Shape | None]
-    input_types: list[int]
-    probe: Shape | None = None
 
 
 class _Costed(NamedTuple):
@@ -204,11 +184,11 @@ class NonExpertCoster:
             dims = tensor_type.shape.dim
             if tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
                 shape = shapes[value.name] = tuple(d.dim_value for d in dims)
-                sizes[value.name] = math.prod(shape) * _element_bytes(tensor_type.elem_type)
+                sizes[value.name] = math.prod(shape) * element_bytes(tensor_type.elem_type)
         for tensor in inferred.graph.initializer:
             shapes[tensor.name] = tuple(tensor.dims)
             types[tensor.name] = tensor.data_type
-            sizes[tensor.name] = math.prod(tensor.dims) * _element_bytes(tensor.data_type)
+            sizes[tensor.name] = math.prod(tensor.dims) * element_bytes(tensor.data_type)
         working = [
             sum(sizes.get(name, 0) for name in (*node.input, *node.output) if name) for node in self.skeleton.graph.node
         ]
@@ -430,344 +410,6 @@ def _along(base: _Work, slope: _Work, steps: int) -> _Work:
     return _Work(nodes, [a + s * steps for a, s in zip(base.working, slope.working, strict=True)])
 
 
-# -- stand-ins: standard nodes giving a node's outputs their shapes and element types, for the inference -----------
-
-
-class _StandIn:
-    """The standard nodes standing in for one node: fresh names under ``prefix``, constants, shape arithmetic."""
-
-    def __init__(self, node: onnx.NodeProto, prefix: str) -> None:
-        self.node = node
-        self.nodes: list[onnx.NodeProto] = []
-        self.probe = ""  # a tensor whose shape carries a value the cost formula needs (NodeIo.probe)
-        self._prefix = prefix
-
-    def input(self, index: int) -> str:
-        """The node's input ``index`` ("" when absent)."""
-        return self.node.input[index] if index < len(self.node.input) else ""
-
-    def output(self, index: int) -> str:
-        return self.node.output[index] if index < len(self.node.output) else ""
-
-    def add(self, op_type: str, inputs: Sequence[str], output: str = "", **attributes: Any) -> str:
-        output = output or f"{self._prefix}{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [output], **attributes))
-        return output
-
-    def ints(self, *values: int) -> str:
-        return self.add("Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [len(values)], values))
-
-    def dims(self, tensor: str, start: int, end: int | None = None) -> str:
-        """``tensor``'s dims ``start:end``, as a 1-D int64 tensor (shape inference propagates its values)."""
-        return self.add("Shape", [tensor], start=start, **({} if end is None else {"end": end}))
-
-    def copy(self, index: int, source: str) -> None:
-        """Output ``index`` of ``source``'s shape and element type."""
-        if self.output(index) and source:
-            self.add("Identity", [source], self.output(index))
-
-    def zeros(self, output: str, parts: Sequence[str], like: str | None) -> str:
-        """``output`` of the shape the dims ``parts`` concatenate to, of ``like``'s element type (float if None)."""
-        shape = self.add("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
-        if like is None:
-            return self.add("ConstantOfShape", [shape], output)
-        return self.add("CastLike", [self.add("ConstantOfShape", [shape]), like], output)
-
-
-class _Graph(NamedTuple):
-    """What stand-ins may read of the skeleton: its initializers and each tensor's producer."""
-
-    initializers: dict[str, onnx.TensorProto]
-    producers: dict[str, onnx.NodeProto]
-    input_types: dict[str, int]
-
-    def stored_type(self, name: str) -> int:
-        """The element type ``name`` is stored in, through reshaping ops back to an initializer or graph input
-        (0: unknown)."""
-        for _ in range(8):
-            if name in self.initializers:
-                return self.initializers[name].data_type
-            if name in self.input_types:
-                return self.input_types[name]
-            producer = self.producers.get(name)
-            if producer is None or producer.op_type not in _PACKED_SOURCE_OPS or not producer.input:
-                return 0
-            name = producer.input[0]
-        return 0
-
-
-def _same_as_input(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    b.copy(0, b.input(0))
-
-
-def _norm_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    """The normalized output (and a Skip norm's input + skip sum) like the input; the saved statistics (float)
-    with the normalized axes of size 1."""
-    x = b.input(0)
-    b.copy(0, x)
-    if b.node.op_type.startswith("Skip"):
-        b.copy(3, x)
-        statistics, axis = (1, 2), -1
-    else:
-        statistics, axis = (1,), int(attributes.get("axis", -1))
-    if axis >= 0:  # the input's rank is not known here
-        return
-    for index in statistics:
-        if b.output(index):
-            b.zeros(b.output(index), [b.dims(x, 0, axis), b.ints(*[1] * -axis)], like=None)
-
-
-def _matmul_nbits_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    a = b.input(0)
-    weight = b.zeros("", [b.ints(int(attributes["K"]), int(attributes["N"]))], like=a)
-    b.add("MatMul", [a, weight], b.output(0))
-
-
-def _gqa_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    """Output ``(batch, sequence, num_heads * head_size)``; presents ``(batch, kv_num_heads, past + sequence,
-    head_size)`` (a window cache keeps its capacity). The head size is the past cache's last dim, or the key's
-    width over ``kv_num_heads``; a packed query without a past is left unsized. The probe: ``(total sequence
-    length,)``, where inference propagates the value of that input (GenAI's builder takes it from the attention
-    mask's shape)."""
-    query, key, value, past_key, past_value = (b.input(i) for i in range(5))
-    heads, kv_heads = int(attributes["num_heads"]), int(attributes["kv_num_heads"])
-    if b.input(6):  # the total sequence length's value, propagated from the attention mask's shape, as a shape
-        length = b.add("Cast", [b.input(6)], to=TensorProto.INT64)
-        b.probe = b.zeros("", [b.add("Unsqueeze", [length, b.ints(0)])], like=None)
-    if key:
-        b.copy(0, query)
-    elif past_key and b.output(0):
-        per_head = b.zeros("", [b.dims(query, 0, 2), b.ints(heads), b.dims(past_key, 3)], like=query)
-        b.add("Reshape", [per_head, b.ints(0, 0, -1)], b.output(0))
-    for index, past, new in ((1, past_key, key), (2, past_value, value)):
-        if not b.output(index):
-            continue
-        if past and attributes.get("sliding_window_cache", 0):
-            b.copy(index, past)
-        elif past:
-            appended = b.zeros("", [b.dims(past, 0, 2), b.dims(query, 1, 2), b.dims(past, 3)], like=past)
-            b.add("Concat", [past, appended], b.output(index), axis=2)
-        elif new:
-            split = b.add("Reshape", [new, b.ints(0, 0, kv_heads, -1)])
-            b.add("Transpose", [split], b.output(index), perm=[0, 2, 1, 3])
-
-
-def _gather_block_quantized_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    """Gather's shape, with the last dim unpacked (``8 / bits`` values a byte when the data is stored as uint8),
-    of the scales' element type; left unsized when the data's stored type is not known."""
-    data, indices, scales = b.input(0), b.input(1), b.input(2)
-    stored = graph.stored_type(data)
-    if stored == TensorProto.UINT8:
-        pack = 8 // int(attributes.get("bits", 4))
-    elif stored in _LOGICAL_QUANTIZED_TYPES:
-        pack = 1
-    else:
-        return
-    gathered = b.add("Gather", [data, indices], axis=int(attributes.get("gather_axis", 0)))
-    last = b.add("Mul", [b.dims(gathered, -1), b.ints(pack)])
-    b.zeros(b.output(0), [b.dims(gathered, 0, -1), last], like=scales)
-
-
-def _causal_conv_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    """The output like the input; the present state like the past one, or ``(batch, channels, (k - 1) *
-    dilation)`` for a 1-D channels-first conv without a past."""
-    x, weight, past = b.input(0), b.input(1), b.input(3)
-    if not attributes.get("input_channels", 0):
-        b.copy(0, x)
-    if past:
-        b.copy(1, past)
-        return
-    plain = all(not attributes.get(name, 0) for name in ("state_window", "channels_last", "state_length"))
-    kernel = graph.initializers[weight].dims if weight in graph.initializers else ()
-    if b.output(1) and plain and int(attributes.get("ndim", 1)) == 1 and len(kernel) == 3:
-        length = (kernel[2] - 1) * int(attributes.get("dilation", 1))
-        b.zeros(b.output(1), [b.dims(x, 0, 2), b.ints(length)], like=x)
-
-
-def _range_stand_in(b: _StandIn, attributes: dict[str, Any], graph: _Graph) -> None:
-    """A Range of step 1 (the exporters' arange over a sequence length): ``limit - start`` elements of ``start``'s
-    type, which ONNX's data propagation sizes (it does not evaluate Range, and a mask built from an unsized Range
-    leaves every node after it unsized where the sequence length is 1). Another step: the node itself."""
-    step = constant_value(b.input(2), graph.initializers, graph.producers)
-    if step is None or step.size != 1 or step.reshape(-1)[0] != 1:
-        b.nodes.append(b.node)
-        return
-    count = b.add("Cast", [b.add("Sub", [b.input(1), b.input(0)])], to=TensorProto.INT64)
-    b.zeros(b.output(0), [b.add("Unsqueeze", [count, b.ints(0)])], like=b.input(0))
-
-
-StandIn = Callable[[_StandIn, dict[str, Any], _Graph], None]
-STAND_INS: dict[tuple[str, str], StandIn] = {
-    ("", "Range"): _range_stand_in,
-    ("", "SimplifiedLayerNormalization"): _norm_stand_in,
-    (CONTRIB, "SkipSimplifiedLayerNormalization"): _norm_stand_in,
-    (CONTRIB, "SkipLayerNormalization"): _norm_stand_in,
-    (CONTRIB, "RotaryEmbedding"): _same_as_input,
-    (CONTRIB, "MatMulNBits"): _matmul_nbits_stand_in,
-    (CONTRIB, "GroupQueryAttention"): _gqa_stand_in,
-    (CONTRIB, "GatherBlockQuantized"): _gather_block_quantized_stand_in,
-    (CONTRIB, "CausalConvWithState"): _causal_conv_stand_in,
-    (CONTRIB, "MoE"): _same_as_input,
-    (CONTRIB, "QMoE"): _same_as_input,
-}
-
-
-# -- cost formulas of the stood-in ops: integer (FLOPs, bytes moved), float tensors at the costed dtype's bytes --------
-
-
-def _elements(shape: Shape) -> int:
-    return math.prod(shape)
-
-
-def _all_elements(io: NodeIo) -> int:
-    """Elements of every sized input and output."""
-    return sum(_elements(s) for s in (*io.inputs, *io.outputs) if s is not None)
-
-
-def _given(io: NodeIo, index: int) -> bool:
-    """Whether the node has input ``index`` (sized or not)."""
-    return index < len(io.given) and io.given[index]
-
-
-def _norm_work(io: NodeIo, dtype_bytes: int, per_element: int) -> tuple[int, int] | None:
-    """A norm doing ``per_element`` operations per input element, reading its inputs and writing its outputs."""
-    x = io.inputs[0]
-    if x is None or io.outputs[0] is None:
-        return None
-    return per_element * _elements(x), _all_elements(io) * dtype_bytes
-
-
-# per element, an RMS norm squares and sums (2) and scales by 1/rms (1) and by gamma (1); a LayerNorm also takes the
-# mean (1), centers (1) and adds beta (1, when given); a Skip norm first adds the skip (1) and the bias (1, when given)
-def _rms_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    return _norm_work(io, dtype_bytes, 4)
-
-
-def _skip_rms_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    return _norm_work(io, dtype_bytes, 4 + 1 + _given(io, 3))
-
-
-def _skip_layer_norm_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    return _norm_work(io, dtype_bytes, 4 + 2 + _given(io, 3) + 1 + _given(io, 4))
-
-
-def _rotary_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    """Each rotated element: two products and a sum (3); reads the input, the position ids and each token's cos and
-    sin rows, writes the output."""
-    x, positions = io.inputs[0], io.inputs[1]
-    cos = io.inputs[2] if len(io.inputs) > 2 else None
-    if x is None or cos is None or positions is None:
-        return None
-    heads = int(io.attributes.get("num_heads", 0)) or 1
-    tokens, head_size = (x[0] * x[2], x[3]) if len(x) == 4 else (_elements(x[:-1]), x[-1] // heads)
-    rotated = _elements(x) // head_size * (int(io.attributes.get("rotary_embedding_dim", 0)) or head_size)
-    moved = (2 * _elements(x) + 2 * tokens * cos[-1]) * dtype_bytes
-    moved += _elements(positions) * _element_bytes(io.input_types[1])
-    return 3 * rotated, moved
-
-
-def _attended_pairs(queries: int, past: int, window: int | None) -> int:
-    """(query, key) pairs a causal attention scores: query ``s`` (at position ``past + s``) attends the
-    ``min(past + s + 1, window)`` keys up to its own (all of them when ``window`` is None)."""
-    first = past + 1
-    uncapped = queries if window is None else min(max(window - first + 1, 0), queries)
-    return uncapped * first + uncapped * (uncapped - 1) // 2 + (queries - uncapped) * (window or 0)
-
-
-def _gqa_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    """QK^T and AV over the keys each query attends (causal; the last ``local_window_size`` keys, its own
-    included, when set): 4 * batch * num_heads * head_size FLOPs a (query, key) pair. Reads the query, key and
-    value inputs and the past keys and values the queries attend, writes the output and the new keys and values
-    into the cache. The past length is the total sequence length (the probe) less the new tokens; without the
-    probe, the past cache's length (a shared buffer's or a window cache's capacity: an upper bound)."""
-    query, output = io.inputs[0], io.outputs[0]
-    past = io.inputs[3] if _given(io, 3) else None
-    if query is None or output is None or (io.probe is None and _given(io, 3) and past is None):
-        return None
-    heads, kv_heads = int(io.attributes["num_heads"]), int(io.attributes["kv_num_heads"])
-    batch, queries = query[0], query[1]
-    head_size = output[2] // heads
-    past_length = past[2] if past is not None else 0
-    if io.probe is not None:
-        past_length = max(io.probe[0] - queries, 0)
-    window = int(io.attributes.get("local_window_size", -1))
-    if not int(io.attributes.get("causal", 1)):
-        pairs = queries * (past_length + queries)
-    else:
-        pairs = _attended_pairs(queries, past_length, window if window > 0 else None)
-    past_read = min(past_length, window - 1) if window > 0 else past_length
-    new = sum(_elements(s) for s in io.inputs[:3] if s is not None) + _elements(output)
-    cache = 2 * batch * kv_heads * head_size * (past_read + queries)
-    return 4 * batch * heads * head_size * pairs, (new + cache) * dtype_bytes
-
-
-def _matmul_nbits_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    """``[M, K] x [K, N]``: 2 * M * K * N FLOPs; reads A, the packed weights as stored (N * k_blocks *
-    block_size * bits / 8 bytes), the scales, zero points (packed uint8, or like the scales) and bias; writes Y."""
-    a = io.inputs[0]
-    if a is None:
-        return None
-    k, n = int(io.attributes["K"]), int(io.attributes["N"])
-    bits, block = int(io.attributes.get("bits", 4)), int(io.attributes["block_size"])
-    rows = _elements(a) // k
-    blocks = -(-k // block)
-    moved = (rows * k + rows * n + n * blocks) * dtype_bytes + n * blocks * block * bits // 8
-    if _given(io, 3):
-        packed = io.input_types[3] == TensorProto.UINT8
-        moved += n * (-(-blocks * bits // 8)) if packed else n * blocks * dtype_bytes
-    if _given(io, 5):
-        moved += n * dtype_bytes
-    return 2 * rows * k * n, moved
-
-
-def _gather_block_quantized_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    """Dequantizes each gathered element (subtract the zero point, scale: 2); reads the gathered packed values,
-    their blocks' scales (and zero points) and the indices, writes the output."""
-    output, indices = io.outputs[0], io.inputs[1]
-    if output is None or indices is None:
-        return None
-    elements = _elements(output)
-    bits = int(io.attributes.get("bits", 4))
-    blocks = elements // (int(io.attributes.get("block_size", 128)) or output[-1])
-    moved = -(-elements * bits // 8) + (blocks + elements) * dtype_bytes
-    moved += _elements(indices) * _element_bytes(io.input_types[1])
-    if _given(io, 3):
-        moved += -(-blocks * bits // 8)
-    return 2 * elements, moved
-
-
-_ACTIVATION_FLOPS = {"silu": 4, "swish": 4}  # x * sigmoid(x): exp, add, divide, multiply
-
-
-def _causal_conv_cost(io: NodeIo, dtype_bytes: int) -> tuple[int, int] | None:
-    """Depthwise: 2 FLOPs per output element a kernel tap, plus the bias and the activation per output element;
-    reads its inputs (the past state too), writes the output and the present state."""
-    output, weight = io.outputs[0], io.inputs[1]
-    if output is None or weight is None:
-        return None
-    per_element = 2 * _elements(weight[2:]) + _given(io, 2)
-    per_element += _ACTIVATION_FLOPS.get(str(io.attributes.get("activation", "none")), 0)
-    return per_element * _elements(output), _all_elements(io) * dtype_bytes
-
-
-CostFormula = Callable[[NodeIo, int], "tuple[int, int] | None"]  # (FLOPs, bytes) of a node at a dtype
-CONTRIB_COSTS: dict[tuple[str, str], CostFormula] = {
-    ("", "SimplifiedLayerNormalization"): _rms_norm_cost,
-    (CONTRIB, "SkipSimplifiedLayerNormalization"): _skip_rms_norm_cost,
-    (CONTRIB, "SkipLayerNormalization"): _skip_layer_norm_cost,
-    (CONTRIB, "RotaryEmbedding"): _rotary_cost,
-    (CONTRIB, "MatMulNBits"): _matmul_nbits_cost,
-    (CONTRIB, "GroupQueryAttention"): _gqa_cost,
-    (CONTRIB, "GatherBlockQuantized"): _gather_block_quantized_cost,
-    (CONTRIB, "CausalConvWithState"): _causal_conv_cost,
-}
-
-
-def _never_costed(io: NodeIo, dtype_bytes: int) -> None:
-    """An op of another domain without a formula: not costed."""
-    return None
-
-
 def _with_stand_ins(skeleton: onnx.ModelProto, versions: dict[str, int]) -> tuple[onnx.ModelProto, list[_Costed]]:
     """The skeleton with each node of :data:`STAND_INS` replaced by its stand-ins (when its standard opset has the
     ops they use) and the domains of the nodes left imported (at their ``versions`` in the model): shape inference
@@ -775,7 +417,7 @@ def _with_stand_ins(skeleton: onnx.ModelProto, versions: dict[str, int]) -> tupl
     every node but the free ones and those the reporter costs."""
     graph = skeleton.graph
     opset = next((o.version for o in skeleton.opset_import if o.domain in ("", "ai.onnx")), 0)
-    context = _Graph(
+    context = StandInGraph(
         {t.name: t for t in graph.initializer},
         {name: node for node in graph.node for name in node.output if name},
         {v.name: v.type.tensor_type.elem_type for v in graph.input},
@@ -795,7 +437,7 @@ def _with_stand_ins(skeleton: onnx.ModelProto, versions: dict[str, int]) -> tupl
         if stand_in is None:
             inference.graph.node.append(node)
         else:
-            builder = _StandIn(node, f"ndp_ep.stand_in/{position}/")
+            builder = StandInNodes(node, f"ndp_ep.stand_in/{position}/")
             try:
                 stand_in(builder, attributes, context)
             except _MALFORMED:  # the node stays unsized, and uncosted
@@ -805,7 +447,7 @@ def _with_stand_ins(skeleton: onnx.ModelProto, versions: dict[str, int]) -> tupl
             probe = builder.probe
         if key in COSTED_BY_THE_REPORTER or (key[0] == "" and node.op_type in FREE_OPS):
             continue
-        formula = CONTRIB_COSTS.get(key) or (None if key[0] == "" else _never_costed)
+        formula = CONTRIB_COSTS.get(key) or (None if key[0] == "" else never_costed)
         given = tuple(bool(name) for name in node.input)
         costed.append(_Costed(node, _label(node), formula, attributes, given, probe))
     imported = {o.domain for o in inference.opset_import} | {"", "ai.onnx"}
@@ -827,14 +469,6 @@ def _label(node: onnx.NodeProto) -> str:
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     value = helper.get_attribute_value(attribute)
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _element_bytes(elem_type: int) -> int:
-    """Bytes of one element of an ONNX tensor type (1 for the sub-byte and unknown types: a lower bound)."""
-    try:
-        return max(1, onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 1
 
 
 def _copy_header(tensor: onnx.TensorProto, target: onnx.TensorProto) -> None:

@@ -1,5 +1,5 @@
 """The richer placement problem of one invocation and the decisions of ours and of the split and
-variable-degree extensions as its choices (for :func:`hw_model.scheduler.solve_exact_modes`; used by the
+variable-degree extensions as its choices (for :func:`hw_model.oracles.solve_exact_modes`; used by the
 tests and ``benchmarks/bench_scheduler.py``, not by the simulator)."""
 
 from __future__ import annotations
@@ -7,20 +7,21 @@ from __future__ import annotations
 import numpy as np
 
 from hw_model.layout import InvocationLayout
+from hw_model.oracles import ItemMode
 from hw_model.policies.packing import _placement_problem
 from hw_model.policies.splitting import SPLIT_PARTS, _split_mode, split_choice, variable_degree_choice
 from hw_model.policies.tp_lb_prefetch import Ours
 from hw_model.policies.tp_lb_prefetch_split import OursSplit
 from hw_model.policies.tp_lb_prefetch_vtp import OursVariableDegree
 from hw_model.run_context import RunContext
-from hw_model.scheduler import ItemMode, PlacementProblem, pack
+from hw_model.scheduler import PlacementProblem, pack
 
 
 def richer_problem(
     ctx: RunContext, out: InvocationLayout, resident: list[bool]
 ) -> tuple[PlacementProblem, list[ItemMode]]:
     """The richer placement problem of the invocation ``out`` (``resident[i]``: active expert ``i`` on the GPU
-    already), for :func:`hw_model.scheduler.solve_exact_modes`: every active expert on the GPU, sliced over all
+    already), for :func:`hw_model.oracles.solve_exact_modes`: every active expert on the GPU, sliced over all
     units (the problem), whole on its home unit (the first mode, :func:`variable_degree_choice`'s alternative) or
     with 1/k of its FFN columns on the GPU and the rest sliced (one mode per k in :data:`SPLIT_PARTS`, as
     :func:`split_choice` splits one expert)."""

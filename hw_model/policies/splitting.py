@@ -9,9 +9,10 @@ import numpy as np
 
 from hw_model.cost import expert_shard_time_s
 from hw_model.layout import InvocationLayout
+from hw_model.oracles import ItemMode
 from hw_model.policies.packing import _placement_problem
 from hw_model.run_context import RunContext
-from hw_model.scheduler import ItemMode, makespan_s, pack, span_terms_s
+from hw_model.scheduler import makespan_s, pack, span_terms_s
 
 SPLIT_PARTS = range(2, 9)  # k: 1/k of an expert's FFN columns on the GPU
 

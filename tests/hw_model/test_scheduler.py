@@ -9,17 +9,8 @@ import numpy as np
 import pytest
 
 from hw_model.errors import WorkloadError
-from hw_model.scheduler import (
-    ItemMode,
-    PlacementProblem,
-    is_feasible,
-    makespan_modes_s,
-    makespan_s,
-    pack,
-    solve_exact,
-    solve_exact_modes,
-    staged_bytes_of,
-)
+from hw_model.oracles import ItemMode, makespan_modes_s, solve_exact, solve_exact_modes, staged_bytes_of
+from hw_model.scheduler import PlacementProblem, is_feasible, makespan_s, pack
 
 
 def random_problem(rng: np.random.Generator, max_items: int = 12, max_units: int = 4) -> PlacementProblem:

@@ -106,6 +106,11 @@ def test_dump_toml_round_trips_every_hardware_preset():
         assert tomllib.loads(dump_toml(data)) == data
 
 
+def test_dump_toml_refuses_a_value_toml_has_no_type_for_with_the_sweeps_error():
+    with pytest.raises(SweepGridError, match="cannot write as TOML"):
+        dump_toml({"gpu": {"name": object()}})
+
+
 def test_a_hardware_axis_point_equals_a_hand_edited_preset_file(tmp_path):
     grid = _tiny_grid(ndp_units=[4], policies=["monde"], hardware={"ndp_unit": {"ranks": [1]}})
     (point,) = expand(grid)

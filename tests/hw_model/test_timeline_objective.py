@@ -17,21 +17,17 @@ import hw_model
 from hw_model.hardware import system_from_dict
 from hw_model.layout import InvocationLayout
 from hw_model.models import get_model
+from hw_model.oracles import ItemMode, makespan_modes_s, solve_exact, solve_exact_modes, staged_bytes_of
 from hw_model.policies import richer_problem
 from hw_model.scheduler import (
-    ItemMode,
     PlacementProblem,
     _span_one,
     best_prefix,
     best_prefix_lists,
     is_feasible,
-    makespan_modes_s,
     makespan_s,
     pack,
-    solve_exact,
-    solve_exact_modes,
     span_s,
-    staged_bytes_of,
 )
 from hw_model.simulator import MoESimulator
 from hw_model.traces import TraceKnobs, synthetic_trace

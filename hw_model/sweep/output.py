@@ -1,0 +1,114 @@
+"""A sweep's files: ``sweep.json``, ``pareto.json``, ``sweep.parquet`` (with pyarrow) and ``pareto.png`` (with
+matplotlib)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hw_model.bench import write_json_atomic
+from hw_model.figures import save_png
+from hw_model.sweep.execution import SweepResult
+from hw_model.sweep.grid import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SYNTHETIC
+from hw_model.sweep.pareto import WORKLOAD_KEYS, configurations
+from ndp_io import atomic_write
+
+SWEEP_FILES = ("sweep.json", "pareto.json", "sweep.parquet", "pareto.png")
+
+
+def output_files(out_dir: str | Path) -> list[Path]:
+    """Every file :func:`write_sweep` may write in ``out_dir`` (to check against the inputs before a sweep)."""
+    return [Path(out_dir) / name for name in SWEEP_FILES]
+
+
+def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
+    """Write ``sweep.json``, ``pareto.json`` and, when their packages are installed, ``sweep.parquet`` and
+    ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr."""
+    table_path, pareto_path, parquet_path, png_path = output_files(out_dir)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    records = [dict(r) for r in result.records]
+    written = [table_path, pareto_path]
+    write_json_atomic(table_path, records)
+    write_json_atomic(pareto_path, list(result.fronts))
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
+    else:
+        with atomic_write(parquet_path) as handle:
+            pq.write_table(pa.Table.from_pylist(records), handle)
+        written.append(parquet_path)
+    if result.fronts:
+        try:
+            written.append(plot_pareto(records, result.fronts, png_path))
+        except ImportError:
+            print(
+                "ndp-ep sweep: matplotlib is not installed, pareto.png skipped (pip install 'ndp-ep[plot]')",
+                file=sys.stderr,
+            )
+    return written
+
+
+def plot_pareto(records: Sequence[Mapping[str, Any]], fronts: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Latency against each varied resource axis: one row per workload, one column per axis, each
+    configuration (mean over seeds) a dot coloured by policy, the Pareto front a step line. Raises
+    ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
+
+    rows = configurations(records)
+    workloads = list(dict.fromkeys(tuple(f[k] for k in WORKLOAD_KEYS) for f in fronts))
+    axes_names = list(dict.fromkeys(f["axis"] for f in fronts))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    colours = dict(zip(policies, plt.get_cmap("tab10").colors, strict=False))
+    fig, panels = plt.subplots(
+        len(workloads), len(axes_names), figsize=(4.4 * len(axes_names), 3.4 * len(workloads)), squeeze=False
+    )
+    for i, workload in enumerate(workloads):
+        mine = [r for r in rows if tuple(r[k] for k in WORKLOAD_KEYS) == workload]
+        model, trace, level = workload
+        title = model if trace == SYNTHETIC else f"{model}, {Path(trace).name}"
+        title += f" (skew {level})" if trace == SYNTHETIC else ""
+        for j, axis in enumerate(axes_names):
+            ax = panels[i][j]
+            for policy in policies:
+                pts = [r for r in mine if r["policy"] == policy]
+                ax.scatter(
+                    [r[axis] for r in pts],
+                    [r[LATENCY_KEY] for r in pts],
+                    s=16,
+                    alpha=0.75,
+                    color=colours[policy],
+                    label=policy,
+                )
+            front = next(
+                (f["front"] for f in fronts if f["axis"] == axis and tuple(f[k] for k in WORKLOAD_KEYS) == workload), []
+            )
+            if front:
+                ax.step(
+                    [r[axis] for r in front],
+                    [r[LATENCY_KEY] for r in front],
+                    where="post",
+                    color="black",
+                    lw=1.2,
+                    label="Pareto front",
+                )
+            values = [r[LATENCY_KEY] for r in mine]
+            if values and max(values) > 20 * min(values):
+                ax.set_yscale("log")
+            ticks = sorted({r[axis] for r in mine})
+            ax.set_xticks(ticks)
+            if ticks and max(abs(t) for t in ticks) >= 1e4:  # bytes/s, bytes: 25.6 G rather than 2.56e10
+                ax.xaxis.set_major_formatter(EngFormatter())
+            ax.set_xlabel(axis.removeprefix(HARDWARE_COLUMN_PREFIX))
+            ax.set_ylabel("end-to-end latency, s")
+            ax.set_title(title, fontsize=9)
+    panels[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, path, dpi=110, bbox_inches="tight")
