@@ -323,10 +323,8 @@ class RoutingSteps:
         if self.experts.size and ((self.experts < 0) | (self.experts >= experts_of[entry_layer])).any():
             raise TraceFormatError("array 'experts' holds an expert id outside its layer's experts")
         tokens = self.layer_tokens.reshape(-1).astype(np.int64)
-        slots = np.add.reduceat(self.counts.astype(np.int64), self.cell_offsets[:-1]) if self.counts.size else None
-        totals = np.zeros(cells, dtype=np.int64)
-        if slots is not None:
-            totals[sizes > 0] = slots[sizes > 0]
+        entry_cell = np.repeat(np.arange(cells, dtype=np.int64), sizes)
+        totals = np.bincount(entry_cell, weights=self.counts, minlength=cells).astype(np.int64)  # exact below 2^53
         if (totals != np.maximum(tokens, 0) * top_k_of[cell_layer]).any():
             raise TraceFormatError("a cell's counts do not add up to its tokens times its layer's top_k")
         if self.has_slots:
@@ -367,8 +365,7 @@ class RoutingSteps:
 
     def layer_counts(self, num_layers: int, width: int) -> np.ndarray:
         """``[layers, width]``: token slots routed to each expert of each layer over the whole trace."""
-        cells = self.num_steps * num_layers
-        cell_layer = np.tile(np.arange(num_layers, dtype=np.int64), self.num_steps)[:cells]
+        cell_layer = np.tile(np.arange(num_layers, dtype=np.int64), self.num_steps)
         entry_layer = np.repeat(cell_layer, np.diff(self.cell_offsets))
         flat = np.bincount(entry_layer * width + self.experts, weights=self.counts, minlength=num_layers * width)
         return flat.astype(np.int64).reshape(num_layers, width)

@@ -170,3 +170,37 @@ def test_slots_capture_keeps_every_slots_expert_and_weight(samples_dir, feeds, t
 def test_capture_routing_option_is_checked(samples_dir):
     with pytest.raises(NdpEpError, match="capture_routing must be False, True or 'slots'"):
         ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", capture_routing="ids")
+
+
+def test_spooled_capture_reads_back_what_an_unspooled_one_holds():
+    rng = np.random.default_rng(3)
+    layers, width = 3, 6
+
+    def slots_of(run_id):
+        return [(np.array([run_id % width, (run_id + 1) % width]), np.array([0.75, 0.25]))] * layers
+
+    captures = [RoutingCapture(layers, width, resident_bytes=limit) for limit in (1, 1 << 30)]
+    for capture in captures:
+        capture.slot_source = slots_of
+    for step in range(40):
+        kind = step % 4
+        if kind == 3:  # a run with no MoE work
+            args = ("unknown", None, (), None, 0.5, 0.5)
+        else:
+            chosen = [0, 1, 2] if kind < 2 else [0, 2]
+            dense = np.zeros((len(chosen), width), dtype=np.int64)
+            for row in range(len(chosen)):
+                dense[row, [step % width, (step + 1) % width]] = 1
+            args = ("decode", chosen, [1] * len(chosen), dense, float(rng.random()), 1.0)
+        for capture in captures:
+            capture.add_step(*args, run_id=step)
+    spooled, held = (capture.steps() for capture in captures)
+    assert captures[0].spooled_bytes > 0 and captures[1].spooled_bytes == 0
+    for name, array in held.arrays().items():
+        np.testing.assert_array_equal(spooled.arrays()[name], array, err_msg=name)
+    assert held.has_slots and held.num_steps == 40
+    from hw_model.routing_trace import CapturedTrace, TraceHeader, TraceLayer
+
+    header = TraceHeader(layers=tuple(TraceLayer(f"l{i}", width, 2, 8, 8) for i in range(layers)), prompt_tokens=0,
+                         new_tokens=30)  # fmt: skip
+    CapturedTrace(header, spooled)  # every cell's slots match its counts

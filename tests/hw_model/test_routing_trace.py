@@ -246,3 +246,19 @@ def test_mutated_files_load_or_are_refused_with_one_typed_line(tmp_path):
             assert "\n" not in str(exc)
             outcomes["refused"] += 1
     assert outcomes["refused"] > 300  # anything else escaping fails the test
+
+
+def test_steps_where_no_layer_ran_are_kept_and_replay_as_their_gpu_time():
+    from hw_model.routing_capture import RoutingCapture
+    from hw_model.routing_trace import CapturedTrace
+    from hw_model.trace_replay import replay
+
+    capture = RoutingCapture(2, 8)
+    dense = np.zeros((2, 8), dtype=np.int64)
+    dense[0, [1, 2]] = 1
+    dense[1, [0, 5]] = 1
+    capture.add_step("decode", [0, 1], [1, 1], dense, 0.0, 0.0)
+    capture.add_step("unknown", None, (), None, 0.25, 0.25)  # a zero-token run, last: its cells are empty
+    header = TraceHeader(layers=(LAYERS[0], TraceLayer("m", 6, 2, 16, 32)), prompt_tokens=0, new_tokens=1)
+    trace = CapturedTrace(header, capture.steps())
+    assert trace.step(1)[1] == [] and replay(trace).step_s[1] == 0.25
