@@ -27,8 +27,11 @@ classes, which this benchmark does without. Per case, in one run, contenders alt
   ``--threads``; the best child's). Target ≤ 1.0×. Stock ONNX Runtime runs the torch export at 1 token only: its
   gathered form copies each routed slot's expert weights (60 GB at 64 tokens), so the 64-token ratio is n/a there.
 * rel err: max |provider − stock| / max |stock| of one 4-token run (the last children's).
-* GenAI 512 + 128: only for a GenAI folder with onnxruntime-genai installed; these built cases are bare models,
-  so the column says n/a.
+* GenAI 512 + 128: for a GenAI folder (``--genai DIR ...``, e.g. one exported by ONNX Runtime GenAI's model
+  builder; ``--cases`` with no name measures only those) with onnxruntime-genai installed: greedy generation of
+  128 tokens after a 512-token prompt (model load included), ``ndp-ep generate`` on the converted folder against
+  stock GenAI on the original, alternating children, best of ``--sessions``; and whether the tokens agree. The
+  built cases are bare models: n/a.
 
 Every model and output lives in a temporary folder under ``--dir`` (default /tmp), removed after its case.
 """
@@ -68,12 +71,17 @@ class Case:
     """One benchmark model: a fused-op ``spec`` or a torch-export ``torch`` spec, and its ``--quick`` variant."""
 
     name: str
-    spec: RealWidthSpec | LargeModelSpec
-    quick: RealWidthSpec | LargeModelSpec
+    spec: RealWidthSpec | LargeModelSpec | Path  # a Path: an existing GenAI folder (``--genai``)
+    quick: RealWidthSpec | LargeModelSpec | Path
     stock_tokens: tuple[int, ...] = (1, 64)  # token counts stock ONNX Runtime runs (the provider runs 1 and 64)
 
-    def chosen(self, quick: bool) -> RealWidthSpec | LargeModelSpec:
+    def chosen(self, quick: bool) -> RealWidthSpec | LargeModelSpec | Path:
         return self.quick if quick else self.spec
+
+
+def genai_case(folder: Path) -> Case:
+    """A case for an ONNX Runtime GenAI folder (its ``model.onnx``, ``model.onnx.data``, ``genai_config.json``)."""
+    return Case(folder.name, folder, folder)
 
 
 def _fused(layers: int, experts: int, top_k: int, hidden: int, ffn: int, precision: str, gpt_oss: bool = False):
@@ -98,15 +106,32 @@ CASES = {
 }
 
 
-def expert_bytes(spec: RealWidthSpec | LargeModelSpec) -> int:
-    """One expert's tensors as stored (the peak-RSS allowance beyond 1 GiB)."""
+def expert_bytes(spec: RealWidthSpec | LargeModelSpec | Path) -> int:
+    """One expert's tensors as stored (the peak-RSS allowance beyond 1 GiB): for a GenAI folder the largest expert
+    tensor of its model divided by its expert count."""
+    if isinstance(spec, Path):
+        import onnx
+
+        from graph_passes.weights import WeightStore
+
+        model = onnx.load(str(spec / "model.onnx"), load_external_data=False)
+        store = WeightStore(model, spec)
+        stacked = [t for t in model.graph.initializer if ".experts." in t.name and len(t.dims) >= 2]
+        return sum(store.nbytes(t.name) // t.dims[0] for t in stacked) // max(1, _moe_layers(stacked))
     if isinstance(spec, RealWidthSpec):
         return spec.expert_bytes
     return spec.largest_tensor_bytes // spec.num_experts + spec.hidden * spec.ffn * spec.itemsize
 
 
-def build(spec: RealWidthSpec | LargeModelSpec, directory: Path) -> tuple[Path, Path]:
-    """The case's model and its weight file in ``directory``."""
+def _moe_layers(stacked: list) -> int:
+    return len({t.name.split(".experts.")[0] for t in stacked})
+
+
+def build(spec: RealWidthSpec | LargeModelSpec | Path, directory: Path) -> tuple[Path, Path]:
+    """The case's model and its weight file in ``directory`` (a GenAI folder: a copy of it there)."""
+    if isinstance(spec, Path):  # copied first: every file the benchmark writes stays in its work folder
+        model = Path(shutil.copytree(spec, directory / spec.name)) / "model.onnx"
+        return model, model.with_name("model.onnx.data")
     if isinstance(spec, RealWidthSpec):
         model = build_real_width_model(spec, directory)
         return model, model.with_name("model.onnx.data")
@@ -130,13 +155,26 @@ else:
     session = ort.InferenceSession(path, ndp_ep.session_options(options, record_routing=0))
 created = time.perf_counter() - start
 created_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-(value,) = session.get_inputs()
-dtype = np.float16 if value.type == "tensor(float16)" else np.float32
-hidden = value.shape[-1]
+inputs = session.get_inputs()
+if len(inputs) == 1:  # a bare MoE stack: hidden states in, hidden states out
+    (value,) = inputs
+    dtype = np.float16 if value.type == "tensor(float16)" else np.float32
+    rng = np.random.default_rng(0)
+
+    def feeds(tokens, seed=0):
+        rng = np.random.default_rng(seed)
+        return {value.name: rng.standard_normal((tokens, value.shape[-1])).astype(dtype)}
+else:  # a GenAI decoder: token ids, masks, empty caches (graph_passes.feeds, from its genai_config.json)
+    import onnx
+    from graph_passes.feeds import random_feeds, read_genai_config
+    graph = onnx.load(path, load_external_data=False)
+    config = read_genai_config(path)
+
+    def feeds(tokens, seed=0):
+        return random_feeds(graph, seed=seed, seq_len=tokens, config=config)
 runs = {}
-rng = np.random.default_rng(0)
 for tokens in token_counts:
-    feed = {value.name: rng.standard_normal((tokens, hidden)).astype(dtype)}
+    feed = feeds(tokens)
     session.run(None, feed)
     times = []
     for _ in range(repeats):
@@ -144,10 +182,58 @@ for tokens in token_counts:
         session.run(None, feed)
         times.append(time.perf_counter() - t)
     runs[tokens] = statistics.median(times)
-out = session.run(None, {value.name: np.random.default_rng(7).standard_normal((4, hidden)).astype(dtype)})[0]
+out = session.run(None, feeds(4, seed=7))[0]
 np.save(sys.argv[5], out)
 print(json.dumps({"created_s": created, "created_rss": created_rss, "runs": runs}))
 """
+
+
+STOCK_GENAI_CHILD = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime_genai as og
+from pathlib import Path
+from ndp_ep.commands.generate import _greedy
+from ndp_ep.genai import read_config
+folder, prompt_tokens, new_tokens = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+config = read_config(folder)
+prompt = np.random.default_rng(0).integers(0, config["model"].get("vocab_size", 2), prompt_tokens).tolist()
+start = time.perf_counter()
+tokens = _greedy(og, folder, config, prompt, new_tokens, None)
+print(json.dumps({"wall_s": time.perf_counter() - start, "tokens": tokens}))
+"""
+GENAI_PROMPT, GENAI_NEW = 512, 128
+
+
+def _child_json(command: list[str], what: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def genai_ratio(original: Path, converted: Path, repeats: int) -> str:
+    """GenAI 512 + 128 greedy generation wall time (model load included), provider (``ndp-ep generate`` on the
+    converted folder) / stock GenAI on the original folder's CPU provider, the best of ``repeats`` alternating
+    children each; and whether the tokens agree."""
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return "n/a (no onnxruntime-genai)"
+    context = json.loads((original / "genai_config.json").read_text())["model"].get("context_length", 1 << 30)
+    new = min(GENAI_NEW, context // 5)  # a model with a shorter context: the same 4:1 split of what fits
+    prompt = min(GENAI_PROMPT, context - new)
+    stock, ours = [], []
+    for _ in range(repeats):
+        command = [sys.executable, "-c", STOCK_GENAI_CHILD, str(original), str(prompt), str(new)]
+        stock.append(_child_json(command, "stock GenAI"))
+        command = [sys.executable, "-m", "ndp_ep", "generate", str(converted), "--prompt-tokens", str(prompt)]
+        command += ["--new-tokens", str(new), "--seed", "0", "--no-check", "--json"]
+        ours.append(_child_json(command, "ndp-ep generate"))
+    same = ours[0]["tokens"] == stock[0]["tokens"]
+    ratio = min(r["wall_s"] for r in ours) / min(r["wall_s"] for r in stock)
+    return f"{ratio:.2f} at {prompt}+{new} (tokens {'identical' if same else 'differ'})"
 
 
 def session_child(kind: str, model: Path, args: argparse.Namespace, output: Path, tokens: tuple[int, ...]) -> dict:
@@ -218,7 +304,7 @@ def measure(case: Case, work: Path, args: argparse.Namespace) -> dict:
         "stock_run1_ms": run_s("stock", "1") * 1e3,
         "ep_run64_ms": run_s("ep", "64") * 1e3,
         "relative_error": error,
-        "genai": "n/a (bare model)",
+        "genai": genai_ratio(model.parent, converted.parent, args.sessions) if isinstance(spec, Path) else "n/a",
     }
 
 
@@ -254,14 +340,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per token count in each child")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of both sessions")
     parser.add_argument("--json", action="store_true", help="also print each case's figures as JSON")
+    parser.add_argument(
+        "--genai", nargs="*", type=Path, default=[], metavar="DIR", help="ONNX Runtime GenAI folders to measure too"
+    )
     args = parser.parse_args()
     print(f"targets: convert <= {COPY_RATIO_TARGET}x cp, RSS <= 1 GiB + one expert; session time and RSS")
     print(f"<= {SESSION_RATIO_TARGET}x stock; runs <= {RUN_RATIO_TARGET}x stock ({args.threads} threads); ours/stock")
     print(HEADER)
-    for name in args.cases:
-        work = Path(tempfile.mkdtemp(prefix=f"bench_real_widths.{name}.", dir=args.dir))
+    cases = [CASES[name] for name in args.cases] + [genai_case(folder) for folder in args.genai]
+    for case in cases:
+        work = Path(tempfile.mkdtemp(prefix=f"bench_real_widths.{case.name}.", dir=args.dir))
         try:
-            figures = measure(CASES[name], work, args)
+            figures = measure(case, work, args)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(row(figures), flush=True)
