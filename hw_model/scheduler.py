@@ -463,8 +463,13 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=bool)
     m = _Moves(problem)
-    p = problem
-    t, g, stack = m.t, m.g, m.stack
+    on_gpu, orders, ratios = _fill_by_ratio(m, n)
+    return _improve(m, n, on_gpu, orders, ratios)
+
+
+def _fill_by_ratio(m: _Moves, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pack`'s first phase: ``on_gpu`` after it, the three orders it tried and their ratios."""
+    t, g = m.t, m.g
     if not m.units:
         saved = np.full(n, 1e-30)
     else:
@@ -487,7 +492,13 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     which, k = divmod(int(np.argmin(spans)), n + 1)
     if np.isfinite(spans[which, k]):
         on_gpu[orders[which, :k]] = True
+    return on_gpu, orders, ratios
 
+
+def _improve(m: _Moves, n: int, on_gpu: np.ndarray, orders: np.ndarray, ratios: np.ndarray) -> np.ndarray:
+    """:func:`pack`'s second phase, from the first one's placement ``on_gpu`` (changed in place and returned)."""
+    p = m.problem
+    stack = m.stack
     # Phase 2: a few single moves (any item, either way) and swaps, each step the one that lowers the objective
     # most, while one does. The moves and swaps are one batch: [moves, then swaps as back x come].
     # the swap candidates in the order a stable argsort of the ratio over the GPU's (NDP's) items gives them
@@ -503,20 +514,7 @@ def pack(problem: PlacementProblem) -> np.ndarray:
     tails_b: np.ndarray | float = math.inf  # read only with copy_tail
     on_ndp: np.ndarray | None = None  # read only with ndp_optional
     for _ in range(_IMPROVEMENT_STEPS):
-        in_idx = on_gpu.nonzero()[0]
-        moved = stack[:, in_idx]
-        # each row on its own: a [rows, k] reduction along k does not add in numpy's 1-D (pairwise) order
-        pcie, gpu, staged = [float(np.add.reduce(row)) for row in moved[:3]]
-        left = n - in_idx.size
-        if m.lockstep:
-            bins_now = m.unit_totals - np.array([np.add.reduce(row) for row in moved[3:]])  # [kernels(, dram)]
-            kernels_list = bins_now[:1].tolist()
-            dram_list = m.zero_list if m.dram is None else bins_now[1:].tolist()
-        else:
-            moved_units = np.add.reduce(unit_items[in_idx], axis=0).reshape(m.unit_totals.shape)
-            bins_now = m.unit_totals - moved_units  # [kernels(, dram), units]
-            kernels_list = bins_now[0].tolist()
-            dram_list = m.zero_list if m.dram is None else bins_now[1].tolist()
+        in_idx, pcie, gpu, staged, left, bins_now, kernels_list, dram_list = _placed(m, n, on_gpu, unit_items)
         if p.copy_tail:
             tails = np.sort(m.tail[in_idx])
             tail = float(tails[0]) if tails.size else math.inf
@@ -587,3 +585,25 @@ def pack(problem: PlacementProblem) -> np.ndarray:
             on_gpu[back[r]] = False
             on_gpu[come[c]] = True
     return on_gpu
+
+
+def _placed(
+    m: _Moves, n: int, on_gpu: np.ndarray, unit_items: np.ndarray
+) -> tuple[np.ndarray, float, float, float, int, np.ndarray, list, list]:
+    """The loads of the placement ``on_gpu`` for :func:`_improve`: the GPU's items, PCIe, GPU and staged sums, how
+    many items stay on the units, and the units' bins (as an array and as lists)."""
+    in_idx = on_gpu.nonzero()[0]
+    moved = m.stack[:, in_idx]
+    # each row on its own: a [rows, k] reduction along k does not add in numpy's 1-D (pairwise) order
+    pcie, gpu, staged = [float(np.add.reduce(row)) for row in moved[:3]]
+    left = n - in_idx.size
+    if m.lockstep:
+        bins_now = m.unit_totals - np.array([np.add.reduce(row) for row in moved[3:]])  # [kernels(, dram)]
+        kernels_list = bins_now[:1].tolist()
+        dram_list = m.zero_list if m.dram is None else bins_now[1:].tolist()
+    else:
+        moved_units = np.add.reduce(unit_items[in_idx], axis=0).reshape(m.unit_totals.shape)
+        bins_now = m.unit_totals - moved_units  # [kernels(, dram), units]
+        kernels_list = bins_now[0].tolist()
+        dram_list = m.zero_list if m.dram is None else bins_now[1].tolist()
+    return in_idx, pcie, gpu, staged, left, bins_now, kernels_list, dram_list
