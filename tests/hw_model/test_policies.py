@@ -9,6 +9,7 @@ from hw_model import load_system
 from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import get_model
 from hw_model.policies import POLICIES
+from hw_model.settings import SimulationSettings
 from hw_model.simulator import MoESimulator
 
 QWEN = get_model("qwen3-30b-a3b")
@@ -111,7 +112,9 @@ def test_experts_the_prefetcher_holds_stay_out_of_the_staging_cache(policy):
     # take staging space or count as a cache miss, so the cache loads only the copies the prefetcher did not adopt
     rng = np.random.default_rng(11)
     layers = QWEN.moe_layer_shapes()[:4]
-    sim = MoESimulator(load_system("paper", 4), layers, policy)
+    system = load_system("paper", 4)
+    # prefill copies not adopted: the staging cache then also serves hits (what this test checks both of)
+    sim = MoESimulator(system, layers, SimulationSettings(hw=system, policy=policy, adopt_prefill_copies=0))
     sim.simulate_step("prefill", np.stack([_random_counts(rng, QWEN, 256) for _ in range(4)]))
     for _ in range(96):
         sim.simulate_step("decode", np.stack([_random_counts(rng, QWEN, 1) for _ in range(4)]))
