@@ -106,18 +106,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run (32 prompt + 8 generated tokens, no sweeps)")
 
 
+def _skew_levels(skew: str) -> tuple[tuple[str, ...], float | None]:
+    """``--skew``: calibrated levels (the first is the main table's), or one Zipf exponent for every model."""
+    from hw_model.errors import WorkloadError
+    from hw_model.traces import DEFAULT_SKEW_LEVELS
+
+    parts = _str_list(skew)
+    if all(p in DEFAULT_SKEW_LEVELS for p in parts):
+        return tuple(parts), None
+    try:
+        return ("typical",), float(skew)
+    except ValueError:
+        raise WorkloadError(
+            f"--skew must be levels from {', '.join(DEFAULT_SKEW_LEVELS)} or a number, got {skew!r}"
+        ) from None
+
+
+def _tables_text(records: list[dict]) -> str:
+    """The main table, then the bound, energy and sweep tables the records carry."""
+    from hw_model.bench_energy_tables import format_energy_table
+    from hw_model.bench_tables import format_bound_table, format_sweeps, format_table
+
+    parts = [format_table(records), format_bound_table(records), format_energy_table(records), format_sweeps(records)]
+    return "\n\n".join(part for part in parts if part)
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
     from hw_model.bench import BenchConfig, ProgressBar, quick_config, records_for_json, run_bench, write_json_atomic
-    from hw_model.bench_energy_tables import format_energy_table
-    from hw_model.bench_tables import format_bound_table, format_sweeps, format_table
-    from hw_model.errors import WorkloadError
     from hw_model.models import MODELS
     from hw_model.policies import POLICIES
     from hw_model.settings import SimulationSettings
-    from hw_model.traces import DEFAULT_SKEW_LEVELS
     from ndp_io import check_no_clobber, write_text
 
     # --hw first: one clear error for a bad preset name or TOML file (each job's settings add units and a policy)
@@ -134,18 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model_from or (args.trace and is_captured_trace(args.trace)):  # one model's own shapes
         return _run_one_model(args, tuple(ndp_units))
-    skew_override = None
-    parts = _str_list(args.skew)
-    if all(p in DEFAULT_SKEW_LEVELS for p in parts):
-        skew_levels = parts
-    else:
-        try:
-            skew_override = float(args.skew)
-        except ValueError:
-            raise WorkloadError(
-                f"--skew must be levels from {', '.join(DEFAULT_SKEW_LEVELS)} or a number, got {args.skew!r}"
-            ) from None
-        skew_levels = ("typical",)
+    skew_levels, skew_override = _skew_levels(args.skew)
     default_units = 4 if 4 in ndp_units else ndp_units[0]
     config = BenchConfig(
         hw=args.hw,
@@ -169,16 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
         load_trace(args.trace)
     records, gantt = run_bench(config, jobs_in_parallel=args.jobs, progress=ProgressBar())
-    text = format_table(records)
-    bound = format_bound_table(records)
-    if bound:
-        text += "\n\n" + bound
-    energy = format_energy_table(records)
-    if energy:
-        text += "\n\n" + energy
-    sweeps = format_sweeps(records)
-    if sweeps:
-        text += "\n\n" + sweeps
+    text = _tables_text(records)
     table_records = records_for_json(records)
     if args.json:
         print(json.dumps(table_records))
