@@ -400,7 +400,7 @@ class InvocationLayout:
                 k = a
                 flops = expert.flops(tokens)
                 if k > 0:
-                    gpu_shards: float = k
+                    gpu_shards: float = float(k)
                     rest = units * k / (k - 1)
                     part_bytes = expert.weight_bytes() / k
                     gpu_flops = flops / k
@@ -408,7 +408,7 @@ class InvocationLayout:
                     label = f"e{e} 1/{k}"
                 else:
                     gpu_shards = -k / (-k - 1)
-                    rest = units * -k
+                    rest = float(units * -k)
                     share = (-k - 1) / -k
                     part_bytes = expert.weight_bytes() * share
                     gpu_flops = flops * share
