@@ -327,50 +327,46 @@ def expand(grid: SweepGrid) -> list[SweepPoint]:
     points: list[SweepPoint] = []
     for name in grid.models:
         model = get_model(name)
-        for hw in grid.hw:
-            data = _preset_data(hw) if hardware_paths else None
-            for combo in hardware_combos:
-                overrides = tuple(zip(hardware_paths, combo, strict=True))
-                hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
-                for units in grid.ndp_units:
-                    for trace in grid.traces:
-                        if trace in grid.captured:  # a workload of its own model: its points follow
-                            continue
-                        if trace == SYNTHETIC:
-                            variants = [
-                                (
-                                    lvl if isinstance(lvl, str) else f"{lvl:g}",
-                                    skew_for(model.name, lvl) if isinstance(lvl, str) else float(lvl),
-                                    seed,
-                                )
-                                for lvl in grid.skew
-                                for seed in grid.seeds
-                            ]
-                        else:
-                            variants = [(FILE_TRACE_SKEW_LEVEL, 0.0, 0)]
-                        for level, skew, seed in variants:
-                            for fraction in grid.residency_fractions:
-                                for policy in grid.policies:
-                                    points.append(
-                                        SweepPoint(
-                                            len(points),
-                                            model.name,
-                                            hw,
-                                            units,
-                                            policy,
-                                            level,
-                                            skew,
-                                            trace,
-                                            seed,
-                                            fraction,
-                                            overrides,
-                                            hw_toml,
-                                            grid.prompt_tokens,
-                                            grid.generated_tokens,
-                                            float(grid.locality),
-                                            grid.shift_at,
-                                        )
+        for hw, overrides, hw_toml in _hardware_configs(grid, hardware_paths, hardware_combos):
+            for units in grid.ndp_units:
+                for trace in grid.traces:
+                    if trace in grid.captured:  # a workload of its own model: its points follow
+                        continue
+                    if trace == SYNTHETIC:
+                        variants = [
+                            (
+                                lvl if isinstance(lvl, str) else f"{lvl:g}",
+                                skew_for(model.name, lvl) if isinstance(lvl, str) else float(lvl),
+                                seed,
+                            )
+                            for lvl in grid.skew
+                            for seed in grid.seeds
+                        ]
+                    else:
+                        variants = [(FILE_TRACE_SKEW_LEVEL, 0.0, 0)]
+                    for level, skew, seed in variants:
+                        for fraction in grid.residency_fractions:
+                            for policy in grid.policies:
+                                points.append(
+                                    SweepPoint(
+                                        len(points),
+                                        model.name,
+                                        hw,
+                                        units,
+                                        policy,
+                                        level,
+                                        skew,
+                                        trace,
+                                        seed,
+                                        fraction,
+                                        overrides,
+                                        hw_toml,
+                                        grid.prompt_tokens,
+                                        grid.generated_tokens,
+                                        float(grid.locality),
+                                        grid.shift_at,
                                     )
+                                )
     _add_captured_points(grid, points, hardware_paths, hardware_combos)
     return points
 
@@ -384,18 +380,24 @@ def _add_captured_points(
 
     for trace in grid.captured:
         name = captured_model(trace)
-        for hw in grid.hw:
-            data = _preset_data(hw) if hardware_paths else None
-            for combo in hardware_combos:
-                overrides = tuple(zip(hardware_paths, combo, strict=True))
-                hw_toml = dump_toml(_with_overrides(data, overrides)) if data is not None else None
-                for units in grid.ndp_units:
-                    for fraction in grid.residency_fractions:
-                        for policy in grid.policies:
-                            points.append(
-                                SweepPoint(
-                                    len(points), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
-                                    overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
-                                    float(grid.locality), grid.shift_at,
-                                )
-                            )  # fmt: skip
+        for hw, overrides, hw_toml in _hardware_configs(grid, hardware_paths, hardware_combos):
+            for units in grid.ndp_units:
+                for fraction in grid.residency_fractions:
+                    for policy in grid.policies:
+                        points.append(
+                            SweepPoint(
+                                len(points), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
+                                overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
+                                float(grid.locality), grid.shift_at,
+                            )
+                        )  # fmt: skip
+
+
+def _hardware_configs(grid: SweepGrid, hardware_paths: list[str], hardware_combos: list[tuple[float, ...]]):
+    """Each hardware configuration of ``grid``: the preset or file, its field overrides, and the TOML text of the
+    edited system (None without hardware axes)."""
+    for hw in grid.hw:
+        data = _preset_data(hw) if hardware_paths else None
+        for combo in hardware_combos:
+            overrides = tuple(zip(hardware_paths, combo, strict=True))
+            yield hw, overrides, dump_toml(_with_overrides(data, overrides)) if data is not None else None
