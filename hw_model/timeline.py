@@ -219,7 +219,7 @@ def build_layer_timeline(
             option_b_end = copy_start + link.transfer_time_s(tokens * row_bytes)
         if option_b_end < option_a_end:
             reduction = "dimm-link"
-            link_bytes = (len(active_units) - 1) * tokens * row_bytes
+            link_bytes = float((len(active_units) - 1) * tokens * row_bytes)
             events.append(TimelineEvent("ndp_link", reduce_start, reduce_start + reduce_s, "reduce partial sums"))
             events.append(TimelineEvent("pcie", copy_start, option_b_end, "NDP output to GPU"))
             h2d_bytes += tokens * row_bytes
