@@ -15,26 +15,13 @@ from types import MappingProxyType
 from typing import Any
 
 from hw_model.errors import HardwareConfigError
-from hw_model.spec_numbers import require_positive, shown_number
+from hw_model.spec_numbers import require_per_dtype, require_positive, shown_number
 
 ENERGY_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 IDLE_STATES = ("power-down", "standby")
 # A rank has at most a few dozen DRAM devices, a DIMM 1-4 subchannels, a DRAM row a few KiB: wide enough for any
 # real part, narrow enough that every energy product stays a normal float.
 _INTEGER_LIMITS = {"devices": 64, "subchannels": 16, "page_bytes": 1 << 20}
-
-
-def _check_number(where: str, value: object, allow_zero: bool = True) -> None:
-    require_positive(where, value, allow_zero=allow_zero)  # type: ignore[arg-type]
-
-
-def _check_per_dtype(where: str, table: Mapping[str, float]) -> None:
-    if not table:
-        raise HardwareConfigError(f"{where} must list pJ/FLOP for at least one dtype")
-    for dtype, value in table.items():
-        if dtype not in ENERGY_DTYPES:
-            raise HardwareConfigError(f"{where}.{dtype}: unknown dtype (known: {', '.join(ENERGY_DTYPES)})")
-        _check_number(f"{where}.{dtype}", value, allow_zero=False)
 
 
 def per_flop_pj(table: Mapping[str, float], dtype: str) -> float:
@@ -55,9 +42,9 @@ class GpuEnergySpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pj_per_flop", MappingProxyType(dict(self.pj_per_flop)))
-        _check_per_dtype("gpu.energy.pj_per_flop", self.pj_per_flop)
-        _check_number("gpu.energy.memory_pj_per_byte", self.memory_pj_per_byte)
-        _check_number("gpu.energy.static_w", self.static_w)
+        require_per_dtype("gpu.energy.pj_per_flop", self.pj_per_flop, ENERGY_DTYPES, "pJ/FLOP")
+        require_positive("gpu.energy.memory_pj_per_byte", self.memory_pj_per_byte, allow_zero=True)
+        require_positive("gpu.energy.static_w", self.static_w, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -72,7 +59,7 @@ class LinkEnergySpec:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_number(f"energy.{f.name}", getattr(self, f.name))
+            require_positive(f"energy.{f.name}", getattr(self, f.name), allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -120,11 +107,11 @@ class NdpEnergySpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "core_pj_per_flop", MappingProxyType(dict(self.core_pj_per_flop)))
-        _check_per_dtype("ndp_unit.energy.core_pj_per_flop", self.core_pj_per_flop)
+        require_per_dtype("ndp_unit.energy.core_pj_per_flop", self.core_pj_per_flop, ENERGY_DTYPES, "pJ/FLOP")
         for f in fields(self):
             if f.name in ("core_pj_per_flop", "idle", "devices", "subchannels", "page_bytes"):
                 continue
-            _check_number(f"ndp_unit.energy.{f.name}", getattr(self, f.name))
+            require_positive(f"ndp_unit.energy.{f.name}", getattr(self, f.name), allow_zero=True)
         for name, most in _INTEGER_LIMITS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:

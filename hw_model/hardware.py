@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from hw_model.energy_spec import GpuEnergySpec, LinkEnergySpec, NdpEnergySpec, energy_from_table, energy_to_dict
 from hw_model.errors import HardwareConfigError
-from hw_model.spec_numbers import MAX_GEMM_TILE_M, require_positive, shown_number
+from hw_model.spec_numbers import MAX_GEMM_TILE_M, require_per_dtype, require_positive, shown_number
 from ndp_io.limits import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, MAX_PATH_BYTES, limit_note
 from ndp_io.parsing import read_toml
 
@@ -46,15 +46,6 @@ def _require_unit_count(where: str, value: Any, low: int) -> None:
         raise HardwareConfigError(
             f"{where} must be an integer from {low} to {MAX_NDP_UNITS}, got {shown_number(value)}"
         )
-
-
-def _validate_flops(where: str, table: Mapping[str, float]) -> None:
-    if not table:
-        raise HardwareConfigError(f"{where} must list peak FLOP/s for at least one dtype")
-    for dtype, value in table.items():
-        if dtype not in DTYPE_BYTES:
-            raise HardwareConfigError(f"{where}.{dtype}: unknown dtype (known: {', '.join(DTYPE_BYTES)})")
-        require_positive(f"{where}.{dtype}", value)
 
 
 @dataclass(frozen=True)
@@ -96,7 +87,7 @@ class ComputeSpec:
         if self.energy is not None and not isinstance(self.energy, self._energy_class):
             raise HardwareConfigError(f"{self._section}.energy must be a {self._energy_class.__name__}")
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
-        _validate_flops(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s)
+        require_per_dtype(f"{self._section}.peak_flops_per_s", self.peak_flops_per_s, DTYPE_BYTES, "peak FLOP/s")
         require_positive(f"{self._section}.memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
         require_positive(f"{self._section}.memory_capacity_bytes", self.memory_capacity_bytes)
         for name in ("kernel_overhead_s", "reduction_latency_s", "gemm_fixed_k_elements"):

@@ -4,6 +4,8 @@ non-negative as asked, and inside the range of a hardware value; errors name the
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from hw_model.errors import HardwareConfigError
 from hw_model.units import finite_number  # the one test of a number read from a file
 
@@ -36,3 +38,15 @@ def require_positive(where: str, value: float, allow_zero: bool = False) -> None
             f"{where} = {number:g} is outside the range of a hardware value "
             f"({MIN_HARDWARE_VALUE:g} to {MAX_HARDWARE_VALUE:g}, hw_model/spec_numbers.py)"
         )
+
+
+def require_per_dtype(where: str, table: Mapping[str, float], known: Iterable[str], what: str) -> None:
+    """:class:`HardwareConfigError` unless ``table`` lists ``what`` for at least one dtype, each of them one of
+    ``known`` and each value a positive hardware number."""
+    known_dtypes = tuple(known)
+    if not table:
+        raise HardwareConfigError(f"{where} must list {what} for at least one dtype")
+    for dtype, value in table.items():
+        if dtype not in known_dtypes:
+            raise HardwareConfigError(f"{where}.{dtype}: unknown dtype (known: {', '.join(known_dtypes)})")
+        require_positive(f"{where}.{dtype}", value)
