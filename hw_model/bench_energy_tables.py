@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hw_model.bench import BASELINE_POLICIES, OURS_POLICY, main_table
-from hw_model.bench_tables import _model_order
+from hw_model.bench_tables import _model_order, policy_cells
 from hw_model.energy import RESOURCES
 from hw_model.policies import POLICIES, policy_names
 
@@ -39,17 +39,8 @@ def format_energy_table(records: Sequence[dict[str, Any]]) -> str:
         same = {r["policy"]: r for r in rows if r["model"] == model and r["ndp_units"] == units}
         baselines = [same[p] for p in BASELINE_POLICIES if p in same and same[p]["feasible"]]
         best = min(baselines, key=lambda r: r["joules_per_token"]) if baselines else None
-        cells = []
-        for policy in policies:
-            r = same.get(policy)
-            if r is None:
-                cells.append("-")
-            elif not r["feasible"]:
-                cells.append(f"n/f ({r['joules_per_token']:.3f})")
-            elif best is not None and r is best:
-                cells.append(f"**{r['joules_per_token']:.3f}**")
-            else:
-                cells.append(f"{r['joules_per_token']:.3f}")
+        best_policy = best["policy"] if best is not None else None
+        cells = policy_cells(same, policies, best_policy, lambda r: f"{r['joules_per_token']:.3f}")
         ours = same.get(OURS_POLICY)
         ratio = "-"
         if ours is not None and ours["feasible"] and best is not None:

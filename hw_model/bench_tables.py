@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,28 @@ def _stats(values: Sequence[float]) -> str:
     )
 
 
+def policy_cells(
+    same: Mapping[str, dict[str, Any]],
+    policies: Sequence[str],
+    best: str | None,
+    shown: Callable[[dict[str, Any]], str],
+) -> list[str]:
+    """One table row's cells, a policy each: ``shown(record)``, ``-`` where the policy has no record, ``n/f (…)``
+    where its experts do not fit, bold for ``best``."""
+    cells = []
+    for policy in policies:
+        r = same.get(policy)
+        if r is None:
+            cells.append("-")
+        elif not r["feasible"]:
+            cells.append(f"n/f ({shown(r)})")
+        elif policy == best:
+            cells.append(f"**{shown(r)}**")
+        else:
+            cells.append(shown(r))
+    return cells
+
+
 def format_table(records: Sequence[dict[str, Any]]) -> str:
     """The main table (markdown) and the summary lines of ours over the strongest baseline and over monde."""
     rows = main_table(records)
@@ -51,17 +73,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
         same = {r["policy"]: r for r in rows if r["model"] == model and r["ndp_units"] == units}
         ours = same.get(OURS_POLICY)
         best = ours["best_baseline"] if ours else None
-        cells = []
-        for policy in policies:
-            r = same.get(policy)
-            if r is None:
-                cells.append("-")
-            elif not r["feasible"]:
-                cells.append(f"n/f ({r['latency_s']:.2f})")
-            elif policy == best:
-                cells.append(f"**{r['latency_s']:.2f}**")
-            else:
-                cells.append(f"{r['latency_s']:.2f}")
+        cells = policy_cells(same, policies, best, lambda r: f"{r['latency_s']:.2f}")
         vs_best = vs_monde = "-"
         if ours and ours["feasible"] and ours["speedup_vs_best_baseline"]:
             vs_best = f"{ours['speedup_vs_best_baseline']:.2f}× ({best})"

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hw_model.bench import BASELINE_POLICIES, OURS_POLICY, fill_speedups
+from hw_model.bench_tables import policy_cells
 from hw_model.errors import WorkloadError
 from hw_model.models import MODELS, get_model
 from hw_model.policies import POLICIES
@@ -143,15 +144,7 @@ def format_trace_table(records: Sequence[dict[str, Any]], title: str) -> str:
         same = {r["policy"]: r for r in records if r["model"] == model and r["ndp_units"] == units}
         ours = same.get(OURS_POLICY)
         best = ours["best_baseline"] if ours else None
-        cells = []
-        for policy in policies:
-            r = same.get(policy)
-            value = "-" if r is None else f"{r['latency_s'] * scale:.3f}"
-            if r is not None and not r["feasible"]:
-                value = f"n/f ({value})"
-            elif policy == best:
-                value = f"**{value}**"
-            cells.append(value)
+        cells = policy_cells(same, policies, best, lambda r: f"{r['latency_s'] * scale:.3f}")
         vs_best = vs_monde = "-"
         if ours and ours["feasible"] and ours["speedup_vs_best_baseline"]:
             vs_best = f"{ours['speedup_vs_best_baseline']:.2f}× ({best})"
