@@ -3,10 +3,12 @@ matplotlib)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hw_model.bench import write_json_atomic
 from hw_model.figures import save_png
@@ -23,27 +25,29 @@ def output_files(out_dir: str | Path) -> list[Path]:
     return [Path(out_dir) / name for name in SWEEP_FILES]
 
 
+PARQUET_BATCH_ROWS = 65_536  # rows of sweep.parquet converted at a time (a smaller table is written as one)
+
+
 def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
     """Write ``sweep.json``, ``pareto.json`` and, when their packages are installed, ``sweep.parquet`` and
-    ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr."""
+    ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr. The tables are
+    written a record at a time (a batch at a time for parquet), never all in memory; the figure draws a dot per
+    configuration, so it holds those."""
     table_path, pareto_path, parquet_path, png_path = output_files(out_dir)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    records = [dict(r) for r in result.records]
     written = [table_path, pareto_path]
-    write_json_atomic(table_path, records)
+    with atomic_write(table_path, "w", encoding="utf-8") as handle:
+        write_json_rows(handle, result.records)
     write_json_atomic(pareto_path, list(result.fronts))
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow  # noqa: F401
     except ImportError:
         print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
     else:
-        with atomic_write(parquet_path) as handle:
-            pq.write_table(pa.Table.from_pylist(records), handle)
-        written.append(parquet_path)
+        written.append(write_parquet(result.records, parquet_path))
     if result.fronts:
         try:
-            written.append(plot_pareto(records, result.fronts, png_path))
+            written.append(plot_pareto(result.records, result.fronts, png_path))
         except ImportError:
             print(
                 "ndp-ep sweep: matplotlib is not installed, pareto.png skipped (pip install 'ndp-ep[plot]')",
@@ -52,7 +56,39 @@ def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def plot_pareto(records: Sequence[Mapping[str, Any]], fronts: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+def write_json_rows(handle: IO[str], rows: Iterable[Mapping[str, Any]]) -> None:
+    """``json.dumps(list(rows), indent=1) + "\n"`` written a row at a time (the same text: a list item is its own
+    indented text shifted one space, JSON strings holding no raw newline)."""
+    first = True
+    for row in rows:
+        handle.write("[\n " if first else ",\n ")
+        handle.write(json.dumps(row, indent=1).replace("\n", "\n "))
+        first = False
+    handle.write("[]\n" if first else "\n]\n")
+
+
+def write_parquet(rows: Iterable[Mapping[str, Any]], path: Path) -> Path:
+    """``rows`` as a parquet file, :data:`PARQUET_BATCH_ROWS` converted at a time: a first pass finds the schema of
+    all of them (as ``pyarrow.Table.from_pylist`` would infer it from the whole list), a second writes the batches.
+    Raises ImportError without pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schemas = [pa.Table.from_pylist(batch).schema for batch in _batches(rows, PARQUET_BATCH_ROWS)] or [pa.schema([])]
+    schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
+    with atomic_write(path) as handle, pq.ParquetWriter(handle, schema) as writer:
+        for batch in _batches(rows, PARQUET_BATCH_ROWS):
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    return path
+
+
+def _batches(rows: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
+    source = iter(rows)
+    while batch := list(itertools.islice(source, size)):
+        yield batch
+
+
+def plot_pareto(records: Iterable[Mapping[str, Any]], fronts: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Latency against each varied resource axis: one row per workload, one column per axis, each
     configuration (mean over seeds) a dot coloured by policy, the Pareto front a step line. Raises
     ImportError without matplotlib."""
