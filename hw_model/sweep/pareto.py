@@ -126,7 +126,9 @@ class FrontBuilder:
         self.axes = tuple(axes)
         self._workloads: dict[tuple, None] = {}  # first-seen order
         self._block: tuple | None = None
-        self._open: dict[tuple, list[Mapping[str, Any]]] = {}  # the open block's configurations, first-point order
+        # the open block's configurations (first-point order): their points' latencies, energies and indices, the
+        # three lists a configuration row is made of (summed as configurations() sums them: the same floats)
+        self._open: dict[tuple, tuple[list[Any], list[Any], list[int]]] = {}
         self._infeasible: set[tuple] = set()
         self._rank = 0  # configurations in first-point order (pareto_front's tie-break)
         self._fronts: dict[tuple[tuple, str], list[tuple[Any, Any, int, dict[str, Any]]]] = {}
@@ -143,22 +145,24 @@ class FrontBuilder:
             self._close()
             self._block = block
         key = tuple((k, record[k]) for k in (*WORKLOAD_KEYS, *design))
-        self._open.setdefault(key, []).append(record)
+        latencies, energies, points = self._open.setdefault(key, ([], [], []))
+        latencies.append(record[LATENCY_KEY])
+        energies.append(record.get(ENERGY_KEY))
+        points.append(record["point"])
         if record.get(FEASIBLE_KEY) is False:
             self._infeasible.add(key)
 
     def _close(self) -> None:
         """Offer every complete configuration of the block to its workload's fronts (as :func:`configurations`)."""
-        for key, members in self._open.items():
+        for key, (latencies, energies, points) in self._open.items():
             self._rank += 1
             if key in self._infeasible:
                 continue
             row: dict[str, Any] = dict(key)
-            row[LATENCY_KEY] = sum(m[LATENCY_KEY] for m in members) / len(members)
-            energies = [m.get(ENERGY_KEY) for m in members]
+            row[LATENCY_KEY] = sum(latencies) / len(latencies)
             row[ENERGY_KEY] = None if None in energies else sum(energies) / len(energies)
-            row["seeds"] = len(members)
-            row["points"] = [m["point"] for m in members]
+            row["seeds"] = len(points)
+            row["points"] = points
             self._energy = self._energy or row[ENERGY_KEY] is not None
             workload = tuple(row[k] for k in WORKLOAD_KEYS)
             for axis in dict.fromkeys((*self.axes, ENERGY_KEY)):
