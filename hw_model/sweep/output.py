@@ -16,6 +16,7 @@ from hw_model.sweep.execution import SweepResult
 from hw_model.sweep.grid import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, SYNTHETIC
 from hw_model.sweep.pareto import ENERGY_KEY, WORKLOAD_KEYS, configurations
 from ndp_io import atomic_write
+from ndp_io.limits import MAX_FIGURE_POINTS, limit_note
 
 SWEEP_FILES = ("sweep.json", "pareto.json", "sweep.parquet", "pareto.png")
 
@@ -25,14 +26,16 @@ def output_files(out_dir: str | Path) -> list[Path]:
     return [Path(out_dir) / name for name in SWEEP_FILES]
 
 
-PARQUET_BATCH_ROWS = 65_536  # rows of sweep.parquet converted at a time (a smaller table is written as one)
+PARQUET_BATCH_ROWS = 4_096  # rows of sweep.parquet converted from Python records at a time
+PARQUET_ROW_GROUP_ROWS = 131_072  # rows held as Arrow columns (~100 bytes a row) before a row group is written
 
 
 def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
     """Write ``sweep.json``, ``pareto.json`` and, when their packages are installed, ``sweep.parquet`` and
     ``pareto.png``; returns the paths written. Missing pyarrow or matplotlib is a warning on stderr. The tables are
     written a record at a time (a batch at a time for parquet), never all in memory; the figure draws a dot per
-    configuration, so it holds those."""
+    configuration, so it holds those, and is skipped (a note on stderr) over :data:`ndp_io.limits.MAX_FIGURE_POINTS`
+    points."""
     table_path, pareto_path, parquet_path, png_path = output_files(out_dir)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     written = [table_path, pareto_path]
@@ -45,7 +48,13 @@ def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
         print("ndp-ep sweep: pyarrow is not installed, sweep.parquet skipped (pip install pyarrow)", file=sys.stderr)
     else:
         written.append(write_parquet(result.records, parquet_path))
-    if result.fronts:
+    if result.fronts and len(result.records) > MAX_FIGURE_POINTS:
+        print(
+            f"ndp-ep sweep: pareto.png skipped: {len(result.records):,} points, the figure draws at most "
+            f"{MAX_FIGURE_POINTS:,} {limit_note('MAX_FIGURE_POINTS')}",
+            file=sys.stderr,
+        )
+    elif result.fronts:
         try:
             written.append(plot_pareto(result.records, result.fronts, png_path))
         except ImportError:
@@ -68,17 +77,28 @@ def write_json_rows(handle: IO[str], rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def write_parquet(rows: Iterable[Mapping[str, Any]], path: Path) -> Path:
-    """``rows`` as a parquet file, :data:`PARQUET_BATCH_ROWS` converted at a time: a first pass finds the schema of
-    all of them (as ``pyarrow.Table.from_pylist`` would infer it from the whole list), a second writes the batches.
-    Raises ImportError without pyarrow."""
+    """``rows`` as a parquet file, the same bytes as ``pyarrow.Table.from_pylist(list(rows))`` written whole when
+    they fit one row group (:data:`PARQUET_ROW_GROUP_ROWS`), without holding them: a first pass finds the schema
+    of all of them (what ``from_pylist`` infers from the whole list: each batch's, unified), a second converts
+    :data:`PARQUET_BATCH_ROWS` at a time and writes a row group at a time. Raises ImportError without pyarrow."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schemas = [pa.Table.from_pylist(batch).schema for batch in _batches(rows, PARQUET_BATCH_ROWS)] or [pa.schema([])]
-    schema = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
+    schema = None
+    for batch in _batches(rows, PARQUET_BATCH_ROWS):
+        found = pa.Table.from_pylist(batch).schema
+        if schema is None or not found.equals(schema):
+            schema = found if schema is None else pa.unify_schemas([schema, found], promote_options="permissive")
+    schema = pa.schema([]) if schema is None else schema
     with atomic_write(path) as handle, pq.ParquetWriter(handle, schema) as writer:
+        group: list[Any] = []
         for batch in _batches(rows, PARQUET_BATCH_ROWS):
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+            group.append(pa.Table.from_pylist(batch, schema=schema))
+            if sum(t.num_rows for t in group) >= PARQUET_ROW_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(group))
+                group = []
+        if group:
+            writer.write_table(pa.concat_tables(group))
     return path
 
 

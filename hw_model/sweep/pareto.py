@@ -25,7 +25,8 @@ def add_speedups(records: Sequence[dict[str, Any]], baseline: str | None) -> Non
         return
 
     def key(r: Mapping[str, Any]) -> tuple:
-        return tuple(sorted((k, v) for k, v in r.items() if k in _coordinate_keys(r) and k != "policy"))
+        coordinates = _coordinate_keys(r)  # once per record (it scans the record's keys)
+        return tuple(sorted((k, v) for k, v in r.items() if k in coordinates and k != "policy"))
 
     base = {key(r): r[LATENCY_KEY] for r in records if r["policy"] == baseline and r.get(LATENCY_KEY)}
     for r in records:

@@ -71,6 +71,8 @@ class RecordTable:
         return self._count
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._count:  # nothing appended, or closed
+            return
         self._writer.flush()
         columns = self.columns
         with open(self._path, encoding="utf-8") as handle:
