@@ -139,3 +139,22 @@ def test_a_record_table_reads_back_rectangular_rows_in_point_order():
         table.append({"point": 5})
     table.close()
     assert list(table) == []
+
+
+def test_a_sweep_over_the_figure_limit_writes_its_tables_without_the_figure(tmp_path, monkeypatch, capsys):
+    import hw_model.sweep.output as output
+
+    monkeypatch.setattr(execution, "run_point", _stub_point)
+    monkeypatch.setattr(output, "MAX_FIGURE_POINTS", 3)
+    result = run_sweep(_grid(seeds=1, units=2), jobs=1)  # 4 points
+    written = output.write_sweep(result, tmp_path)
+    assert [p.name for p in written] == ["sweep.json", "pareto.json", "sweep.parquet"]
+    assert not (tmp_path / "pareto.png").exists() and "MAX_FIGURE_POINTS" in capsys.readouterr().err
+    assert [r["point"] for r in json.loads((tmp_path / "sweep.json").read_text())] == [0, 1, 2, 3]
+
+
+def test_two_skews_shown_as_one_level_are_refused():
+    from hw_model.sweep import SweepGridError
+
+    with pytest.raises(SweepGridError, match="same level"):
+        grid_from_dict({"models": ["olmoe-1b-7b"], "skew": [1.25, 1.2500001], **TINY})
