@@ -13,7 +13,7 @@ import socket
 import tempfile
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ class SweepResult:
         return len(self.records) / self.wall_s if self.wall_s > 0 else float("inf")
 
 
-def _run_local(chunks: Iterable[list[SweepPoint]], tasks: int, jobs: int) -> Iterator[list[dict]]:
+def _run_local(chunks: Iterable[list[SweepPoint]], tasks: int, jobs: int) -> Generator[list[dict], None, None]:
     # bounded (never more workers than chunks, MAX_WORKERS_HARD, a window of chunks in flight), no orphans:
     # hw_model/sweep/guard.py
     return run_chunks(chunks, tasks, jobs, _run_chunk, SweepGridError)
@@ -180,7 +180,7 @@ def shippable_hw_model(package_dir: Path, staging_dir: Path) -> Path:
     return copy_dir
 
 
-def _run_ray(chunks: Iterable[list[SweepPoint]], jobs: int, address: str | None) -> Iterator[list[dict]]:
+def _run_ray(chunks: Iterable[list[SweepPoint]], jobs: int, address: str | None) -> Generator[list[dict], None, None]:
     try:
         import ray
     except ImportError:
@@ -254,16 +254,19 @@ def run_sweep(
     started = time.perf_counter()
     chunk_results, used = _execute(grid, total, jobs, backend, ray_address)
     table, fronts = RecordTable(), FrontBuilder(grid.varied_axes)
-    for record in with_speedups(_records(chunk_results, total, progress), grid.baseline):
-        table.append(record)
-        fronts.add(record)
+    try:
+        for record in with_speedups(_records(chunk_results, total, progress), grid.baseline):
+            table.append(record)
+            fronts.add(record)
+    finally:  # on an error, the pool (or Ray) is shut down now, not when the traceback goes
+        chunk_results.close()
     wall = time.perf_counter() - started
     return SweepResult(table, tuple(fronts.fronts()), used, jobs, wall)
 
 
 def _execute(
     grid: SweepGrid, total: int, jobs: int, backend: str, ray_address: str | None
-) -> tuple[Iterator[list[dict]], str]:
+) -> tuple[Generator[list[dict], None, None], str]:
     """The records of ``grid``'s points in chunks, in point order, and the backend that runs them."""
     size = chunk_size(total, jobs)
     if backend == "ray":

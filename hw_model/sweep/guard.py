@@ -18,7 +18,7 @@ import itertools
 import math
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def run_chunks(
     jobs: int,
     run_chunk: Callable[[Any], list[dict]],
     error: Callable[[str], HwModelError],
-) -> Iterator[list[dict]]:
+) -> Generator[list[dict], None, None]:
     """``run_chunk`` of each of ``tasks`` chunks (made lazily by ``chunks``) on a bounded pool (see the module
     docstring); results yielded in chunk order, at most :data:`IN_FLIGHT_PER_WORKER` x workers chunks submitted and
     not yet yielded at any time, so the points waiting for a worker and the records waiting for the caller stay

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     backend = "ray" if args.ray is not None else "local"
     result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
     files = write_sweep(result, args.out) if args.out is not None else []
-    failed, first_failed, infeasible = 0, [], 0  # one pass over the records (a file: never all in memory)
+    failed, infeasible = 0, 0  # one pass over the records (a file: never all in memory)
+    first_failed: list[dict] = []
     for record in result.records:
         if record.get("error"):
             failed += 1
