@@ -27,7 +27,7 @@ def output_files(out_dir: str | Path) -> list[Path]:
 
 
 PARQUET_BATCH_ROWS = 4_096  # rows of sweep.parquet converted from Python records at a time
-PARQUET_ROW_GROUP_ROWS = 131_072  # rows held as Arrow columns (~100 bytes a row) before a row group is written
+PARQUET_ROW_GROUP_ROWS = 131_072  # rows held as Arrow columns (compact) before a row group is written
 
 
 def write_sweep(result: SweepResult, out_dir: str | Path) -> list[Path]:
