@@ -24,7 +24,7 @@ MAX_PATH_BYTES = 4096  # a path given on the command line (Linux PATH_MAX)
 MAX_WORKERS_HARD = 256  # worker processes of ``sweep --jobs`` / ``bench --jobs``, whatever is asked
 MAX_GRID_POINTS = 1_000_000  # points of a sweep grid (the product of its axis lengths), refused before expansion;
 # points are streamed (memory does not grow with them), so what bounds a grid is disk and time: each point's record
-# takes ~1.5 KB in the sweep's spool and ~2.2 KB in sweep.json (10^6 points: ~4 GB; 10^7 would be ~40 GB), and a
+# takes ~2.1 KB in the sweep's spool and ~2.2 KB in sweep.json (10^6 points: ~4.3 GB; 10^7 would be ~43 GB), and a
 # point simulates in milliseconds to seconds (10^6 points: hours on a few workers)
 MAX_FIGURE_POINTS = 100_000  # points of a sweep drawn in pareto.png (a dot per configuration, all in memory);
 # a larger sweep writes its tables and fronts without the figure
