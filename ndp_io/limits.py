@@ -22,8 +22,12 @@ MAX_PATH_BYTES = 4096  # a path given on the command line (Linux PATH_MAX)
 
 # work a command starts
 MAX_WORKERS_HARD = 256  # worker processes of ``sweep --jobs`` / ``bench --jobs``, whatever is asked
-MAX_GRID_POINTS = 100_000  # points of a sweep grid (the product of its axis lengths), refused before expansion;
-# each point keeps a record of ~40 columns in memory (about 3 KB): 100,000 points stay near 300 MB
+MAX_GRID_POINTS = 1_000_000  # points of a sweep grid (the product of its axis lengths), refused before expansion;
+# points are streamed (memory does not grow with them), so what bounds a grid is disk and time: each point's record
+# takes ~2.1 KB in the sweep's spool and ~2.2 KB in sweep.json (10^6 points: ~4.3 GB; 10^7 would be ~43 GB), and a
+# point simulates in milliseconds to seconds (10^6 points: hours on a few workers)
+MAX_FIGURE_POINTS = 100_000  # points of a sweep drawn in pareto.png (a dot per configuration, all in memory);
+# a larger sweep writes its tables and fronts without the figure
 
 # data read from files
 MAX_TRACE_BYTES = 1 << 30  # a routing trace's arrays once inflated (``.npz`` members are checked before reading)

@@ -42,9 +42,15 @@ installed, ``pareto.json`` (per workload -- model, trace, skew -- and varied res
 configurations on the latency/resource Pareto front, latency averaged over seeds) and ``pareto.png`` when
 matplotlib is installed.
 
+A sweep streams (issue 32): points are made one at a time (:func:`iter_points`), a bounded window of chunks is in
+flight on the pool or Ray, each record goes, in point order, to a :class:`RecordTable` (a temporary file) and to the
+Pareto fronts (:class:`FrontBuilder`, which keeps only the fronts and the open block's configurations), and the
+tables are written a record at a time; memory does not grow with the number of points (the figure, a dot per
+configuration, aside).
+
 The package's modules: :mod:`~hw_model.sweep.grid` (the schema, its validation, the points),
-:mod:`~hw_model.sweep.execution` (running the points), :mod:`~hw_model.sweep.pareto` (the table and its fronts),
-:mod:`~hw_model.sweep.output` (the files).
+:mod:`~hw_model.sweep.execution` (running the points), :mod:`~hw_model.sweep.stream` (the records as they come),
+:mod:`~hw_model.sweep.pareto` (the table and its fronts), :mod:`~hw_model.sweep.output` (the files).
 """
 
 from __future__ import annotations
@@ -66,12 +72,14 @@ from hw_model.sweep.grid import (
     dump_toml,
     expand,
     grid_from_dict,
+    iter_points,
     load_grid,
 )
 from hw_model.sweep.output import SWEEP_FILES, output_files, plot_pareto, write_sweep
 from hw_model.sweep.pareto import (
     DESIGN_KEYS,
     WORKLOAD_KEYS,
+    FrontBuilder,
     add_speedups,
     comparable_records,
     configurations,
@@ -79,16 +87,19 @@ from hw_model.sweep.pareto import (
     pareto_fronts,
     rectangular,
 )
+from hw_model.sweep.stream import RecordTable, with_speedups
 
 __all__ = [
     "DEFAULT_BASELINE",
     "DESIGN_KEYS",
     "FEASIBLE_KEY",
+    "FrontBuilder",
     "FILE_TRACE_SKEW_LEVEL",
     "HARDWARE_COLUMN_PREFIX",
     "LATENCY_KEY",
     "MAX_TOKENS",
     "NONDETERMINISTIC_KEY",
+    "RecordTable",
     "SWEEP_FILES",
     "SYNTHETIC",
     "TRACE_CACHE_ENTRIES",
@@ -104,6 +115,7 @@ __all__ = [
     "dump_toml",
     "expand",
     "grid_from_dict",
+    "iter_points",
     "load_grid",
     "output_files",
     "pareto_front",
@@ -113,5 +125,6 @@ __all__ = [
     "run_point",
     "run_sweep",
     "shippable_hw_model",
+    "with_speedups",
     "write_sweep",
 ]

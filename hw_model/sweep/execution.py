@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -11,8 +12,8 @@ import signal
 import socket
 import tempfile
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,11 @@ from hw_model.sweep.grid import (
     SweepGridError,
     SweepPoint,
     _flatten,
-    expand,
+    iter_points,
 )
-from hw_model.sweep.guard import run_chunks
-from hw_model.sweep.pareto import add_speedups, pareto_fronts, rectangular
+from hw_model.sweep.guard import IN_FLIGHT_PER_WORKER, count_points, run_chunks
+from hw_model.sweep.pareto import FrontBuilder
+from hw_model.sweep.stream import RecordTable, with_speedups
 
 # per worker process: routing traces by (trace, seed, tokens, knobs), the most recently used few only
 _TRACE_CACHES: OrderedDict[tuple, dict] = OrderedDict()
@@ -102,17 +104,27 @@ def _run_chunk(points: Sequence[SweepPoint]) -> list[dict[str, Any]]:
     return [run_point(p) for p in points]
 
 
-def _chunks(points: Sequence[SweepPoint], workers: int) -> list[list[SweepPoint]]:
-    """Contiguous chunks (neighbouring points share routing traces), about four per worker."""
-    size = max(1, math.ceil(len(points) / (4 * max(1, workers))))
-    return [list(points[i : i + size]) for i in range(0, len(points), size)]
+CHUNK_POINTS_MAX = 256  # points per chunk at most: a chunk's records wait in memory until it is handed on
+
+
+def chunk_size(points: int, workers: int) -> int:
+    """Points per chunk: contiguous chunks (neighbouring points share routing traces), about four per worker, at
+    most :data:`CHUNK_POINTS_MAX`."""
+    return max(1, min(CHUNK_POINTS_MAX, math.ceil(points / (4 * max(1, workers)))))
+
+
+def _chunks(points: Iterable[SweepPoint], size: int) -> Iterator[list[SweepPoint]]:
+    """``points`` in lists of ``size`` (the last shorter), made as they are consumed."""
+    source = iter(points)
+    while chunk := list(itertools.islice(source, size)):
+        yield chunk
 
 
 @dataclass(frozen=True)
 class SweepResult:
     """Records in point order, the Pareto fronts, and how the sweep ran."""
 
-    records: tuple[dict[str, Any], ...]
+    records: RecordTable | tuple[dict[str, Any], ...]  # a RecordTable (on disk) from run_sweep
     fronts: tuple[dict[str, Any], ...]
     backend: str
     workers: int
@@ -123,17 +135,18 @@ class SweepResult:
             raise SweepGridError(f"unknown backend {self.backend!r}")
         if self.workers < 1 or self.wall_s < 0:
             raise SweepGridError("workers must be positive and wall_s non-negative")
-        if [r["point"] for r in self.records] != list(range(len(self.records))):
-            raise SweepGridError("records must be in point order")
+        if isinstance(self.records, tuple) and [r["point"] for r in self.records] != list(range(len(self.records))):
+            raise SweepGridError("records must be in point order")  # a RecordTable checks each record it is given
 
     @property
     def points_per_s(self) -> float:
         return len(self.records) / self.wall_s if self.wall_s > 0 else float("inf")
 
 
-def _run_local(chunks: list[list[SweepPoint]], jobs: int, progress: Callable[[int], None]) -> list[list[dict]]:
-    # bounded (never more workers than chunks, MAX_WORKERS_HARD), no orphans: hw_model/sweep/guard.py
-    return run_chunks(chunks, jobs, _run_chunk, progress, SweepGridError)
+def _run_local(chunks: Iterable[list[SweepPoint]], tasks: int, jobs: int) -> Generator[list[dict], None, None]:
+    # bounded (never more workers than chunks, MAX_WORKERS_HARD, a window of chunks in flight), no orphans:
+    # hw_model/sweep/guard.py
+    return run_chunks(chunks, tasks, jobs, _run_chunk, SweepGridError)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -167,9 +180,7 @@ def shippable_hw_model(package_dir: Path, staging_dir: Path) -> Path:
     return copy_dir
 
 
-def _run_ray(
-    chunks: list[list[SweepPoint]], jobs: int, address: str | None, progress: Callable[[int], None]
-) -> list[list[dict]]:
+def _run_ray(chunks: Iterable[list[SweepPoint]], jobs: int, address: str | None) -> Generator[list[dict], None, None]:
     try:
         import ray
     except ImportError:
@@ -204,16 +215,12 @@ def _run_ray(
             raise SweepGridError(f"cannot start or join Ray ({address or 'local'}): {first}") from None
     try:
         remote = ray.remote(_run_chunk)
-        refs = [remote.remote(chunk) for chunk in chunks]
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list[list[dict]] = [[] for _ in chunks]
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                results[index[ref]] = ray.get(ref)
-                progress(len(results[index[ref]]))
-        return results
+        source = iter(chunks)  # a window of chunks in flight, results in chunk order (as on the local pool)
+        window = deque(remote.remote(chunk) for chunk in itertools.islice(source, IN_FLIGHT_PER_WORKER * jobs))
+        while window:
+            results = ray.get(window.popleft())
+            window.extend(remote.remote(chunk) for chunk in itertools.islice(source, 1))
+            yield results
     finally:
         if started_here:
             ray.shutdown()
@@ -231,37 +238,50 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Run every point of ``grid``; ``backend`` is ``"local"`` (a process pool of ``jobs`` workers, or
-    in-process when ``jobs`` is 1) or ``"ray"`` (``ray_address`` None: a local Ray with ``jobs`` CPUs)."""
+    in-process when ``jobs`` is 1) or ``"ray"`` (``ray_address`` None: a local Ray with ``jobs`` CPUs).
+
+    Points are made as they are needed (:func:`~hw_model.sweep.grid.iter_points`), a bounded window of them is in
+    flight, and each record, back in point order, goes to the result's :class:`RecordTable` (a file) and to the
+    Pareto fronts (:class:`~hw_model.sweep.pareto.FrontBuilder`, which keeps only the fronts): memory does not
+    grow with the number of points."""
     if backend not in ("local", "ray"):
         raise SweepGridError(f"backend must be 'local' or 'ray', got {backend!r}")
     if not isinstance(jobs, int) or jobs < 1:
         raise SweepGridError(f"jobs must be a positive integer, got {jobs!r}")
-    points = expand(grid)
-    done = [0]
-
-    def tick(count: int) -> None:
-        done[0] += count
-        if progress:
-            progress(done[0], len(points))
-
+    total = count_points(grid)
     if progress:
-        progress(0, len(points))
+        progress(0, total)
     started = time.perf_counter()
-    if backend == "ray":
-        chunk_results = _run_ray(_chunks(points, jobs), jobs, ray_address, tick)
-        used = "ray"
-    elif jobs > 1 and len(points) > 1:
-        chunk_results = _run_local(_chunks(points, jobs), jobs, tick)
-        used = "local"
-    else:
-        chunk_results = [[]]
-        for point in points:
-            chunk_results[0].append(run_point(point))
-            tick(1)
-        used = "serial"
+    chunk_results, used = _execute(grid, total, jobs, backend, ray_address)
+    table, fronts = RecordTable(), FrontBuilder(grid.varied_axes)
+    try:
+        for record in with_speedups(_records(chunk_results, total, progress), grid.baseline):
+            table.append(record)
+            fronts.add(record)
+    finally:  # on an error, the pool (or Ray) is shut down now, not when the traceback goes
+        chunk_results.close()
     wall = time.perf_counter() - started
-    records = [r for chunk in chunk_results for r in chunk]
-    records.sort(key=lambda r: r["point"])
-    add_speedups(records, grid.baseline)
-    records = rectangular(records)
-    return SweepResult(tuple(records), tuple(pareto_fronts(records, grid.varied_axes)), used, jobs, wall)
+    return SweepResult(table, tuple(fronts.fronts()), used, jobs, wall)
+
+
+def _execute(
+    grid: SweepGrid, total: int, jobs: int, backend: str, ray_address: str | None
+) -> tuple[Generator[list[dict], None, None], str]:
+    """The records of ``grid``'s points in chunks, in point order, and the backend that runs them."""
+    size = chunk_size(total, jobs)
+    if backend == "ray":
+        return _run_ray(_chunks(iter_points(grid), size), jobs, ray_address), "ray"
+    if jobs > 1 and total > 1:
+        return _run_local(_chunks(iter_points(grid), size), math.ceil(total / size), jobs), "local"
+    return ([run_point(point)] for point in iter_points(grid)), "serial"
+
+
+def _records(
+    chunk_results: Iterable[list[dict]], total: int, progress: Callable[[int, int], None] | None
+) -> Iterator[dict[str, Any]]:
+    done = 0
+    for chunk in chunk_results:
+        yield from chunk
+        done += len(chunk)
+        if progress:
+            progress(done, total)

@@ -5,9 +5,10 @@ format."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -157,6 +158,9 @@ class SweepGrid:
                 )
             if not isinstance(level, str) and (not math.isfinite(level) or level < 0):
                 raise SweepGridError(f"skew: Zipf exponents must be finite and non-negative, got {level!r}")
+        shown = [level if isinstance(level, str) else f"{level:g}" for level in self.skew]
+        if len(set(shown)) != len(shown):  # a level names a workload (its Pareto front, its block of points)
+            raise SweepGridError(f"skew: two values show as the same level: {shown}")
         for name in ("prompt_tokens", "generated_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS:
@@ -318,86 +322,69 @@ class SweepPoint:
 
 
 def expand(grid: SweepGrid) -> list[SweepPoint]:
-    """Every point of ``grid`` in a fixed order: model, hw, hardware axes, NDP count, trace, skew, seed,
-    residency fraction, policy (policies of one configuration are neighbours)."""
-    hardware_paths = list(grid.hardware)
-    hardware_combos: list[tuple[float, ...]] = [()]
-    for path in hardware_paths:
-        hardware_combos = [(*combo, v) for combo in hardware_combos for v in grid.hardware[path]]
-    points: list[SweepPoint] = []
+    """Every point of ``grid`` as a list (:func:`iter_points` in a list: tests and small grids; a sweep streams)."""
+    return list(iter_points(grid))
+
+
+def iter_points(grid: SweepGrid) -> Iterator[SweepPoint]:
+    """Every point of ``grid``, made one at a time (a grid is never held as a list), in a fixed order: model, hw,
+    hardware axes, NDP count, trace, skew, seed, residency fraction, policy (policies of one configuration are
+    neighbours; the seeds of one configuration fall within one block of model, hardware, NDP count, trace and
+    skew level, which :class:`hw_model.sweep.pareto.FrontBuilder` relies on), then the captured traces' points."""
+    index = itertools.count()
     for name in grid.models:
         model = get_model(name)
-        for hw, overrides, hw_toml in _hardware_configs(grid, hardware_paths, hardware_combos):
+        for hw, overrides, hw_toml in _hardware_configs(grid):
             for units in grid.ndp_units:
                 for trace in grid.traces:
                     if trace in grid.captured:  # a workload of its own model: its points follow
                         continue
-                    if trace == SYNTHETIC:
-                        variants = [
-                            (
-                                lvl if isinstance(lvl, str) else f"{lvl:g}",
-                                skew_for(model.name, lvl) if isinstance(lvl, str) else float(lvl),
-                                seed,
-                            )
-                            for lvl in grid.skew
-                            for seed in grid.seeds
-                        ]
-                    else:
-                        variants = [(FILE_TRACE_SKEW_LEVEL, 0.0, 0)]
-                    for level, skew, seed in variants:
+                    for level, skew, seed in _variants(grid, model.name, trace):
                         for fraction in grid.residency_fractions:
                             for policy in grid.policies:
-                                points.append(
-                                    SweepPoint(
-                                        len(points),
-                                        model.name,
-                                        hw,
-                                        units,
-                                        policy,
-                                        level,
-                                        skew,
-                                        trace,
-                                        seed,
-                                        fraction,
-                                        overrides,
-                                        hw_toml,
-                                        grid.prompt_tokens,
-                                        grid.generated_tokens,
-                                        float(grid.locality),
-                                        grid.shift_at,
-                                    )
-                                )
-    _add_captured_points(grid, points, hardware_paths, hardware_combos)
-    return points
+                                yield SweepPoint(
+                                    next(index), model.name, hw, units, policy, level, skew, trace, seed, fraction,
+                                    overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
+                                    float(grid.locality), grid.shift_at,
+                                )  # fmt: skip
+    yield from _captured_points(grid, index)
 
 
-def _add_captured_points(
-    grid: SweepGrid, points: list[SweepPoint], hardware_paths: list[str], hardware_combos: list[tuple[float, ...]]
-) -> None:
+def _variants(grid: SweepGrid, model: str, trace: str) -> Iterator[tuple[str, float, int]]:
+    """The (skew level, skew, seed) of a trace's points: every skew x seed of a synthetic one, one of a file."""
+    if trace != SYNTHETIC:
+        yield FILE_TRACE_SKEW_LEVEL, 0.0, 0
+        return
+    for lvl in grid.skew:
+        level = lvl if isinstance(lvl, str) else f"{lvl:g}"
+        for seed in grid.seeds:
+            yield level, skew_for(model, lvl) if isinstance(lvl, str) else float(lvl), seed
+
+
+def _captured_points(grid: SweepGrid, index: Iterator[int]) -> Iterator[SweepPoint]:
     """The points of each captured routing trace (hw_model/sweep/captured.py): the trace's own model, not crossed
     with ``models``, skews or seeds."""
     from hw_model.sweep.captured import CAPTURED_LEVEL, captured_model
 
     for trace in grid.captured:
         name = captured_model(trace)
-        for hw, overrides, hw_toml in _hardware_configs(grid, hardware_paths, hardware_combos):
+        for hw, overrides, hw_toml in _hardware_configs(grid):
             for units in grid.ndp_units:
                 for fraction in grid.residency_fractions:
                     for policy in grid.policies:
-                        points.append(
-                            SweepPoint(
-                                len(points), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
-                                overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
-                                float(grid.locality), grid.shift_at,
-                            )
+                        yield SweepPoint(
+                            next(index), name, hw, units, policy, CAPTURED_LEVEL, 0.0, trace, 0, fraction,
+                            overrides, hw_toml, grid.prompt_tokens, grid.generated_tokens,
+                            float(grid.locality), grid.shift_at,
                         )  # fmt: skip
 
 
-def _hardware_configs(grid: SweepGrid, hardware_paths: list[str], hardware_combos: list[tuple[float, ...]]):
-    """Each hardware configuration of ``grid``: the preset or file, its field overrides, and the TOML text of the
-    edited system (None without hardware axes)."""
+def _hardware_configs(grid: SweepGrid) -> Iterator[tuple[str, tuple[tuple[str, float], ...], str | None]]:
+    """Each hardware configuration of ``grid``, made lazily (the hardware axes' product): the preset or file, its
+    field overrides, and the TOML text of the edited system (None without hardware axes)."""
+    hardware_paths = list(grid.hardware)
     for hw in grid.hw:
         data = _preset_data(hw) if hardware_paths else None
-        for combo in hardware_combos:
+        for combo in itertools.product(*(grid.hardware[path] for path in hardware_paths)):
             overrides = tuple(zip(hardware_paths, combo, strict=True))
             yield hw, overrides, dump_toml(_with_overrides(data, overrides)) if data is not None else None

@@ -8,15 +8,18 @@ the parse limits, and a worker pool that is bounded and leaves no orphans.
 * :func:`read_toml`: grid and hardware TOML through :mod:`ndp_io.parsing` (size, depth, a BOM accepted), errors
   of the caller's type.
 * :func:`run_chunks`: chunks on a process pool of :func:`ndp_io.workers.worker_count` workers (never more than
-  the chunks), each started with :func:`ndp_io.workers.die_with_parent`, terminated on SIGTERM/SIGHUP.
+  the chunks), each started with :func:`ndp_io.workers.die_with_parent`, terminated on SIGTERM/SIGHUP; a bounded
+  window of chunks in flight, results streamed back in chunk order.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,23 +60,35 @@ def read_toml(path: Path, error: Callable[[str], Exception]) -> dict[str, Any]:
     return _read_toml(path, error, tomllib.loads)
 
 
+IN_FLIGHT_PER_WORKER = 2  # chunks submitted and not yet handed on, per worker: the pool is never idle for want of one
+
+
 def run_chunks(
-    chunks: Sequence[Sequence[Any]],
+    chunks: Iterable[Sequence[Any]],
+    tasks: int,
     jobs: int,
     run_chunk: Callable[[Any], list[dict]],
-    progress: Callable[[int], None],
     error: Callable[[str], HwModelError],
-) -> list[list[dict]]:
-    """``run_chunk`` of every chunk on a bounded pool (see the module docstring); results in chunk order."""
+) -> Generator[list[dict], None, None]:
+    """``run_chunk`` of each of ``tasks`` chunks (made lazily by ``chunks``) on a bounded pool (see the module
+    docstring); results yielded in chunk order, at most :data:`IN_FLIGHT_PER_WORKER` x workers chunks submitted and
+    not yet yielded at any time, so the points waiting for a worker and the records waiting for the caller stay
+    bounded whatever the grid's size. Closing the generator early cancels what has not started."""
     try:
-        workers = worker_count(jobs, len(chunks))
+        workers = worker_count(jobs, tasks)
     except ValueError as exc:
         raise error(f"jobs: {exc}") from None
-    results: list[list[dict]] = [[] for _ in chunks]
+    source = iter(chunks)
     pool = ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent)
-    with pool, terminate_on_signal(pool):
-        futures = {pool.submit(run_chunk, chunk): i for i, chunk in enumerate(chunks)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            progress(len(results[futures[future]]))
-    return results
+    try:
+        with terminate_on_signal(pool):
+            window: deque[Future] = deque()
+            for chunk in itertools.islice(source, IN_FLIGHT_PER_WORKER * workers):
+                window.append(pool.submit(run_chunk, chunk))
+            while window:
+                results = window.popleft().result()
+                for chunk in itertools.islice(source, 1):
+                    window.append(pool.submit(run_chunk, chunk))
+                yield results
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

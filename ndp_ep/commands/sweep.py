@@ -54,6 +54,22 @@ def _value(value: object) -> str:
     return f"{value:.4g}"
 
 
+def _print_json(payload: dict, rows_key: str) -> None:
+    """``print(json.dumps(payload))`` with ``payload[rows_key]`` (an iterable) written a row at a time."""
+    out = sys.stdout
+    out.write("{")
+    for i, (key, value) in enumerate(payload.items()):
+        out.write(("" if i == 0 else ", ") + json.dumps(key) + ": ")
+        if key != rows_key:
+            out.write(json.dumps(value))
+            continue
+        out.write("[")
+        for j, row in enumerate(value):
+            out.write(("" if j == 0 else ", ") + json.dumps(row))
+        out.write("]")
+    out.write("}\n")
+
+
 def run(args: argparse.Namespace) -> int:
     from hw_model.sweep import HARDWARE_COLUMN_PREFIX, LATENCY_KEY, load_grid, output_files, run_sweep, write_sweep
     from ndp_ep.text import plural
@@ -65,30 +81,36 @@ def run(args: argparse.Namespace) -> int:
     backend = "ray" if args.ray is not None else "local"
     result = run_sweep(grid, jobs=args.jobs, backend=backend, ray_address=args.ray or None, progress=_progress)
     files = write_sweep(result, args.out) if args.out is not None else []
-    failed = [r for r in result.records if r.get("error")]
-    infeasible = sum(1 for r in result.records if not r.get("error") and r.get("feasible") is False)
+    failed, infeasible = 0, 0  # one pass over the records (a file: never all in memory)
+    first_failed: list[dict] = []
+    for record in result.records:
+        if record.get("error"):
+            failed += 1
+            first_failed += [record] if len(first_failed) < 5 else []
+        elif record.get("feasible") is False:
+            infeasible += 1
     if args.json:
         payload = {
             "grid": grid.to_json(),
             "backend": result.backend,
             "workers": result.workers,
             "points": len(result.records),
-            "failed": len(failed),
+            "failed": failed,
             "infeasible": infeasible,
             "wall_s": result.wall_s,
             "points_per_s": result.points_per_s,
             "files": [str(p) for p in files],
-            "records": list(result.records),
+            "records": result.records,
             "pareto": list(result.fronts),
         }
-        print(json.dumps(payload))
+        _print_json(payload, "records")
         return 0
     print(
-        f"{plural(len(result.records), 'point')} ({len(failed)} failed, {infeasible} whose experts do not fit: left "
+        f"{plural(len(result.records), 'point')} ({failed} failed, {infeasible} whose experts do not fit: left "
         f"out of the Pareto fronts) in {result.wall_s:.1f} s on {result.backend} with {result.workers} worker(s): "
         f"{result.points_per_s:.1f} points/s"
     )
-    for record in failed[:5]:
+    for record in first_failed:
         print(f"  point {record['point']} ({record['model']}, {record['policy']}): {record['error']}")
     for front in result.fronts:
         axis = front["axis"]
