@@ -29,6 +29,7 @@ import numpy as np
 
 from hw_model.bench_bound import bound_fields
 from hw_model.bench_energy import energy_fields
+from hw_model.energy import EnergyReport
 from hw_model.errors import SettingsError, WorkloadError
 from hw_model.models import MODELS, ModelConfig, get_model, sweep_model
 from hw_model.policies import POLICIES, get_policy, policy_names
@@ -164,15 +165,24 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     """Simulate one (model, NDP count, policy, trace) end to end; deterministic."""
     trace_cache = {} if trace_cache is None else trace_cache
     model = job.model
-    system = job.settings.system
     trace = _trace_for(job, config, trace_cache)
-    prompt = trace.prompt_tokens
     reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(trace.num_tokens)
     sim = MoESimulator.from_settings(job.settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
-    layers = model.moe_layers
     gantt: dict[str, list[tuple[str, float, float, str]]] = {}
+    prefill_s, prefill_energy = _simulate_prefill(job, trace, sim, gantt)
+    decode_s, step_times = _simulate_decode(job, config, trace, sim, gantt)
+    return JobResult(_job_record(job, config, trace, sim, prefill_s, decode_s, step_times, prefill_energy), gantt)
 
-    # prefill: one invocation per layer over the whole prompt
+
+def _simulate_prefill(
+    job: Job, trace: RoutingTrace, sim: MoESimulator, gantt: dict[str, list[tuple[str, float, float, str]]]
+) -> tuple[float, EnergyReport | None]:
+    """The prefill, one invocation per layer over the whole prompt: its seconds and energy (its Gantt timeline
+    into ``gantt`` when the job wants one)."""
+    model = job.model
+    system = job.settings.system
+    prompt = trace.prompt_tokens
+    layers = model.moe_layers
     attention = model.attention_time_s(system, prompt, max(1, prompt // 2))
     per_layer_other = attention + model.shared_expert_time_s(system, prompt)
     dense = model.dense_layers * attention + model.dense_ffn_time_s(system, prompt)
@@ -183,7 +193,22 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     prefill_energy = sim.energy(prefill_s, extra_gpu_busy_s=prefill_s - step.latency_s)
     if job.want_gantt:
         gantt["prefill"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
+    return prefill_s, prefill_energy
 
+
+def _simulate_decode(
+    job: Job,
+    config: BenchConfig,
+    trace: RoutingTrace,
+    sim: MoESimulator,
+    gantt: dict[str, list[tuple[str, float, float, str]]],
+) -> tuple[float, list[float]]:
+    """The decode, one step per generated token: its seconds and each step's (the middle step's Gantt timeline
+    into ``gantt`` when the job wants one)."""
+    model = job.model
+    system = job.settings.system
+    prompt = trace.prompt_tokens
+    layers = model.moe_layers
     decode_s = 0.0
     step_times: list[float] = []
     lookahead = get_policy(job.policy).lookahead
@@ -212,7 +237,23 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
             gantt["decode"] = [(e.resource, e.start_s, e.end_s, e.label) for e in step[0].events]
         decode_s += step_s
         step_times.append(step_s)
+    return decode_s, step_times
 
+
+def _job_record(
+    job: Job,
+    config: BenchConfig,
+    trace: RoutingTrace,
+    sim: MoESimulator,
+    prefill_s: float,
+    decode_s: float,
+    step_times: list[float],
+    prefill_energy: EnergyReport | None,
+) -> dict[str, Any]:
+    """The job's row: latencies, utilisation, the simulator's counters and the energy fields."""
+    model = job.model
+    layers = model.moe_layers
+    prompt = trace.prompt_tokens
     summary = sim.summary()
     total = prefill_s + decode_s
     expert_s = summary["expert_latency_prefill_s"] + summary["expert_latency_decode_s"]
@@ -279,7 +320,7 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
             generated_tokens=trace.generated_tokens,
         )
     )
-    return JobResult(record, gantt)
+    return record
 
 
 _WORKER_CACHE: dict = {}

@@ -156,80 +156,31 @@ def build_layer_timeline(
     work (:data:`hw_model.energy.WORK_FIELDS`), to which the combine and the DIMM-link reduction are added."""
     events: list[TimelineEvent] = []
     row_bytes = layer.expert.hidden * layer.expert.dtype_bytes
-    link = system.host_link
     active_units = [u for u, jobs in enumerate(unit_jobs) if jobs]
     d2h_bytes = 0.0
     ndp_start = 0.0
     if active_units:
         d2h_bytes = float(tokens * row_bytes)
-        ndp_start = link.transfer_time_s(d2h_bytes)
+        ndp_start = system.host_link.transfer_time_s(d2h_bytes)
         events.append(TimelineEvent("pcie_d2h", 0.0, ndp_start, "hidden states to NDP"))
-
-    pcie_clock = 0.0
-    gpu_clock = 0.0
-    h2d_bytes = 0.0
-    for job in johnson_order(gpu_jobs):
-        ready = 0.0
-        if job.transfer_s > 0:
-            events.append(TimelineEvent("pcie", pcie_clock, pcie_clock + job.transfer_s, f"{job.label} weights"))
-            pcie_clock += job.transfer_s
-            h2d_bytes += job.transfer_bytes
-            ready = pcie_clock
-        start = max(gpu_clock, ready)
-        gpu_clock = start + job.compute_s
-        events.append(TimelineEvent("gpu", start, gpu_clock, job.label))
-
-    unit_end: dict[int, float] = {}
-    job_ends: dict[int, float] = {}  # id(job list) -> end: units given the same list (sliced experts) share it
-    for unit in active_units:
-        jobs = unit_jobs[unit]
-        clock = job_ends.get(id(jobs))
-        if clock is None:
-            clock = ndp_start
-            for _, seconds in jobs:
-                clock += seconds
-            job_ends[id(jobs)] = clock
-        if unit_dram_s is not None and ndp_start + unit_dram_s[unit] > clock:
-            clock = ndp_start + unit_dram_s[unit]
-        unit_end[unit] = clock
-
+    pcie_clock, gpu_clock, h2d_bytes = _lay_out_gpu_jobs(gpu_jobs, events)
+    unit_end = _ndp_unit_ends(unit_jobs, active_units, ndp_start, unit_dram_s)
     outputs_ready = 0.0
     reduction = "none"
     link_bytes = 0.0
     if active_units:
-        # Option A: each unit copies its partial output to the GPU (PCIe queue after the weight copies).
-        clock_a = pcie_clock
-        copies_a = []
-        durations: dict[int, float] = {}  # per row count (tensor-parallel units all have the same)
-        for unit in sorted(active_units, key=unit_end.__getitem__):
-            start = max(clock_a, unit_end[unit])
-            rows = unit_tokens[unit]
-            duration = durations.get(rows)
-            if duration is None:
-                duration = durations[rows] = link.transfer_time_s(rows * row_bytes)
-            copies_a.append((unit, start, start + duration))
-            clock_a = start + duration
-        option_a_end = clock_a
-        option_b_end = float("inf")
-        if tensor_parallel and len(active_units) > 1:
-            # Option B: reduce the partial sums over the DIMM-link into one unit, then one PCIe copy.
-            reduce_start = max(unit_end.values())
-            reduce_s = (len(active_units) - 1) * system.ndp_link.transfer_time_s(tokens * row_bytes)
-            copy_start = max(pcie_clock, reduce_start + reduce_s)
-            option_b_end = copy_start + link.transfer_time_s(tokens * row_bytes)
-        if option_b_end < option_a_end:
-            reduction = "dimm-link"
-            link_bytes = float((len(active_units) - 1) * tokens * row_bytes)
-            events.append(TimelineEvent("ndp_link", reduce_start, reduce_start + reduce_s, "reduce partial sums"))
-            events.append(TimelineEvent("pcie", copy_start, option_b_end, "NDP output to GPU"))
-            h2d_bytes += tokens * row_bytes
-            outputs_ready = option_b_end
-        else:
-            reduction = "gpu"
-            for unit, start, end in copies_a:
-                events.append(TimelineEvent("pcie", start, end, f"ndp{unit} output to GPU"))
-                h2d_bytes += unit_tokens[unit] * row_bytes
-            outputs_ready = option_a_end
+        outputs_ready, reduction, link_bytes, h2d_bytes = _collect_ndp_outputs(
+            system,
+            tokens,
+            row_bytes,
+            unit_tokens,
+            active_units,
+            unit_end,
+            tensor_parallel,
+            pcie_clock,
+            h2d_bytes,
+            events,
+        )
 
     # The weighted sum of the top-k expert outputs (and of NDP partial sums) on the GPU.
     combine_s = _combine_s(system, layer, tokens, row_bytes)
@@ -250,6 +201,93 @@ def build_layer_timeline(
         ndp_end_s=tuple(unit_end.items()),
         work=tuple(done),
     )
+
+
+def _lay_out_gpu_jobs(gpu_jobs: list[GpuJob], events: list[TimelineEvent]) -> tuple[float, float, float]:
+    """The GPU jobs in Johnson's order, each one's weight copy on PCIe before its compute on the GPU (their events
+    appended to ``events``): returns when PCIe and the GPU are done with them and the bytes copied to the GPU."""
+    pcie_clock = 0.0
+    gpu_clock = 0.0
+    h2d_bytes = 0.0
+    for job in johnson_order(gpu_jobs):
+        ready = 0.0
+        if job.transfer_s > 0:
+            events.append(TimelineEvent("pcie", pcie_clock, pcie_clock + job.transfer_s, f"{job.label} weights"))
+            pcie_clock += job.transfer_s
+            h2d_bytes += job.transfer_bytes
+            ready = pcie_clock
+        start = max(gpu_clock, ready)
+        gpu_clock = start + job.compute_s
+        events.append(TimelineEvent("gpu", start, gpu_clock, job.label))
+    return pcie_clock, gpu_clock, h2d_bytes
+
+
+def _ndp_unit_ends(
+    unit_jobs: list[list[tuple[str, float]]], active_units: list[int], ndp_start: float, unit_dram_s: list[float] | None
+) -> dict[int, float]:
+    """When each active unit is done: its jobs back to back from ``ndp_start``, or its DRAM time if that is later."""
+    unit_end: dict[int, float] = {}
+    job_ends: dict[int, float] = {}  # id(job list) -> end: units given the same list (sliced experts) share it
+    for unit in active_units:
+        jobs = unit_jobs[unit]
+        clock = job_ends.get(id(jobs))
+        if clock is None:
+            clock = ndp_start
+            for _, seconds in jobs:
+                clock += seconds
+            job_ends[id(jobs)] = clock
+        if unit_dram_s is not None and ndp_start + unit_dram_s[unit] > clock:
+            clock = ndp_start + unit_dram_s[unit]
+        unit_end[unit] = clock
+    return unit_end
+
+
+def _collect_ndp_outputs(
+    system: SystemSpec,
+    tokens: int,
+    row_bytes: int,
+    unit_tokens: list[int],
+    active_units: list[int],
+    unit_end: dict[int, float],
+    tensor_parallel: bool,
+    pcie_clock: float,
+    h2d_bytes: float,
+    events: list[TimelineEvent],
+) -> tuple[float, str, float, float]:
+    """Bring the active units' outputs to the GPU the cheaper way (their events appended to ``events``), PCIe free
+    from ``pcie_clock``: returns when they are there, the reduction (``"gpu"`` or ``"dimm-link"``), the DIMM-link
+    bytes and ``h2d_bytes`` with the output copies added."""
+    link = system.host_link
+    # Option A: each unit copies its partial output to the GPU (PCIe queue after the weight copies).
+    clock_a = pcie_clock
+    copies_a = []
+    durations: dict[int, float] = {}  # per row count (tensor-parallel units all have the same)
+    for unit in sorted(active_units, key=unit_end.__getitem__):
+        start = max(clock_a, unit_end[unit])
+        rows = unit_tokens[unit]
+        duration = durations.get(rows)
+        if duration is None:
+            duration = durations[rows] = link.transfer_time_s(rows * row_bytes)
+        copies_a.append((unit, start, start + duration))
+        clock_a = start + duration
+    option_a_end = clock_a
+    option_b_end = float("inf")
+    if tensor_parallel and len(active_units) > 1:
+        # Option B: reduce the partial sums over the DIMM-link into one unit, then one PCIe copy.
+        reduce_start = max(unit_end.values())
+        reduce_s = (len(active_units) - 1) * system.ndp_link.transfer_time_s(tokens * row_bytes)
+        copy_start = max(pcie_clock, reduce_start + reduce_s)
+        option_b_end = copy_start + link.transfer_time_s(tokens * row_bytes)
+    if option_b_end < option_a_end:
+        link_bytes = float((len(active_units) - 1) * tokens * row_bytes)
+        events.append(TimelineEvent("ndp_link", reduce_start, reduce_start + reduce_s, "reduce partial sums"))
+        events.append(TimelineEvent("pcie", copy_start, option_b_end, "NDP output to GPU"))
+        h2d_bytes += tokens * row_bytes
+        return option_b_end, "dimm-link", link_bytes, h2d_bytes
+    for unit, start, end in copies_a:
+        events.append(TimelineEvent("pcie", start, end, f"ndp{unit} output to GPU"))
+        h2d_bytes += unit_tokens[unit] * row_bytes
+    return option_a_end, "gpu", 0.0, h2d_bytes
 
 
 def _ndp_jobs(unit_jobs: list[list[tuple[str, float]]], active_units: list[int]) -> tuple:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 # the hw_model modules compiled (hw_model/<name>.py) and packages compiled whole (every hw_model/<name>/*.py: a
 # policy added to hw_model/policies/ is compiled with no edit here); the one place the lists are kept
-MODULES = ("cost", "run_context", "timeline", "layout", "prefetch", "simulator")
+MODULES = ("cost", "run_context", "timeline", "layout", "prefetch", "step_results", "simulator")
 PACKAGES = ("policies",)
 # mypyc group: names the shared library, <GROUP>__mypyc.<EXT_SUFFIX>, at the top of site-packages
 GROUP = "hw_model"

@@ -26,13 +26,13 @@ class LayerReport:
     expert_tokens: tuple[int, ...]
     latency_s: float
     step: Any = None
-    """The simulator's :class:`hw_model.simulator.StepResult` this invocation is ``position`` of (not in JSON);
-    the properties below read its :class:`~hw_model.simulator.LayerResult`, built on first read."""
+    """The simulator's :class:`hw_model.step_results.StepResult` this invocation is ``position`` of (not in JSON);
+    the properties below read its :class:`~hw_model.step_results.LayerResult`, built on first read."""
     position: int = 0
 
     @property
     def timeline(self) -> Any:
-        """The simulator's :class:`hw_model.simulator.LayerResult` of this invocation (None without one)."""
+        """The simulator's :class:`hw_model.step_results.LayerResult` of this invocation (None without one)."""
         return self.step[self.position] if self.step is not None else None
 
     @property
@@ -84,7 +84,7 @@ class StepLayers(NamedTuple):
     """What a report's :class:`LayerReport` s are built from: the invocations of one simulated step, in order.
     Invocation ``i`` ran layer ``indices[i]`` (named ``names[indices[i]]``, with ``widths[indices[i]]`` experts)
     on ``tokens[i]`` tokens routed as row ``i`` of ``counts`` (per expert; zero beyond the layer's experts; not
-    modified afterwards); ``step`` is the simulator's :class:`hw_model.simulator.StepResult` (its
+    modified afterwards); ``step`` is the simulator's :class:`hw_model.step_results.StepResult` (its
     ``latencies_s`` and timelines)."""
 
     indices: Sequence[int]
@@ -188,7 +188,7 @@ def power_levels(energy: Any, trace: dict[str, Any], units: int) -> dict[str, tu
 
 
 def simulated_summary(snapshot: Any) -> dict[str, Any]:
-    """A report's ``simulator``: the summary of a :class:`hw_model.simulator.SummarySnapshot` without its measured
+    """A report's ``simulator``: the summary of a :class:`hw_model.step_results.SummarySnapshot` without its measured
     wall-clock values (:data:`MEASURED_SUMMARY_KEYS`), so that a report depends only on the routing simulated."""
     summary = snapshot.as_dict()
     for key in MEASURED_SUMMARY_KEYS:
@@ -241,7 +241,7 @@ class RunReport:
         notes: tuple[str, ...],
     ) -> RunReport:
         """The report whose ``layers`` are ``step_layers.build()`` and whose ``simulator`` is
-        :func:`simulated_summary` of ``summary`` (a :class:`hw_model.simulator.SummarySnapshot` of the run), each
+        :func:`simulated_summary` of ``summary`` (a :class:`hw_model.step_results.SummarySnapshot` of the run), each
         built when first read (the constructor's checks, now)."""
         _check_report(run_index, tokens, ndp_units, non_expert_gpu_s, step_layers.step.latencies_s)
         report = cls.__new__(cls)

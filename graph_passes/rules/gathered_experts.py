@@ -398,49 +398,25 @@ class GatheredExpertsRule:
     ) -> list[MoEBlockPlan] | Skip:
         """Every reading of the expert weights compatible with the shapes, best structural guess first."""
         hidden = region.hidden
-        nodes = [index.node_by_name[n] for n in region.nodes]
-
-        def layouts(dims: tuple[int, int], in_dim_is_hidden: bool) -> list[tuple[str, int]]:
-            a, b = dims
-            options = []
-            if in_dim_is_hidden:  # matrix reads H: in_out if a == H, out_in if b == H; the other is the width
-                if a == hidden:
-                    options.append(("in_out", b))
-                if b == hidden:
-                    options.append(("out_in", a))
-            else:  # matrix writes H
-                if b == hidden:
-                    options.append(("in_out", a))
-                if a == hidden:
-                    options.append(("out_in", b))
-            return options
-
+        bias_by_width = _biases_by_width(index, biases)
+        down_bias_names = bias_by_width.get(hidden, [])
+        if len(down_bias_names) > 1:
+            return Skip(name, "several gathered biases could be the down-projection bias")
+        down_bias = StackedBias(down_bias_names[0]) if down_bias_names else None
+        gated_acts, plain_acts = _candidate_activations(index, [index.node_by_name[n] for n in region.nodes])
         down_name = down_anchor.input[0]
-        down_dims = tuple(index.initializers[down_name].dims[1:])
-        down_options = layouts(down_dims, in_dim_is_hidden=False)
-        op_types = {n.op_type for n in nodes}
-        clamps = _scalar_constants(index, nodes, {"Clip", "Min", "Max"})
-        limits = sorted({abs(v) for v in clamps if v != 0}) or [SWIGLU_LIMIT]
-        alphas = sorted(_scalar_constants(index, nodes, {"Mul"}) - {1.0}) or [SWIGLU_ALPHA]
-        if "Clip" in op_types or "Min" in op_types:
-            gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
-            gated_acts.append(("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT))
+        if len(first_layer) == 1:
+            found = _fused_first_readings(
+                index, first_layer[0].input[0], down_name, hidden, bias_by_width, down_bias, gated_acts, plain_acts
+            )
         else:
-            gated_acts = [("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT), ("gelu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT)]
-            gated_acts += [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
-        plain_order = list(PLAIN_ACTIVATIONS)
-        hinted = {"Relu": "relu", "Erf": "gelu", "Tanh": "gelu_tanh", "Sigmoid": "silu"}
-        plain_acts = sorted(plain_order, key=lambda a: 0 if a in {hinted.get(t) for t in op_types} else 1)
-
-        bias_by_width: dict[int, list[str]] = {}
-        for bias in biases:
-            bias_by_width.setdefault(int(index.initializers[bias.input[0]].dims[1]), []).append(bias.input[0])
-
-        readings: list[MoEBlockPlan] = []
+            names = [a.input[0] for a in first_layer]
+            found = _separate_first_readings(index, names, down_name, hidden, down_bias, gated_acts)
+        if not found:
+            return Skip(name, f"expert weight shapes do not fit one FFN of hidden size {hidden}")
         common = dict(name=name, rule=self.name, **region.plan_fields())
-
-        def reading(ffn, activation, weights, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT) -> MoEBlockPlan:
-            return MoEBlockPlan(
+        return [
+            MoEBlockPlan(
                 **common,
                 ffn=ffn,
                 activation=activation,
@@ -448,60 +424,137 @@ class GatheredExpertsRule:
                 activation_alpha=alpha,
                 activation_limit=limit,
             )
+            for ffn, activation, weights, alpha, limit in found
+        ]
 
-        down_bias_names = bias_by_width.get(hidden, [])
-        if len(down_bias_names) > 1:
-            return Skip(name, "several gathered biases could be the down-projection bias")
-        down_bias = StackedBias(down_bias_names[0]) if down_bias_names else None
 
-        if len(first_layer) == 1:
-            first_name = first_layer[0].input[0]
-            first_dims = tuple(index.initializers[first_name].dims[1:])
-            for (first_layout, width), (down_layout, ffn) in itertools.product(
-                layouts(first_dims, in_dim_is_hidden=True), down_options
-            ):
-                first_bias_names = [b for b in bias_by_width.get(width, []) if b not in down_bias_names]
-                first_bias = first_bias_names[0] if len(first_bias_names) == 1 else None
-                down = StackedMatrix(down_name, down_layout)
-                if width == 2 * ffn:
-                    for (gate_cols, up_cols), (act, alpha, limit) in itertools.product(GATED_COLUMN_SPLITS, gated_acts):
-                        weights = ExpertWeights(
-                            up=StackedMatrix(first_name, first_layout, up_cols),
-                            gate=StackedMatrix(first_name, first_layout, gate_cols),
-                            down=down,
-                            up_bias=StackedBias(first_bias, up_cols) if first_bias else None,
-                            gate_bias=StackedBias(first_bias, gate_cols) if first_bias else None,
-                            down_bias=down_bias,
-                        )
-                        readings.append(reading(ffn, act, weights, alpha, limit))
-                elif width == ffn:
-                    for act in plain_acts:
-                        weights = ExpertWeights(
-                            up=StackedMatrix(first_name, first_layout),
-                            down=down,
-                            up_bias=StackedBias(first_bias) if first_bias else None,
-                            down_bias=down_bias,
-                        )
-                        readings.append(reading(ffn, act, weights))
-        else:
-            names = [a.input[0] for a in first_layer]
-            dims = [tuple(index.initializers[n].dims[1:]) for n in names]
-            for (gate_index, up_index), (down_layout, ffn) in itertools.product(((0, 1), (1, 0)), down_options):
-                for gate_layout, gate_width in layouts(dims[gate_index], True):
-                    for up_layout, up_width in layouts(dims[up_index], True):
-                        if gate_width != ffn or up_width != ffn:
-                            continue
-                        for act, alpha, limit in gated_acts:
-                            weights = ExpertWeights(
-                                up=StackedMatrix(names[up_index], up_layout),
-                                gate=StackedMatrix(names[gate_index], gate_layout),
-                                down=StackedMatrix(down_name, down_layout),
-                                down_bias=down_bias,
-                            )
-                            readings.append(reading(ffn, act, weights, alpha, limit))
-        if not readings:
-            return Skip(name, f"expert weight shapes do not fit one FFN of hidden size {hidden}")
-        return readings
+# ---------------------------------------------------------------------------------------------- weight readings
+
+# an activation candidate: (name, alpha, limit); a reading: (ffn width, activation, weights, alpha, limit)
+_Activation = tuple[str, float, float]
+_Reading = tuple[int, str, ExpertWeights, float, float]
+
+
+def _layouts(dims: tuple[int, ...], hidden: int, in_dim_is_hidden: bool) -> list[tuple[str, int]]:
+    """The (layout, other width) readings of one expert's matrix of shape ``dims`` that reads (``in_dim_is_hidden``)
+    or writes the hidden size."""
+    a, b = dims
+    options = []
+    if in_dim_is_hidden:  # matrix reads H: in_out if a == H, out_in if b == H; the other is the width
+        if a == hidden:
+            options.append(("in_out", b))
+        if b == hidden:
+            options.append(("out_in", a))
+    else:  # matrix writes H
+        if b == hidden:
+            options.append(("in_out", a))
+        if a == hidden:
+            options.append(("out_in", b))
+    return options
+
+
+def _down_layouts(index: GraphIndex, down_name: str, hidden: int) -> list[tuple[str, int]]:
+    """The (layout, FFN width) readings of the stacked down projection ``down_name``."""
+    return _layouts(tuple(index.initializers[down_name].dims[1:]), hidden, in_dim_is_hidden=False)
+
+
+def _candidate_activations(index: GraphIndex, nodes: list[onnx.NodeProto]) -> tuple[list[_Activation], list[str]]:
+    """The gated activations (with the region's clamp limits and scale constants) and the plain ones, those the
+    region's op types hint at first."""
+    op_types = {n.op_type for n in nodes}
+    clamps = _scalar_constants(index, nodes, {"Clip", "Min", "Max"})
+    limits = sorted({abs(v) for v in clamps if v != 0}) or [SWIGLU_LIMIT]
+    alphas = sorted(_scalar_constants(index, nodes, {"Mul"}) - {1.0}) or [SWIGLU_ALPHA]
+    if "Clip" in op_types or "Min" in op_types:
+        gated_acts = [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
+        gated_acts.append(("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT))
+    else:
+        gated_acts = [("silu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT), ("gelu_glu", SWIGLU_ALPHA, SWIGLU_LIMIT)]
+        gated_acts += [("swiglu_clamp", a, lim) for a in alphas for lim in limits]
+    hinted = {"Relu": "relu", "Erf": "gelu", "Tanh": "gelu_tanh", "Sigmoid": "silu"}
+    plain_acts = sorted(PLAIN_ACTIVATIONS, key=lambda a: 0 if a in {hinted.get(t) for t in op_types} else 1)
+    return gated_acts, plain_acts
+
+
+def _biases_by_width(index: GraphIndex, biases: list[onnx.NodeProto]) -> dict[int, list[str]]:
+    """The gathered bias initializers by their per-expert width."""
+    by_width: dict[int, list[str]] = {}
+    for bias in biases:
+        by_width.setdefault(int(index.initializers[bias.input[0]].dims[1]), []).append(bias.input[0])
+    return by_width
+
+
+def _fused_first_readings(
+    index: GraphIndex,
+    first_name: str,
+    down_name: str,
+    hidden: int,
+    bias_by_width: dict[int, list[str]],
+    down_bias: StackedBias | None,
+    gated_acts: list[_Activation],
+    plain_acts: list[str],
+) -> list[_Reading]:
+    """Readings with one first-layer matrix ``first_name``: gate and up fused (twice the FFN width, each column
+    split) or a plain up projection (the FFN width)."""
+    down_bias_names = bias_by_width.get(hidden, [])
+    readings: list[_Reading] = []
+    first_dims = tuple(index.initializers[first_name].dims[1:])
+    for (first_layout, width), (down_layout, ffn) in itertools.product(
+        _layouts(first_dims, hidden, in_dim_is_hidden=True), _down_layouts(index, down_name, hidden)
+    ):
+        first_bias_names = [b for b in bias_by_width.get(width, []) if b not in down_bias_names]
+        first_bias = first_bias_names[0] if len(first_bias_names) == 1 else None
+        down = StackedMatrix(down_name, down_layout)
+        if width == 2 * ffn:
+            for (gate_cols, up_cols), (act, alpha, limit) in itertools.product(GATED_COLUMN_SPLITS, gated_acts):
+                weights = ExpertWeights(
+                    up=StackedMatrix(first_name, first_layout, up_cols),
+                    gate=StackedMatrix(first_name, first_layout, gate_cols),
+                    down=down,
+                    up_bias=StackedBias(first_bias, up_cols) if first_bias else None,
+                    gate_bias=StackedBias(first_bias, gate_cols) if first_bias else None,
+                    down_bias=down_bias,
+                )
+                readings.append((ffn, act, weights, alpha, limit))
+        elif width == ffn:
+            for act in plain_acts:
+                weights = ExpertWeights(
+                    up=StackedMatrix(first_name, first_layout),
+                    down=down,
+                    up_bias=StackedBias(first_bias) if first_bias else None,
+                    down_bias=down_bias,
+                )
+                readings.append((ffn, act, weights, SWIGLU_ALPHA, SWIGLU_LIMIT))
+    return readings
+
+
+def _separate_first_readings(
+    index: GraphIndex,
+    names: list[str],
+    down_name: str,
+    hidden: int,
+    down_bias: StackedBias | None,
+    gated_acts: list[_Activation],
+) -> list[_Reading]:
+    """Readings with two first-layer matrices ``names``: either one the gate, the other the up projection."""
+    readings: list[_Reading] = []
+    dims = [tuple(index.initializers[n].dims[1:]) for n in names]
+    for (gate_index, up_index), (down_layout, ffn) in itertools.product(
+        ((0, 1), (1, 0)), _down_layouts(index, down_name, hidden)
+    ):
+        for gate_layout, gate_width in _layouts(dims[gate_index], hidden, True):
+            for up_layout, up_width in _layouts(dims[up_index], hidden, True):
+                if gate_width != ffn or up_width != ffn:
+                    continue
+                for act, alpha, limit in gated_acts:
+                    weights = ExpertWeights(
+                        up=StackedMatrix(names[up_index], up_layout),
+                        gate=StackedMatrix(names[gate_index], gate_layout),
+                        down=StackedMatrix(down_name, down_layout),
+                        down_bias=down_bias,
+                    )
+                    readings.append((ffn, act, weights, alpha, limit))
+    return readings
 
 
 # ---------------------------------------------------------------------------------------------- graph walks

@@ -114,13 +114,7 @@ def test_no_import_circle_among_the_packages_modules(repo_root):
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
 # modules and functions over the limits, each with why it is not split (yet); empty is the goal
-OVER_THE_LIMITS: dict[str, str] = {
-    "hw_model/simulator.py": "pending (issue 31): energy, pins and the power cap grew it past 700; the simulator's "
-    "hot path, compiled by mypyc: LayerResult/StepResult move to a compiled module of their own",
-    "graph_passes/rules/gathered_experts.py:GatheredExpertsRule._readings": "pending (issue 31)",
-    "hw_model/bench.py:run_job": "pending (issue 31): other helpers are editing bench.py",
-    "hw_model/timeline.py:build_layer_timeline": "pending (issue 31): the simulator's hot path, compiled by mypyc",
-}
+OVER_THE_LIMITS: dict[str, str] = {}
 
 
 def _function_sizes(node: ast.AST, prefix: str) -> dict[str, int]:
