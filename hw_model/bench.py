@@ -174,6 +174,23 @@ def run_job(job: Job, config: BenchConfig, trace_cache: dict | None = None) -> J
     return JobResult(_job_record(job, config, trace, sim, prefill_s, decode_s, step_times, prefill_energy), gantt)
 
 
+def request_latencies_s(job: Job, config: BenchConfig, traces: Sequence[RoutingTrace]) -> list[float]:
+    """End-to-end seconds of each of ``traces`` run as one session's requests, back to back on one simulator (its
+    GPU pool, prefetcher and placements carried from one request to the next, as in an
+    :class:`ndp_ep.InferenceSession`); the GPU memory reserved for the longest request's KV cache."""
+    if not traces:
+        raise WorkloadError("request_latencies_s needs at least one trace")
+    model = job.model
+    reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(max(t.num_tokens for t in traces))
+    sim = MoESimulator.from_settings(job.settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
+    latencies = []
+    for trace in traces:
+        prefill_s, _ = _simulate_prefill(job, trace, sim, {})
+        decode_s, _ = _simulate_decode(job, config, trace, sim, {})
+        latencies.append(prefill_s + decode_s)
+    return latencies
+
+
 def _simulate_prefill(
     job: Job, trace: RoutingTrace, sim: MoESimulator, gantt: dict[str, list[tuple[str, float, float, str]]]
 ) -> tuple[float, EnergyReport | None]:

@@ -130,3 +130,32 @@ def test_each_ndp_unit_count_is_refused_outside_1_to_64_like_every_ndp_units_opt
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ndp-ep bench: error: argument --ndp-units: expected an integer from 1 to 64, {shown}"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sessions_first_request_costs_what_a_lone_request_does_and_the_next_one_starts_warm():
+    from hw_model.bench import Job, _trace_for, request_latencies_s, run_job
+    from hw_model.models import get_model
+    from hw_model.settings import DEFAULT_POLICY, SimulationSettings
+    from hw_model.traces import skew_for
+
+    config = BenchConfig(models=("olmoe-1b-7b",), prompt_tokens=32, generated_tokens=32, sweeps=False, gantt=False)
+    model = get_model("olmoe-1b-7b")
+    job = Job(model, SimulationSettings(ndp_units=4, policy=DEFAULT_POLICY), "typical", skew_for(model.name, "typical"))
+    trace = _trace_for(job, config, {})
+    alone = run_job(job, config, {}).record["latency_s"]
+    first, second = request_latencies_s(job, config, [trace, trace])
+    assert first == pytest.approx(alone, rel=1e-12)
+    # the pool the first request filled is still there: OLMoE's 64 experts per layer all fit it, so the repeat
+    # runs its experts from the GPU instead of copying or streaming them from the DIMMs again
+    assert second < 0.9 * first
+
+
+def test_request_latencies_need_a_request():
+    from hw_model.bench import Job, request_latencies_s
+    from hw_model.errors import WorkloadError
+    from hw_model.models import get_model
+    from hw_model.settings import SimulationSettings
+
+    job = Job(get_model("olmoe-1b-7b"), SimulationSettings(ndp_units=4), "typical", 1.0)
+    with pytest.raises(WorkloadError, match="at least one trace"):
+        request_latencies_s(job, BenchConfig(sweeps=False, gantt=False), [])
