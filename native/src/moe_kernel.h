@@ -2,7 +2,8 @@
 //
 // Mirrors the op contract in graph_passes/sharded_op.py (its docstring is the specification):
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
-// Weights of every precision and layout of the contract are packed once, when the node is compiled, into column
+// Weights of every precision and layout of the contract are packed once (when the node is compiled, or on an
+// expert's first routing: Packing), into column
 // panels of the x @ W matrix ([in, out]; an out_in float shard is transposed then) in their stored precision
 // (panel_gemm.h), and widened to float32 in registers exactly as a float32 copy would hold them, so neither the
 // layout nor the precision changes a rounding; the compute groups tokens by expert, computes only the routed
