@@ -270,19 +270,27 @@ __attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
       acc[r][v] = c.resume ? _mm256_load_ps(c.sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
   __m256 scale[4] = {};
   __m256i zero[4] = {};
-  if constexpr (Quantized(F)) {
-    for (int v = 0; v < 4; ++v) {
-      scale[v] = _mm256_loadu_ps(c.scales + 8 * v);
-      zero[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + 8 * v)));
+  const int64_t first_block = Quantized(F) ? c.start / c.block : 0;  // block by block, as Avx512Block
+  for (int64_t start = c.start; start < c.stop;) {
+    int64_t stop = c.stop;
+    if constexpr (Quantized(F)) {
+      const int64_t blk = start / c.block;
+      stop = std::min(stop, (blk + 1) * c.block);
+      for (int v = 0; v < 4; ++v) {
+        scale[v] = _mm256_loadu_ps(c.scales + (blk - first_block) * kPanelWidth + 8 * v);
+        zero[v] = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + (blk - first_block) * kPanelWidth + 8 * v)));
+      }
     }
-  }
-  for (int64_t i = c.start; i < c.stop; ++i) {
-    __m256 b[4];
-    Avx2Row<F>(c.panel, i, scale, zero, b);
-    __m256 x[R];
-    for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
-    for (int v = 0; v < 4; ++v)
-      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
+    for (int64_t i = start; i < stop; ++i) {
+      __m256 b[4];
+      Avx2Row<F>(c.panel, i, scale, zero, b);
+      __m256 x[R];
+      for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
+      for (int v = 0; v < 4; ++v)
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
+    }
+    start = stop;
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) _mm256_store_ps(c.sums + r * kPanelWidth + 8 * v, acc[r][v]);
@@ -318,7 +326,7 @@ constexpr Kernels Avx512Kernels() {
 }
 template <PanelFormat F>
 constexpr Kernels Avx2Kernels() {
-  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}};
+  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}, true};
 }
 const Kernels kAvx512[kFormats] = {Avx512Kernels<PanelFormat::kFloat32>(), Avx512Kernels<PanelFormat::kFloat16>(),
                                    Avx512Kernels<PanelFormat::kBFloat16>(), Avx512Kernels<PanelFormat::kUint8>(),
