@@ -368,7 +368,8 @@ void MoEKernel::PackExpert(int64_t e) const {
   if (release_) {  // expert e is packed: its source tensors are not read again
     for (int64_t s = 0; s < S; ++s) {
       const size_t i = static_cast<size_t>(e * S + s);
-      for (const RawTensor* group : {g.first, g.down, g.first_scales, g.down_scales, g.first_zp, g.down_zp, g.first_bias})
+      for (const RawTensor* group :
+           {g.first, g.down, g.first_scales, g.down_scales, g.first_zp, g.down_zp, g.first_bias})
         if (group) release_(group[i]);
     }
     if (g.down_bias) release_(g.down_bias[e]);
@@ -507,7 +508,8 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
       CallScratch* pending = &c;
       parallel_for(c.unpacked.size(), [this, pending](size_t task) { EnsurePacked(pending->unpacked[task]); });
       for (int64_t e : c.unpacked)  // a task that failed left its expert unpacked (the call reports the error)
-        if (!packed_[e].load(std::memory_order_acquire)) return spec_.layer + ": expert " + std::to_string(e) + " could not be packed";
+        if (!packed_[e].load(std::memory_order_acquire))
+          return spec_.layer + ": expert " + std::to_string(e) + " could not be packed";
     }
   }
   c.fill.assign(c.offsets.begin(), c.offsets.end() - 1);
