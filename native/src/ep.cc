@@ -502,9 +502,19 @@ struct NdpEp : OrtEp {
         PanelIsa isa;
         problem = ChoosePanelIsa(std::getenv(kKernelIsaEnv), &isa);
         if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, problem);
-        problem = compiled->kernel.Load(spec, weights, compute, isa, [&files](const RawTensor& t) {
-          files->Release(t.data, t.element_count() * ElementBytes(static_cast<ONNXTensorElementDataType>(t.elem_type)));
-        });
+        Packing packing;
+        problem = ParsePacking(std::getenv(kPackingEnv), &packing);
+        if (!problem.empty()) return Error(ORT_INVALID_ARGUMENT, problem);
+        // the kernel keeps the callback (experts packed on first routing drop their pages then); the node keeps
+        // the mapping, so the callback holds only a plain pointer to it
+        WeightFileMap* file_map = files.get();
+        problem = compiled->kernel.Load(
+            spec, weights, compute, isa,
+            [file_map](const RawTensor& t) {
+              file_map->Release(t.data,
+                                t.element_count() * ElementBytes(static_cast<ONNXTensorElementDataType>(t.elem_type)));
+            },
+            packing);
         if (!problem.empty()) return Error(ORT_INVALID_GRAPH, problem);
         const char* name = nullptr;
         NDP_RETURN_IF_ERROR(g_api->Node_GetName(node, &name));
@@ -769,3 +779,5 @@ NDP_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApi
 // The ORT API level the factory was created for (23, or 24 when it also supplies the op schema).
 NDP_EXPORT int ndp_ep_factory_api_version() { return static_cast<int>(ndp::g_runtime_api); }
 NDP_EXPORT const char* ndp_ep_version() { return NDP_EP_VERSION; }
+// Experts packed by every session of the process so far (NDP_EP_PACK_EXPERTS; tests of the work runs do).
+NDP_EXPORT int64_t ndp_ep_experts_packed() { return ndp::ExpertsPackedTotal(); }

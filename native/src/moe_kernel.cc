@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 
@@ -169,8 +171,52 @@ size_t RawTensor::element_count() const {
   return n;
 }
 
+namespace {
+// The weight inputs of a node by group (contract order), each group's tensor of expert e, shard s at [e * S + s]
+// (down_bias: [e]); null for a group the node has not.
+struct SourceGroups {
+  const RawTensor *first = nullptr, *down = nullptr, *first_scales = nullptr, *down_scales = nullptr;
+  const RawTensor *first_zp = nullptr, *down_zp = nullptr, *first_bias = nullptr, *down_bias = nullptr;
+};
+SourceGroups GroupSources(const MoESpec& spec, const std::vector<RawTensor>& weights) {
+  SourceGroups g;
+  const size_t per_shard = static_cast<size_t>(spec.num_experts * spec.shards);
+  size_t position = 0;
+  auto next = [&]() { return &weights[(position += per_shard) - per_shard]; };
+  g.first = next();
+  g.down = next();
+  if (spec.quantized()) {
+    g.first_scales = next();
+    g.down_scales = next();
+    if (spec.has_zero_points) {
+      g.first_zp = next();
+      g.down_zp = next();
+    }
+  }
+  if (spec.has_first_bias) g.first_bias = next();
+  if (spec.has_down_bias) g.down_bias = &weights[position];
+  return g;
+}
+
+std::atomic<int64_t> g_experts_packed{0};
+}  // namespace
+
+std::string ParsePacking(const char* value, Packing* out) {
+  const std::string text = value ? value : "";
+  if (text.empty() || text == "lazy") {
+    *out = Packing::kLazy;
+  } else if (text == "eager") {
+    *out = Packing::kEager;
+  } else {
+    return std::string(kPackingEnv) + " must be lazy or eager, got '" + text + "'";
+  }
+  return "";
+}
+
+int64_t ExpertsPackedTotal() { return g_experts_packed.load(std::memory_order_relaxed); }
+
 std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
-                            PanelIsa isa, const ReleaseWeight& release) {
+                            PanelIsa isa, const ReleaseWeight& release, Packing packing) {
   std::string error = spec.Validate();
   if (!error.empty()) return error;
   if (weights.size() != spec.weight_input_count())
@@ -179,29 +225,34 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
   spec_ = spec;
   compute_ = spec.quantized() ? compute : QuantCompute::kFloat;
   isa_ = isa;
-  const int64_t E = spec.num_experts, S = spec.shards, H = spec.hidden, Is = spec.shard_width();
-  const int64_t Fs = spec.first_width();
-  const int bits = QuantBits(spec.weight_dtype);
-  const size_t per_shard = static_cast<size_t>(E * S);
-  size_t position = 0;
-  const RawTensor* first = &weights[position];
-  const RawTensor* down = &weights[position += per_shard];
-  position += per_shard;
-  const RawTensor *first_scales = nullptr, *down_scales = nullptr, *first_zp = nullptr, *down_zp = nullptr;
-  if (bits) {
-    first_scales = &weights[position];
-    down_scales = &weights[position += per_shard];
-    position += per_shard;
-    if (spec.has_zero_points) {
-      first_zp = &weights[position];
-      down_zp = &weights[position += per_shard];
-      position += per_shard;
-    }
+  sources_ = weights;
+  release_ = release;
+  error = CheckShapes();
+  if (!error.empty()) return error;
+  const int64_t E = spec.num_experts;
+  experts_.clear();
+  experts_.resize(static_cast<size_t>(E));  // PackedMatrix is move-only (its lazily copied scales)
+  packed_count_.store(0);
+  lazy_ = packing == Packing::kLazy &&
+          std::all_of(weights.begin(), weights.end(), [](const RawTensor& t) { return t.lasting; });
+  if (lazy_) {
+    packed_once_ = std::make_unique<std::once_flag[]>(static_cast<size_t>(E));
+    packed_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) packed_[e].store(false);
+    return "";
   }
-  const RawTensor* first_bias = spec.has_first_bias ? &weights[position] : nullptr;
-  if (first_bias) position += per_shard;
-  const RawTensor* down_bias = spec.has_down_bias ? &weights[position] : nullptr;
+  for (int64_t e = 0; e < E; ++e) PackExpert(e);
+  sources_.clear();  // never read again
+  release_ = nullptr;
+  return "";
+}
 
+std::string MoEKernel::CheckShapes() const {
+  const MoESpec& spec = spec_;
+  const SourceGroups g = GroupSources(spec, sources_);
+  const int64_t E = spec.num_experts, S = spec.shards, H = spec.hidden, Is = spec.shard_width();
+  const int64_t Fs = spec.first_width(), block = spec.quant_block_size;
+  const int bits = QuantBits(spec.weight_dtype);
   auto check = [&](const RawTensor& t, const char* what, std::vector<int64_t> shape, bool quantized_data) {
     if (t.shape != shape)
       return spec.layer + ": " + what + " has shape " + ShapeText(t.shape) + ", expected " + ShapeText(shape);
@@ -209,6 +260,54 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
       return spec.layer + ": " + what + (quantized_data ? " must be uint8" : " must be a float tensor");
     return std::string();
   };
+  std::string error;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t s = 0; s < S; ++s) {
+      const size_t i = static_cast<size_t>(e * S + s);
+      if (bits) {
+        const int64_t blocks_first = (H + block - 1) / block, blocks_down = (Is + block - 1) / block;
+        for (auto [t, what, shape, quant] :
+             {std::make_tuple(g.first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
+              std::make_tuple(g.down + i, "down", std::vector<int64_t>{H, Is * bits / 8}, true),
+              std::make_tuple(g.first_scales + i, "first_scales", std::vector<int64_t>{Fs, blocks_first}, false),
+              std::make_tuple(g.down_scales + i, "down_scales", std::vector<int64_t>{H, blocks_down}, false)}) {
+          error = check(*t, what, shape, quant);
+          if (!error.empty()) return error;
+        }
+        if (g.first_zp) {
+          error = check(g.first_zp[i], "first_zero_points", {Fs, (blocks_first * bits + 7) / 8}, true);
+          if (error.empty()) error = check(g.down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
+        }
+      } else {
+        const bool first_t = spec.first_out_in, down_t = spec.down_out_in;
+        error = check(g.first[i], "first", first_t ? std::vector<int64_t>{Fs, H} : std::vector<int64_t>{H, Fs}, false);
+        if (error.empty())
+          error = check(g.down[i], "down", down_t ? std::vector<int64_t>{H, Is} : std::vector<int64_t>{Is, H}, false);
+      }
+      if (error.empty() && g.first_bias) error = check(g.first_bias[i], "first_bias", {Fs}, false);
+      if (!error.empty()) return error;
+    }
+    if (g.down_bias) {
+      error = check(g.down_bias[e], "down_bias", {H}, false);
+      if (!error.empty()) return error;
+    }
+  }
+  return "";
+}
+
+void MoEKernel::EnsurePacked(int64_t e) const {
+  if (!lazy_ || packed_[e].load(std::memory_order_acquire)) return;
+  std::call_once(packed_once_[static_cast<size_t>(e)], [this, e] {
+    PackExpert(e);
+    packed_[e].store(true, std::memory_order_release);
+  });
+}
+
+void MoEKernel::PackExpert(int64_t e) const {
+  const MoESpec& spec = spec_;
+  const SourceGroups g = GroupSources(spec, sources_);
+  const int64_t S = spec.shards, H = spec.hidden, Is = spec.shard_width(), Fs = spec.first_width();
+  const int bits = QuantBits(spec.weight_dtype);
   // The K x N (x @ W) matrices are packed straight from the tensors, in their stored precision. Element (i, j) of
   // a float shard sits at i * N + j (in_out) or j * K + i (out_in); a quantized shard is [N, K * bits / 8] (row =
   // output feature j, packed along the input i) with scales and zero points [N, ceil(K / block)].
@@ -229,9 +328,10 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
     const int64_t row_bytes = k * bits / 8, blocks = (k + block - 1) / block, zero_row_bytes = (blocks * bits + 7) / 8;
     const auto* code_data = static_cast<const uint8_t*>(codes.data);
     const auto* zero_data = zeros ? static_cast<const uint8_t*>(zeros->data) : nullptr;
-    // float32 scales in a mapping that lasts are copied on the matrix's first product (then their file pages are
-    // dropped): a session holds the scales of the experts runs routed to, as stock ONNX Runtime's QMoE does
-    const bool keep = scales.lasting && scales.elem_type == kFloat;
+    // Packed up front, float32 scales in a mapping that lasts are copied on the matrix's first product (then
+    // their file pages are dropped): a session holds the scales of the experts runs routed to, as stock ONNX
+    // Runtime's QMoE does. An expert packed on its first routing copies them now.
+    const bool keep = !lazy_ && scales.lasting && scales.elem_type == kFloat;
     out.PackQuantizedRows(
         bits, block, k, n, code_data, row_bytes,
         [&](int64_t b, int64_t j) { return ReadFloat(scales, static_cast<size_t>(j * blocks + b)); },
@@ -241,68 +341,44 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
         keep ? static_cast<const float*>(scales.data) : nullptr, blocks, DropFilePages);
   };
 
-  experts_.clear();
-  experts_.resize(static_cast<size_t>(E));  // PackedMatrix is move-only (its lazily copied scales)
-  for (int64_t e = 0; e < E; ++e) {
-    ExpertWeights& w = experts_[static_cast<size_t>(e)];
-    w.first.resize(static_cast<size_t>(S));
-    w.down.resize(static_cast<size_t>(S));
-    if (first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
+  ExpertWeights& w = experts_[static_cast<size_t>(e)];
+  w.first.resize(static_cast<size_t>(S));
+  w.down.resize(static_cast<size_t>(S));
+  if (g.first_bias) w.first_bias.resize(static_cast<size_t>(S * Fs));
+  for (int64_t s = 0; s < S; ++s) {
+    const size_t i = static_cast<size_t>(e * S + s);
+    PackedMatrix &first_out = w.first[static_cast<size_t>(s)], &down_out = w.down[static_cast<size_t>(s)];
+    if (bits) {
+      pack_quantized(first_out, g.first[i], g.first_scales[i], g.first_zp ? &g.first_zp[i] : nullptr, H, Fs,
+                     first_int8());
+      pack_quantized(down_out, g.down[i], g.down_scales[i], g.down_zp ? &g.down_zp[i] : nullptr, Is, H, down_int8());
+    } else {
+      pack_float(first_out, g.first[i], H, Fs, spec.first_out_in);
+      pack_float(down_out, g.down[i], Is, H, spec.down_out_in);
+    }
+    if (g.first_bias)
+      for (int64_t j = 0; j < Fs; ++j) w.first_bias[static_cast<size_t>(s * Fs + j)] = ReadFloat(g.first_bias[i], j);
+  }
+  if (g.down_bias) {
+    w.down_bias.resize(static_cast<size_t>(H));
+    for (int64_t j = 0; j < H; ++j) w.down_bias[static_cast<size_t>(j)] = ReadFloat(g.down_bias[e], j);
+  }
+  packed_count_.fetch_add(1, std::memory_order_relaxed);
+  g_experts_packed.fetch_add(1, std::memory_order_relaxed);
+  if (release_) {  // expert e is packed: its source tensors are not read again
     for (int64_t s = 0; s < S; ++s) {
       const size_t i = static_cast<size_t>(e * S + s);
-      PackedMatrix &first_out = w.first[static_cast<size_t>(s)], &down_out = w.down[static_cast<size_t>(s)];
-      if (bits) {
-        const int64_t blocks_first = (H + block - 1) / block, blocks_down = (Is + block - 1) / block;
-        for (auto [t, what, shape, quant] : {std::make_tuple(first + i, "first", std::vector<int64_t>{Fs, H * bits / 8}, true),
-                                             std::make_tuple(down + i, "down", std::vector<int64_t>{H, Is * bits / 8}, true),
-                                             std::make_tuple(first_scales + i, "first_scales", std::vector<int64_t>{Fs, blocks_first}, false),
-                                             std::make_tuple(down_scales + i, "down_scales", std::vector<int64_t>{H, blocks_down}, false)}) {
-          error = check(*t, what, shape, quant);
-          if (!error.empty()) return error;
-        }
-        if (first_zp) {
-          error = check(first_zp[i], "first_zero_points", {Fs, (blocks_first * bits + 7) / 8}, true);
-          if (error.empty()) error = check(down_zp[i], "down_zero_points", {H, (blocks_down * bits + 7) / 8}, true);
-          if (!error.empty()) return error;
-        }
-        pack_quantized(first_out, first[i], first_scales[i], first_zp ? &first_zp[i] : nullptr, H, Fs, first_int8());
-        pack_quantized(down_out, down[i], down_scales[i], down_zp ? &down_zp[i] : nullptr, Is, H, down_int8());
-      } else {
-        const bool first_t = spec.first_out_in, down_t = spec.down_out_in;
-        error = check(first[i], "first", first_t ? std::vector<int64_t>{Fs, H} : std::vector<int64_t>{H, Fs}, false);
-        if (error.empty())
-          error = check(down[i], "down", down_t ? std::vector<int64_t>{H, Is} : std::vector<int64_t>{Is, H}, false);
-        if (!error.empty()) return error;
-        pack_float(first_out, first[i], H, Fs, first_t);
-        pack_float(down_out, down[i], Is, H, down_t);
-      }
-      if (first_bias) {
-        error = check(first_bias[i], "first_bias", {Fs}, false);
-        if (!error.empty()) return error;
-        for (int64_t j = 0; j < Fs; ++j) w.first_bias[static_cast<size_t>(s * Fs + j)] = ReadFloat(first_bias[i], j);
-      }
+      for (const RawTensor* group :
+           {g.first, g.down, g.first_scales, g.down_scales, g.first_zp, g.down_zp, g.first_bias})
+        if (group) release_(group[i]);
     }
-    if (down_bias) {
-      error = check(down_bias[e], "down_bias", {H}, false);
-      if (!error.empty()) return error;
-      w.down_bias.resize(static_cast<size_t>(H));
-      for (int64_t j = 0; j < H; ++j) w.down_bias[static_cast<size_t>(j)] = ReadFloat(down_bias[e], j);
-    }
-    if (release) {  // expert e is packed: its source tensors are not read again
-      for (int64_t s = 0; s < S; ++s) {
-        const size_t i = static_cast<size_t>(e * S + s);
-        for (const RawTensor* group : {first, down, first_scales, down_scales, first_zp, down_zp, first_bias})
-          if (group) release(group[i]);
-      }
-      if (down_bias) release(down_bias[e]);
-    }
+    if (g.down_bias) release_(g.down_bias[e]);
   }
-  return "";
 }
 
 namespace {
 struct CallScratch {
-  std::vector<int64_t> counts, offsets, fill, slot_row, active;
+  std::vector<int64_t> counts, offsets, fill, slot_row, active, unpacked;
   std::vector<float> xg, hg, yg, partial;  // partial: split calls' per-shard down products [S][slots][H]
   Int8RowsBuffer xq, hq;                    // kInt8Activations: xg's int8 rows; split calls' activations [slots, I]
   std::vector<std::array<int64_t, 3>> first_tasks, down_tasks;  // split calls: (expert, shard, first panel)
@@ -423,6 +499,18 @@ std::string MoEKernel::Compute(const float* x, const int64_t* ids, const float* 
   for (int64_t e = 0; e < E; ++e) {
     c.offsets[static_cast<size_t>(e + 1)] = c.offsets[static_cast<size_t>(e)] + c.counts[static_cast<size_t>(e)];
     if (c.counts[static_cast<size_t>(e)]) c.active.push_back(e);
+  }
+  if (lazy_) {  // the routed experts not packed yet, each on a thread of its own
+    c.unpacked.clear();
+    for (int64_t e : c.active)
+      if (!packed_[e].load(std::memory_order_acquire)) c.unpacked.push_back(e);
+    if (!c.unpacked.empty()) {
+      CallScratch* pending = &c;
+      parallel_for(c.unpacked.size(), [this, pending](size_t task) { EnsurePacked(pending->unpacked[task]); });
+      for (int64_t e : c.unpacked)  // a task that failed left its expert unpacked (the call reports the error)
+        if (!packed_[e].load(std::memory_order_acquire))
+          return spec_.layer + ": expert " + std::to_string(e) + " could not be packed";
+    }
   }
   c.fill.assign(c.offsets.begin(), c.offsets.end() - 1);
   c.slot_row.resize(slots);

@@ -2,7 +2,8 @@
 //
 // Mirrors the op contract in graph_passes/sharded_op.py (its docstring is the specification):
 //   y[t] = sum_k routing_weights[t, k] * sum_s Down_{e,s}( act( First_{e,s}(x[t]) ) ),  e = expert_ids[t, k]
-// Weights of every precision and layout of the contract are packed once, when the node is compiled, into column
+// Weights of every precision and layout of the contract are packed once (when the node is compiled, or on an
+// expert's first routing: Packing), into column
 // panels of the x @ W matrix ([in, out]; an out_in float shard is transposed then) in their stored precision
 // (panel_gemm.h), and widened to float32 in registers exactly as a float32 copy would hold them, so neither the
 // layout nor the precision changes a rounding; the compute groups tokens by expert, computes only the routed
@@ -13,9 +14,12 @@
 // (QuantCompute, PanelGemmInt8).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -121,16 +125,29 @@ using ReleaseWeight = std::function<void(const RawTensor&)>;
 // Runs fn(i) for i in [0, n), possibly in parallel; every i writes disjoint memory.
 using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
 
+// When experts are packed (Load's `packing`). kLazy: each expert on its first routing, when every weight tensor is
+// `lasting` (else up front, as kEager): a session is created in what validating the shapes costs and holds the
+// packed experts its runs routed to, as stock ONNX Runtime's MoE holds the mapped float32 pages it read.
+enum class Packing { kLazy, kEager };
+// The environment variable that asks for kEager ("eager"; "lazy" or unset: kLazy).
+constexpr const char* kPackingEnv = "NDP_EP_PACK_EXPERTS";
+// Parses its value (null: unset); an error message for anything else.
+std::string ParsePacking(const char* value, Packing* out);
+// Experts packed by every kernel of the process so far (a count for tests of the work a run does).
+int64_t ExpertsPackedTotal();
+
 class MoEKernel {
  public:
   // Builds the kernel from the node's weight inputs (in contract order); returns an error message or "".
   // `compute` says how quantized projections multiply (ignored for float weights); `isa` which matrix kernel runs.
-  // Experts are packed one after the other; `release` (when set) gets each expert's tensors after its packing, so
-  // a caller holding them in a file mapping can drop their pages while the next expert is packed.
+  // Every shape is checked now; experts are packed now or on their first routing (`packing`, see Packing), one
+  // at a time; `release` (when set; kept by the kernel) gets each expert's tensors after its packing, so a caller
+  // holding them in a file mapping can drop their pages.
   std::string Load(const MoESpec& spec, const std::vector<RawTensor>& weights, QuantCompute compute,
-                   PanelIsa isa, const ReleaseWeight& release = nullptr);
+                   PanelIsa isa, const ReleaseWeight& release = nullptr, Packing packing = Packing::kEager);
 
   const MoESpec& spec() const { return spec_; }
+  int64_t experts_packed() const { return packed_count_.load(std::memory_order_relaxed); }
 
   // x: [tokens, H] float32; ids: [tokens, K]; w: [tokens, K] float32; out: [tokens, H] float32.
   // Returns an error message or "". Deterministic: the result does not depend on how parallel_for schedules.
@@ -138,6 +155,9 @@ class MoEKernel {
                       const ParallelFor& parallel_for) const;
 
  private:
+  std::string CheckShapes() const;     // the source tensors against the spec
+  void PackExpert(int64_t e) const;    // experts_[e] from the source tensors, then their release
+  void EnsurePacked(int64_t e) const;  // PackExpert(e) once (thread-safe); a no-op when packed up front
   // The pieces of one expert's computation (moe_kernel.cc); *_panel: a range of output panels, end -1 for all.
   // With kInt8Activations the products take int8 rows: `xq`, the rows of x, and `hq` (rows from `hq_row` on), the
   // activations of every shard side by side (I values per row: shard s's at s * I/S); otherwise both are null.
@@ -163,7 +183,13 @@ class MoEKernel {
   MoESpec spec_;
   QuantCompute compute_ = QuantCompute::kFloat;
   PanelIsa isa_ = PanelIsa::kPortable;
-  std::vector<ExpertWeights> experts_;
+  mutable std::vector<ExpertWeights> experts_;  // filled by PackExpert, under packed_once_[e] when lazy
+  std::vector<RawTensor> sources_;              // the weight inputs while experts remain to be packed
+  ReleaseWeight release_;
+  bool lazy_ = false;
+  std::unique_ptr<std::once_flag[]> packed_once_;     // per expert, lazy_ only
+  std::unique_ptr<std::atomic<bool>[]> packed_;       // per expert: packed (acquire/release), lazy_ only
+  mutable std::atomic<int64_t> packed_count_{0};
 };
 
 }  // namespace ndp

@@ -101,8 +101,10 @@ struct BlockCall {
   const float* a;  // row 0 of the block of rows, column 0
   int64_t lda;
   const uint8_t* panel;
-  const float* scales;   // quantized formats: the block's kPanelWidth scales
-  const uint8_t* zeros;  // quantized formats: the block's kPanelWidth zero points
+  const float* scales;   // quantized formats: the kPanelWidth scales of the quantization block holding `start`
+  const uint8_t* zeros;  // quantized formats: its kPanelWidth zero points (the next blocks' follow, kPanelWidth on)
+  int64_t block;         // quantized formats: rows per quantization block; [start, stop) may span several blocks
+                         // only for a kernel with Kernels::spans_blocks
   int64_t start, stop;
   float* sums;
   bool resume;
@@ -191,21 +193,32 @@ __attribute__((target("avx512f"))) void Avx512Block(const BlockCall& c) {
   }
   __m512 scale[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   __m512i zero[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  if constexpr (Quantized(F)) {
-    scale[0] = _mm512_loadu_ps(c.scales);
-    scale[1] = _mm512_loadu_ps(c.scales + 16);
-    zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.zeros)));
-    zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.zeros + 16)));
-  }
   const float* a = c.a;
-  for (int64_t i = c.start; i < c.stop; ++i) {
-    __m512 b0, b1;
-    Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * c.lda + i]);
-      lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
-      hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+  // a quantized range runs block by block (each block's scales and zero points loaded once), in one call: a
+  // call per block of 32 rows would reload and store the sums every 32 rows
+  const int64_t first_block = Quantized(F) ? c.start / c.block : 0;
+  for (int64_t start = c.start; start < c.stop;) {
+    int64_t stop = c.stop;
+    if constexpr (Quantized(F)) {
+      const int64_t b = start / c.block;
+      stop = std::min(stop, (b + 1) * c.block);
+      const float* scales = c.scales + (b - first_block) * kPanelWidth;
+      const uint8_t* zeros = c.zeros + (b - first_block) * kPanelWidth;
+      scale[0] = _mm512_loadu_ps(scales);
+      scale[1] = _mm512_loadu_ps(scales + 16);
+      zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros)));
+      zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + 16)));
     }
+    for (int64_t i = start; i < stop; ++i) {
+      __m512 b0, b1;
+      Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(a[r * c.lda + i]);
+        lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+        hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+      }
+    }
+    start = stop;
   }
   for (int r = 0; r < R; ++r) {
     _mm512_store_ps(c.sums + r * kPanelWidth, lo[r]);
@@ -257,19 +270,27 @@ __attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
       acc[r][v] = c.resume ? _mm256_load_ps(c.sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
   __m256 scale[4] = {};
   __m256i zero[4] = {};
-  if constexpr (Quantized(F)) {
-    for (int v = 0; v < 4; ++v) {
-      scale[v] = _mm256_loadu_ps(c.scales + 8 * v);
-      zero[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + 8 * v)));
+  const int64_t first_block = Quantized(F) ? c.start / c.block : 0;  // block by block, as Avx512Block
+  for (int64_t start = c.start; start < c.stop;) {
+    int64_t stop = c.stop;
+    if constexpr (Quantized(F)) {
+      const int64_t blk = start / c.block;
+      stop = std::min(stop, (blk + 1) * c.block);
+      for (int v = 0; v < 4; ++v) {
+        scale[v] = _mm256_loadu_ps(c.scales + (blk - first_block) * kPanelWidth + 8 * v);
+        zero[v] = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + (blk - first_block) * kPanelWidth + 8 * v)));
+      }
     }
-  }
-  for (int64_t i = c.start; i < c.stop; ++i) {
-    __m256 b[4];
-    Avx2Row<F>(c.panel, i, scale, zero, b);
-    __m256 x[R];
-    for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
-    for (int v = 0; v < 4; ++v)
-      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
+    for (int64_t i = start; i < stop; ++i) {
+      __m256 b[4];
+      Avx2Row<F>(c.panel, i, scale, zero, b);
+      __m256 x[R];
+      for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
+      for (int v = 0; v < 4; ++v)
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
+    }
+    start = stop;
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) _mm256_store_ps(c.sums + r * kPanelWidth + 8 * v, acc[r][v]);
@@ -284,6 +305,7 @@ constexpr int kFormats = 5;
 struct Kernels {
   int max_rows;
   BlockFn blocks[kMaxBlockRows];
+  bool spans_blocks = false;  // a call may cover several quantization blocks (BlockCall::block)
 };
 
 template <PanelFormat F>
@@ -299,11 +321,12 @@ constexpr Kernels Avx512Kernels() {
   return {12,
           {Avx512Block<1, F>, Avx512Block<2, F>, Avx512Block<3, F>, Avx512Block<4, F>, Avx512Block<5, F>,
            Avx512Block<6, F>, Avx512Block<7, F>, Avx512Block<8, F>, Avx512Block<9, F>, Avx512Block<10, F>,
-           Avx512Block<11, F>, Avx512Block<12, F>}};
+           Avx512Block<11, F>, Avx512Block<12, F>},
+          true};
 }
 template <PanelFormat F>
 constexpr Kernels Avx2Kernels() {
-  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}};
+  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}, true};
 }
 const Kernels kAvx512[kFormats] = {Avx512Kernels<PanelFormat::kFloat32>(), Avx512Kernels<PanelFormat::kFloat16>(),
                                    Avx512Kernels<PanelFormat::kBFloat16>(), Avx512Kernels<PanelFormat::kUint8>(),
@@ -539,7 +562,8 @@ void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const Packe
     // slice also ends where a quantization block does
     for (int64_t start = 0; start < k;) {
       int64_t stop = std::min(k, start + kChunk);
-      if (b.block()) stop = std::min(stop, (start / b.block() + 1) * b.block());
+      if (b.block() && !kernels.spans_blocks) stop = std::min(stop, (start / b.block() + 1) * b.block());
+      call.block = b.block();
       call.start = start;
       call.stop = stop;
       call.resume = start > 0;

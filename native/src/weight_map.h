@@ -1,4 +1,5 @@
-// Read-only mappings of a model's external-data files, from which Compile packs the weights.
+// Read-only mappings of a model's external-data files, from which the kernel packs the weights (at Compile, or
+// each expert on its first routing: moe_kernel.h's Packing, the default for weights mapped here).
 //
 // Why: ONNX Runtime memory-maps an external initializer when the EP first asks for its value
 // (ValueInfo_GetInitializerValue) and keeps the mapping, with every page packing read resident, until the graph

@@ -81,3 +81,54 @@ def test_building_a_session_holds_the_weights_once_not_twice(converted):
     assert grown < 1.1 * data_bytes + session_overhead, (
         f"session build grew the peak by {grown / data_bytes:.2f}x the weights"
     )
+
+
+def experts_packed() -> int:
+    """Experts the provider library has packed in this process so far (its ``ndp_ep_experts_packed``)."""
+    import ctypes
+
+    from ndp_ep import ep
+
+    lib = ctypes.CDLL(ep.get_library_path())
+    lib.ndp_ep_experts_packed.restype = ctypes.c_int64
+    return int(lib.ndp_ep_experts_packed())
+
+
+def test_a_session_packs_only_the_experts_its_runs_route_to(converted, ep_session):
+    # weights in the node's own mapping are packed on their expert's first routing: none at creation, a one-token
+    # run packs top_k experts per layer, the same token again packs nothing; the outputs are those of the same
+    # model packed up front (test_weights_read_from_the_file_give_the_bits_of_weights_inside_the_model)
+    start = experts_packed()
+    session = ep_session(converted, threads=2)
+    assert experts_packed() == start
+    x = np.random.default_rng(5).standard_normal((1, WIDTHS.hidden)).astype(np.float32)
+    first = session.run(None, {"x": x})[0]
+    layers = 3
+    assert experts_packed() == start + layers * WIDTHS.top_k
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], first)
+    assert experts_packed() == start + layers * WIDTHS.top_k
+
+
+def test_eager_packing_packs_every_expert_when_the_session_is_built(converted, ep_session, monkeypatch):
+    monkeypatch.setenv("NDP_EP_PACK_EXPERTS", "eager")
+    start = experts_packed()
+    session = ep_session(converted, threads=2)
+    layers = 3
+    assert experts_packed() == start + layers * WIDTHS.experts
+    x = np.random.default_rng(6).standard_normal((4, WIDTHS.hidden)).astype(np.float32)
+    monkeypatch.delenv("NDP_EP_PACK_EXPERTS")
+    lazy = ep_session(converted, threads=2)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], lazy.run(None, {"x": x})[0])
+
+
+def test_concurrent_first_runs_pack_each_expert_once(converted, ep_session):
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = experts_packed()
+    session = ep_session(converted, threads=2)
+    x = np.random.default_rng(7).standard_normal((32, WIDTHS.hidden)).astype(np.float32)
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(lambda _: session.run(None, {"x": x})[0], range(4)))
+    for out in outputs[1:]:
+        np.testing.assert_array_equal(out, outputs[0])
+    assert experts_packed() - start <= 3 * WIDTHS.experts
