@@ -28,7 +28,8 @@ classes, which this benchmark does without. Per case, in one run, contenders alt
   gathered form copies each routed slot's expert weights (60 GB at 64 tokens), so the 64-token ratio is n/a there.
 * rel err: max |provider − stock| / max |stock| of one 4-token run (the last children's).
 * GenAI 512 + 128: for a GenAI folder (``--genai DIR ...``, e.g. one exported by ONNX Runtime GenAI's model
-  builder; ``--cases`` with no name measures only those) with onnxruntime-genai installed: greedy generation of
+  builder at LFM2-8B-A1B's widths, ``python sample_models/build_genai.py --real-width lfm2_int4 --out DIR``;
+  ``--cases`` with no name measures only those) with onnxruntime-genai installed: greedy generation of
   128 tokens after a 512-token prompt (model load included), ``ndp-ep generate`` on the converted folder against
   stock GenAI on the original, alternating children, best of ``--sessions``; and whether the tokens agree. The
   ratio times GenAI's model load and loop in each child (ours: no conversion, the reports costed after it); beside
