@@ -28,10 +28,14 @@ classes, which this benchmark does without. Per case, in one run, contenders alt
   gathered form copies each routed slot's expert weights (60 GB at 64 tokens), so the 64-token ratio is n/a there.
 * rel err: max |provider − stock| / max |stock| of one 4-token run (the last children's).
 * GenAI 512 + 128: for a GenAI folder (``--genai DIR ...``, e.g. one exported by ONNX Runtime GenAI's model
-  builder; ``--cases`` with no name measures only those) with onnxruntime-genai installed: greedy generation of
+  builder at LFM2-8B-A1B's widths, ``python sample_models/build_genai.py --real-width lfm2_int4 --out DIR``;
+  ``--cases`` with no name measures only those) with onnxruntime-genai installed: greedy generation of
   128 tokens after a 512-token prompt (model load included), ``ndp-ep generate`` on the converted folder against
   stock GenAI on the original, alternating children, best of ``--sessions``; and whether the tokens agree. The
-  built cases are bare models: n/a.
+  ratio times GenAI's model load and loop in each child (ours: no conversion, the reports costed after it); beside
+  it the same span's CPU time (all threads; steadier than wall time on a shared machine) and the whole child
+  process's wall time (start-up, imports, ``ndp-ep generate``'s checks and reports too). The built cases are bare
+  models: n/a.
 
 Every model and output lives in a temporary folder under ``--dir`` (default /tmp), removed after its case.
 """
@@ -198,19 +202,24 @@ from ndp_ep.genai import read_config
 folder, prompt_tokens, new_tokens = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 config = read_config(folder)
 prompt = np.random.default_rng(0).integers(0, config["model"].get("vocab_size", 2), prompt_tokens).tolist()
-start = time.perf_counter()
+start, start_cpu = time.perf_counter(), time.process_time()
 tokens = _greedy(og, folder, config, prompt, new_tokens, None)
-print(json.dumps({"wall_s": time.perf_counter() - start, "tokens": tokens}))
+print(json.dumps({"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - start_cpu, "tokens": tokens}))
 """
 GENAI_PROMPT, GENAI_NEW = 512, 128
 
 
 def _child_json(command: list[str], what: str) -> dict:
+    """The child's JSON, with ``process_s``: its whole run (start-up, imports, its own checks and reports)."""
+    import time
+
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    process_s = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{what} failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout)
+    return {**json.loads(done.stdout), "process_s": process_s}
 
 
 def genai_ratio(original: Path, converted: Path, repeats: int) -> str:
@@ -232,8 +241,14 @@ def genai_ratio(original: Path, converted: Path, repeats: int) -> str:
         command += ["--new-tokens", str(new), "--seed", "0", "--no-check", "--json"]
         ours.append(_child_json(command, "ndp-ep generate"))
     same = ours[0]["tokens"] == stock[0]["tokens"]
-    ratio = min(r["wall_s"] for r in ours) / min(r["wall_s"] for r in stock)
-    return f"{ratio:.2f} at {prompt}+{new} (tokens {'identical' if same else 'differ'})"
+
+    def ratio(key: str) -> float:
+        return min(r[key] for r in ours) / min(r[key] for r in stock)
+
+    return (
+        f"{ratio('wall_s'):.2f} at {prompt}+{new} (CPU {ratio('cpu_s'):.2f}, whole process {ratio('process_s'):.2f}; "
+        f"tokens {'identical' if same else 'differ'})"
+    )
 
 
 def session_child(kind: str, model: Path, args: argparse.Namespace, output: Path, tokens: tuple[int, ...]) -> dict:

@@ -6,6 +6,9 @@ Needs the ``export`` extra (torch, transformers, onnxruntime-genai, tokenizers):
     python sample_models/build_genai.py --held-out DIR   # the held-out configurations, into DIR (tests only)
     python sample_models/build_genai.py --outputs-only   # recomputes inputs.npz / outputs.npz of the committed
                                                          # fixtures with this onnxruntime (no export; no torch)
+    python sample_models/build_genai.py --real-width lfm2_int4 --out /tmp/genai_lfm2 --layers 4
+                                                         # one folder at a real model's widths (never committed:
+                                                         # GBs of weights; REAL_WIDTHS lists them)
 
 For every fixture it builds a Hugging Face checkpoint from its transformers config class with seeded random
 weights (no download), saves a tiny word-level tokenizer beside it (the builder needs one), and runs
@@ -39,7 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +75,14 @@ class Fixture:
     hidden: int
     ffn: int
     seed: int
+    # the real-width folders' (REAL_WIDTHS) sizes; the committed fixtures keep these defaults
+    vocab: int = VOCAB
+    heads: int = 4
+    kv_heads: int = 2
+    context: int = 128
+    dense_ffn: int = 0  # a dense MLP's width (LFM2's first layer); 0: 2 * hidden
+    init_std: float | None = 0.2  # every weight drawn N(0, std) (outputs O(1), routing far from ties); None: the
+    # model's own initialization (at real widths std 0.2 blows the activations up layer after layer)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -121,18 +132,18 @@ def _lfm2_moe(f: Fixture):
 
     layer_types = ["full_attention" if i % 2 else "conv" for i in range(f.layers)]
     config = transformers.Lfm2MoeConfig(
-        vocab_size=VOCAB,
+        vocab_size=f.vocab,
         hidden_size=f.hidden,
-        intermediate_size=2 * f.hidden,
+        intermediate_size=f.dense_ffn or 2 * f.hidden,
         moe_intermediate_size=f.ffn,
         num_hidden_layers=f.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=f.heads,
+        num_key_value_heads=f.kv_heads,
         num_experts=f.num_experts,
         num_experts_per_tok=f.top_k,
         num_dense_layers=1,
         layer_types=layer_types,
-        max_position_embeddings=128,
+        max_position_embeddings=f.context,
     )
     return transformers.Lfm2MoeForCausalLM(config)
 
@@ -220,7 +231,12 @@ def _qwen3_5_moe(f: Fixture):
     return transformers.Qwen3_5MoeForConditionalGeneration(config)
 
 
-ARCHITECTURES = {"gpt_oss": _gpt_oss, "lfm2_moe": _lfm2_moe, "gemma4_moe": _gemma4_moe, "qwen3_5_moe": _qwen3_5_moe}
+ARCHITECTURES = {
+    "gpt_oss": _gpt_oss,
+    "lfm2_moe": _lfm2_moe,
+    "gemma4_moe": _gemma4_moe,
+    "qwen3_5_moe": _qwen3_5_moe,
+}
 CONFIG_SHIMS = {"gemma4_moe": _gemma4_config_shim}
 HF_LOGITS = {("gemma4_moe", "fp32")}  # fixtures stock ONNX Runtime cannot run on CPU, compared with torch instead
 
@@ -257,6 +273,21 @@ HELD_OUT = (
 )
 
 
+# real models' widths with a few layers (--real-width NAME --layers N): LFM2-8B-A1B (hidden 2048, 32 experts top-4,
+# expert FFN 1792, vocabulary 65,536, 32 heads / 8 KV heads, dense MLP 7168 in its first layer), int4 and int8 as the
+# builder quantizes them. Qwen3-30B-A3B is not here: onnxruntime-genai 0.18's builder has no Qwen3MoeForCausalLM.
+REAL_WIDTHS = {
+    "lfm2_int4": Fixture(
+        "lfm2_int4", "lfm2_moe", "int4", num_experts=32, top_k=4, layers=4, hidden=2048, ffn=1792, seed=31,
+        vocab=65536, heads=32, kv_heads=8, context=4096, dense_ffn=7168, init_std=None,
+    ),
+    "lfm2_int8": Fixture(
+        "lfm2_int8", "lfm2_moe", "int8", num_experts=32, top_k=4, layers=4, hidden=2048, ffn=1792, seed=33,
+        vocab=65536, heads=32, kv_heads=8, context=4096, dense_ffn=7168, init_std=None,
+    ),
+}  # fmt: skip
+
+
 def _mxfp4_tensors(f: Fixture, rng: np.random.Generator) -> dict:
     """Random MXFP4 expert blocks/scales as the original GPT-OSS checkpoints store them (the builder's
     quantized export reads these instead of the float weights)."""
@@ -281,9 +312,10 @@ def make_checkpoint(f: Fixture, directory: Path) -> None:
 
     torch.manual_seed(f.seed)
     model = ARCHITECTURES[f.arch](f).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # outputs O(1) and routing far from ties
-            parameter.normal_(0.0, 0.2)
+    if f.init_std is not None:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0.0, f.init_std)
     model.save_pretrained(directory)
     if f.arch in CONFIG_SHIMS:
         CONFIG_SHIMS[f.arch](directory)
@@ -294,7 +326,7 @@ def make_checkpoint(f: Fixture, directory: Path) -> None:
         tensors = load_file(path)
         tensors.update(_mxfp4_tensors(f, np.random.default_rng(f.seed)))
         save_file(tensors, path, metadata={"format": "pt"})
-    vocab = {f"t{i}": i for i in range(VOCAB)}
+    vocab = {f"t{i}": i for i in range(f.vocab)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", eos_token="t1")
@@ -338,6 +370,8 @@ def _dead_moe_ops(path: Path) -> int:
     return sum(n.op_type in fused for n in model.graph.node) - sum(n.op_type in fused for n in live)
 
 
+# the fields only REAL_WIDTHS set: not in MANIFEST.json (its entries stay as they were)
+REAL_WIDTH_FIELDS = ("vocab", "heads", "kv_heads", "context", "dense_ffn", "init_std")
 QNBIT_GEMM_ENV = "ORT_QMOE_CPU_QNBIT_GEMM"  # read by ONNX Runtime's CPU QMoE kernel when a session is created
 
 
@@ -385,7 +419,7 @@ def build(fixtures: tuple[Fixture, ...], root: Path, notes_path: Path | None) ->
             print(f"{f.name}: export failed: {error}", file=sys.stderr)
             continue
         entry = {
-            **asdict(f),
+            **{k: v for k, v in asdict(f).items() if k not in REAL_WIDTH_FIELDS},
             "moe_layers": f.moe_layers,
             "weight_dtype": WEIGHT_DTYPE[f.precision],
             "quant_block_size": QUANT_BLOCK if f.precision in ("int4", "int8") else 0,
@@ -423,6 +457,21 @@ def refresh_outputs(fixtures: tuple[Fixture, ...], root: Path) -> dict[str, dict
     return manifest
 
 
+def build_real_width(name: str, out: Path | None, layers: int | None) -> int:
+    """``REAL_WIDTHS[name]`` (with ``layers`` decoder layers) exported into ``out``; no manifest entry."""
+    if out is None:
+        raise SystemExit("--real-width needs --out DIR (a real-width folder is never written into sample_models/)")
+    f = REAL_WIDTHS[name]
+    if layers is not None:
+        f = replace(f, layers=layers)
+    error = export(f, out)
+    if error is not None:
+        print(f"{name}: export failed: {error}", file=sys.stderr)
+        return 1
+    print(f"{name}: {f.layers} layers ({f.moe_layers} MoE) exported into {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=Path, help="write the held-out configurations into this directory")
@@ -430,7 +479,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--outputs-only", action="store_true", help="recompute the feeds and expected outputs only (no export)"
     )
+    parser.add_argument("--real-width", choices=sorted(REAL_WIDTHS), help="one folder at a real model's widths")
+    parser.add_argument("--out", type=Path, help="--real-width: the folder to write (replaced if it exists)")
+    parser.add_argument("--layers", type=int, help="--real-width: decoder layers (default: REAL_WIDTHS')")
     args = parser.parse_args(argv)
+    if args.real_width:
+        return build_real_width(args.real_width, args.out, args.layers)
     fixtures = HELD_OUT if args.held_out else FIXTURES
     if args.only:
         fixtures = tuple(f for f in fixtures if f.name in args.only)

@@ -188,3 +188,21 @@ def test_the_report_costs_quantized_experts_as_stored_unless_a_dtype_is_given(na
     assert json.loads(capsys.readouterr().out)["weights"].startswith(says)
     assert main(["run", str(path), "--json", "--dtype", "bf16"]) == 0
     assert json.loads(capsys.readouterr().out)["weights"] == "bf16"
+
+
+def test_real_width_folders_leave_the_committed_fixtures_and_their_manifest_as_they_were():
+    from dataclasses import fields
+
+    from sample_models.build_genai import FIXTURES as BUILT
+    from sample_models.build_genai import HELD_OUT, REAL_WIDTH_FIELDS, REAL_WIDTHS, Fixture, build_real_width
+
+    defaults = {f.name: f.default for f in fields(Fixture) if f.name in REAL_WIDTH_FIELDS}
+    assert sorted(defaults) == sorted(REAL_WIDTH_FIELDS)
+    for fixture in BUILT + HELD_OUT:  # the tiny sizes every committed fixture was exported with
+        assert {name: getattr(fixture, name) for name in REAL_WIDTH_FIELDS} == defaults, fixture.name
+    for entry in FIXTURES.values():
+        assert not set(entry) & set(REAL_WIDTH_FIELDS)
+    assert not set(REAL_WIDTHS) & set(FIXTURES)
+    assert all(f.hidden == 2048 and f.vocab == 65536 for f in REAL_WIDTHS.values())
+    with pytest.raises(SystemExit, match="--out"):  # never written into sample_models/
+        build_real_width("lfm2_int4", None, None)
