@@ -42,18 +42,19 @@ VARIANTS: dict[str, dict[str, object]] = {
 WARM_VARIANTS: dict[str, int] = {"warm-repeat": 0, "warm-other-request": 1}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options naming the bench workload: models, NDP counts, prompt and generated tokens, seed, skew."""
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--units", default="4")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--generated", type=int, default=512)
-    parser.add_argument("--variants", default=",".join([*VARIANTS, *WARM_VARIANTS]))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skew", default="typical")
-    args = parser.parse_args(argv)
-    variants = args.variants.split(",")
-    config = BenchConfig(
+
+
+def workload_config(args: argparse.Namespace) -> BenchConfig:
+    """The bench configuration of :func:`add_workload_arguments`' options (no sweeps, no Gantt charts)."""
+    return BenchConfig(
         models=tuple(args.models.split(",")),
         ndp_units=tuple(int(u) for u in args.units.split(",")),
         prompt_tokens=args.prompt,
@@ -62,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         sweeps=False,
         gantt=False,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--variants", default=",".join([*VARIANTS, *WARM_VARIANTS]))
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    config = workload_config(args)
     print("| model | NDP | causal bound, s | " + " | ".join(variants) + " |")
     print("|---|---|---|" + "---|" * len(variants))
     for name in config.models:

@@ -17,12 +17,16 @@ import argparse
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
-from hw_model.bench import BenchConfig, Job, _trace_for, run_job
-from hw_model.bench_bound import bound_fields
-from hw_model.models import MODELS, get_model
-from hw_model.settings import DEFAULT_POLICY, SimulationSettings
-from hw_model.traces import skew_for
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_bound_gap import add_workload_arguments, workload_config  # noqa: E402
+from hw_model.bench import Job, _trace_for, run_job  # noqa: E402
+from hw_model.bench_bound import bound_fields  # noqa: E402
+from hw_model.models import get_model  # noqa: E402
+from hw_model.settings import DEFAULT_POLICY, SimulationSettings  # noqa: E402
+from hw_model.traces import skew_for  # noqa: E402
 
 LOOKAHEAD_POLICY = "tp+lb+prefetch+lookahead"
 DEFAULT_ACCURACIES = "0.5,0.6,0.7,0.8,0.9,1.0"
@@ -34,13 +38,8 @@ def _cell(latency_s: float, causal_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--units", default="4")
+    add_workload_arguments(parser)
     parser.add_argument("--accuracies", default=DEFAULT_ACCURACIES)
-    parser.add_argument("--prompt", type=int, default=512)
-    parser.add_argument("--generated", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skew", default="typical")
     parser.add_argument(
         "--knobs",
         default="",
@@ -51,15 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     knobs = {
         k: int(v) if v.isdigit() else float(v) for k, v in (pair.split("=") for pair in args.knobs.split(",") if pair)
     }
-    config = BenchConfig(
-        models=tuple(args.models.split(",")),
-        ndp_units=tuple(int(u) for u in args.units.split(",")),
-        prompt_tokens=args.prompt,
-        generated_tokens=args.generated,
-        seed=args.seed,
-        sweeps=False,
-        gantt=False,
-    )
+    config = workload_config(args)
     print(
         "| model | NDP | causal bound, s | foresight bound, s | ours | "
         + " | ".join(f"look-ahead {a:g}" for a in accuracies)
