@@ -135,7 +135,7 @@ class MoESimulator:
         self._host_to_gpu_bytes = 0.0
         self._copy_bandwidth = self._costs.copy_bandwidth(self.context.copy_sources)
         self._ahead_queue: list[tuple[int, int, float]] = []  # (layer, expert, bytes left) predicted for next
-        self._last_latency_s: dict[int, float] = {}  # per layer, its latest decode invocation
+        self._last_idle_pcie_s: dict[int, float] = {}  # per layer, the host-to-GPU idle time after its NDP work
         self._last_gap_s = 0.0  # the latest non-expert time handed over with advance_time_s
         self._median_of = -1  # summary(): len(decision_times_s) the cached median was computed over
         self._median_s = 0.0
@@ -245,7 +245,7 @@ class MoESimulator:
         decode = phase == "decode"
         between = gap_before_layer_s > 0 or predictions is not None  # work before each invocation
         hit_counter = prefetcher if decode else None  # decode invocations count hits against the residency
-        last_latency = self._last_latency_s if decode and policy.lookahead else None  # what predict_next reads
+        last_idle = self._last_idle_pcie_s if decode and policy.lookahead else None  # what predict_next reads
         records: list[tuple] = []  # per invocation: (plan, recomputed, hits, misses, bytes copied, added events)
         latencies: list[float] = []
         # totals summed in locals, one invocation after another (the same sums as layer-by-layer calls give)
@@ -288,8 +288,11 @@ class MoESimulator:
                 copied, added = self._drain_in_gaps(summary)
             latencies.append(latency)
             latency_total += latency
-            if last_latency is not None:
-                last_latency[layer_index] = latency
+            if last_idle is not None:
+                idle_s = 0.0
+                for start_s, end_s in summary.idle_pcie:
+                    idle_s += end_s - start_s
+                last_idle[layer_index] = idle_s
             busy_count = busy_counts.get(id(summary))  # busy time is counted per summary: see _count_first_busy
             if busy_count is None:
                 self._count_first_busy(summary)
@@ -376,10 +379,13 @@ class MoESimulator:
         budget = self.staging_cap_bytes
         self._ahead_queue = []
         self._state.staged_ahead.pop(layer_index, None)
-        # only as many copies as can finish in the expected window: the current layer's latest latency plus the
-        # non-expert time before the next one
-        window_s = self._last_latency_s.get(layer_index - 1, 0.0) + self._last_gap_s
-        budget = min(budget, window_s * self._copy_bandwidth)
+        # only as many copies as can finish before the layer runs: the PCIe time the current layer left idle after
+        # its NDP work last time plus the non-expert time before the next layer, less what the prefetcher's own queue
+        # takes of it first (a copy admitted beyond that is abandoned half done when the next prediction comes, its
+        # bytes moved for nothing)
+        window_s = self._last_idle_pcie_s.get(layer_index - 1, 0.0) + self._last_gap_s
+        queued_bytes = prefetcher.queued_bytes if prefetcher is not None else 0.0
+        budget = min(budget, window_s * self._copy_bandwidth - queued_bytes)
         for e in np.argsort(-counts, kind="stable").tolist():
             if counts[e] <= 0 or budget < size:
                 break

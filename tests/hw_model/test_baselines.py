@@ -259,6 +259,25 @@ def test_lookahead_copies_the_predicted_experts_and_runs_them_without_a_copy():
     assert set(plain.simulate_layer(1, counts, "decode").placement.values()) == {"ndp"}
 
 
+def test_lookahead_starts_no_copy_that_cannot_finish_before_its_layer():
+    sim = _sim("tp+lb+prefetch+lookahead", residency_fraction=0.0)
+    counts = np.zeros(QWEN.num_experts, dtype=int)
+    counts[np.arange(8) * 7] = 1  # 8 experts on the NDP units: the PCIe link idles only after they finish
+    gap_s = 1e-6  # the non-expert time before each layer: far shorter than one expert's copy
+    copy_s = QWEN.expert.weight_bytes() / sim.system.host_link.bandwidth_bytes_per_s
+    results = []
+    for _token in range(2):  # the second token's predictions know the first token's layers
+        for layer in (0, 1):
+            sim.advance_time_s(gap_s)
+            if layer == 0:
+                sim.predict_next(1, counts)  # as the bench does: layer 0's hidden state predicts layer 1
+            results.append(sim.simulate_layer(layer, counts, "decode"))
+    # layer 0 lasts longer than a copy, but its link is busy or waiting on the NDP units for almost all of it
+    assert results[2].latency_s > copy_s
+    # so no copy is started: one begun in the idle tail would be dropped half done, its bytes moved for nothing
+    assert not [e for r in results for e in r.events if e.label == "look-ahead copy"]
+
+
 def test_the_lookahead_predictor_is_exact_at_accuracy_one_and_always_wrong_at_zero():
     from hw_model.traces import TraceKnobs, predicted_counts, synthetic_trace
 
