@@ -126,19 +126,33 @@ def temporary_directory(prefix: str) -> Iterator[Path]:
     """A fresh scratch directory (``tempfile.mkdtemp``), removed with its contents when the block ends, on any
     exception, and on SIGTERM, SIGINT and SIGHUP (by the handler of :func:`remove_on_signal`, which then lets the
     signal act as before): the one place every command's scratch space (``generate``, ``demo``) is cleaned up."""
-    import shutil
+    with remove_on_signal():
+        folder = scratch_directory(prefix)
+        try:
+            yield folder
+        finally:
+            remove_scratch_directory(folder)
+
+
+def scratch_directory(prefix: str) -> Path:
+    """A fresh scratch directory (``tempfile.mkdtemp``) that outlives a block (an object's spool): the caller
+    removes it with :func:`remove_scratch_directory`; like :func:`temporary_directory`'s, it is removed on
+    SIGTERM, SIGINT and SIGHUP while :func:`remove_on_signal` is active."""
     import tempfile
 
-    with remove_on_signal():
-        folder = tempfile.mkdtemp(prefix=prefix)
-        with _live_lock:
-            _live_dirs.add(folder)
-        try:
-            yield Path(folder)
-        finally:
-            with _live_lock:
-                _live_dirs.discard(folder)
-            shutil.rmtree(folder, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix=prefix)
+    with _live_lock:
+        _live_dirs.add(folder)
+    return Path(folder)
+
+
+def remove_scratch_directory(folder: PathLike) -> None:
+    """Remove a :func:`scratch_directory` with its contents (nothing if it is gone already)."""
+    import shutil
+
+    with _live_lock:
+        _live_dirs.discard(str(folder))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _on_signal(signum: int, frame: Any) -> None:

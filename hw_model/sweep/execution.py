@@ -37,6 +37,7 @@ from hw_model.sweep.grid import (
 from hw_model.sweep.guard import IN_FLIGHT_PER_WORKER, count_points, run_chunks
 from hw_model.sweep.pareto import FrontBuilder
 from hw_model.sweep.stream import RecordTable, with_speedups
+from ndp_io import remove_on_signal
 
 # per worker process: routing traces by (trace, seed, tokens, knobs), the most recently used few only
 _TRACE_CACHES: OrderedDict[tuple, dict] = OrderedDict()
@@ -252,14 +253,19 @@ def run_sweep(
     if progress:
         progress(0, total)
     started = time.perf_counter()
-    chunk_results, used = _execute(grid, total, jobs, backend, ray_address)
-    table, fronts = RecordTable(), FrontBuilder(grid.varied_axes)
-    try:
-        for record in with_speedups(_records(chunk_results, total, progress), grid.baseline):
-            table.append(record)
-            fronts.add(record)
-    finally:  # on an error, the pool (or Ray) is shut down now, not when the traceback goes
-        chunk_results.close()
+    # SIGTERM/SIGINT/SIGHUP while the sweep runs remove the table's spool (its own folder) before acting as before
+    with remove_on_signal():
+        chunk_results, used = _execute(grid, total, jobs, backend, ray_address)
+        table, fronts = RecordTable(), FrontBuilder(grid.varied_axes)
+        try:
+            for record in with_speedups(_records(chunk_results, total, progress), grid.baseline):
+                table.append(record)
+                fronts.add(record)
+        except BaseException:
+            table.close()
+            raise
+        finally:  # on an error, the pool (or Ray) is shut down now, not when the traceback goes
+            chunk_results.close()
     wall = time.perf_counter() - started
     return SweepResult(table, tuple(fronts.fronts()), used, jobs, wall)
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import tempfile
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from hw_model.sweep.grid import WALL_KEY, SweepGridError
 from hw_model.sweep.pareto import _coordinate_keys, add_speedups
+from ndp_io import remove_scratch_directory, scratch_directory
 
 
 def with_speedups(records: Iterable[dict[str, Any]], baseline: str | None) -> Iterator[dict[str, Any]]:
@@ -46,8 +46,9 @@ class RecordTable:
     the table does."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="ndp-sweep-records-")
-        self._path = os.path.join(self._dir.name, "records.jsonl")
+        # removed by close(), the finaliser, or a signal while run_sweep's remove_on_signal is active (ndp_io)
+        self._dir = scratch_directory("ndp-sweep-records-")
+        self._path = self._dir / "records.jsonl"
         self._writer: Any = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close() or the finaliser
         self._finalizer = weakref.finalize(self, _discard, self._writer, self._dir)
         self._columns: dict[str, None] = {}
@@ -86,6 +87,6 @@ class RecordTable:
         self._count = 0
 
 
-def _discard(writer: Any, directory: tempfile.TemporaryDirectory) -> None:
+def _discard(writer: Any, directory: Path) -> None:
     writer.close()
-    directory.cleanup()
+    remove_scratch_directory(directory)

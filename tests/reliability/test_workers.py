@@ -97,11 +97,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
 @pytest.mark.parametrize("command", sorted(CHILDREN))
-def test_killing_the_parent_leaves_no_worker_behind(command, signum):
+def test_killing_the_parent_leaves_no_worker_behind(command, signum, tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILDREN[command]],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -122,6 +122,8 @@ def test_killing_the_parent_leaves_no_worker_behind(command, signum):
     for pid in left:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
     assert left == []
+    if signum != signal.SIGKILL:  # a signal it can handle: its scratch folders (the sweep's spool) go with it
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_a_sweep_pool_is_never_larger_than_its_chunks(tmp_path, monkeypatch):
