@@ -232,7 +232,6 @@ std::string MoEKernel::Load(const MoESpec& spec, const std::vector<RawTensor>& w
   const int64_t E = spec.num_experts;
   experts_.clear();
   experts_.resize(static_cast<size_t>(E));  // PackedMatrix is move-only (its lazily copied scales)
-  packed_count_.store(0);
   lazy_ = packing == Packing::kLazy &&
           std::all_of(weights.begin(), weights.end(), [](const RawTensor& t) { return t.lasting; });
   if (lazy_) {
@@ -363,7 +362,6 @@ void MoEKernel::PackExpert(int64_t e) const {
     w.down_bias.resize(static_cast<size_t>(H));
     for (int64_t j = 0; j < H; ++j) w.down_bias[static_cast<size_t>(j)] = ReadFloat(g.down_bias[e], j);
   }
-  packed_count_.fetch_add(1, std::memory_order_relaxed);
   g_experts_packed.fetch_add(1, std::memory_order_relaxed);
   if (release_) {  // expert e is packed: its source tensors are not read again
     for (int64_t s = 0; s < S; ++s) {

@@ -147,7 +147,6 @@ class MoEKernel {
                    PanelIsa isa, const ReleaseWeight& release = nullptr, Packing packing = Packing::kEager);
 
   const MoESpec& spec() const { return spec_; }
-  int64_t experts_packed() const { return packed_count_.load(std::memory_order_relaxed); }
 
   // x: [tokens, H] float32; ids: [tokens, K]; w: [tokens, K] float32; out: [tokens, H] float32.
   // Returns an error message or "". Deterministic: the result does not depend on how parallel_for schedules.
@@ -189,7 +188,6 @@ class MoEKernel {
   bool lazy_ = false;
   std::unique_ptr<std::once_flag[]> packed_once_;     // per expert, lazy_ only
   std::unique_ptr<std::atomic<bool>[]> packed_;       // per expert: packed (acquire/release), lazy_ only
-  mutable std::atomic<int64_t> packed_count_{0};
 };
 
 }  // namespace ndp
