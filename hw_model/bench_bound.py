@@ -3,16 +3,22 @@
 The trace is cut into phases: the prefill, then the decode tokens between phase starts (a synthetic trace's domain
 shift starts a new phase). Two bounds of the expert latency:
 
-- **causal**: each decode phase runs with the shared GPU pool holding, for free, that phase's most-used
-  (layer, expert) pairs (as many as fit, most selections first). On a trace whose routing is drawn from one
-  distribution per phase, no policy that cannot see future routing can expect more hits: it can at best hold the
-  most likely experts, and the phase's own counts are the best estimate of which those are.
+- **causal**: each decode phase runs with the shared GPU pool holding, for free, the (layer, expert) pairs a token
+  of that phase most likely selects (as many as fit, most likely first). On a trace that says what it was drawn
+  from (a synthetic trace's :class:`~hw_model.traces.TraceDistribution`, with no temporal locality), those are the
+  largest popularity weights: tokens are independent draws, so no policy that cannot see future routing can expect
+  more hits than a pool holding them, known from the phase's first token on. Otherwise (a trace from a file or a
+  capture, or temporal locality), the phase's own most-used pairs: the best estimate of the most likely ones, and
+  optimistic by the phase's sampling noise (the realized counts favour the experts its tokens happened to pick:
+  3-4 % lower on the bench's Qwen3 and DeepSeek traces than the weights' pool, docs/bench.md).
 - **foresight**: the pool refilled for free every ``window`` decode tokens with the experts of that window
   (perfect knowledge of the routing ahead at the prefetcher's re-plan granularity, copies free).
 
-The prefill is bounded by one joint program over all its layers (:func:`hw_model.bound.joint_bound_s`), any
-fractions of its experts resident as long as they fit the pool together. The non-expert work is the same for every
-policy: the bench adds it to both (``docs/bench.md``).
+The prefill is bounded by one joint program over all its layers (:func:`hw_model.bound.joint_bound_s`). A request
+that starts cold (the bench's: a session's first request) finds no expert in the GPU pool, so the prefill's GPU
+work runs from copies; a warm one (``cold_start=False``: a later request of a session) may find any fractions of its
+experts resident as long as they fit the pool together. The non-expert work is the same for every policy: the bench
+adds it to both (``docs/bench.md``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ from hw_model.traces import RoutingTrace
 
 DEFAULT_FORESIGHT_WINDOW = 32  # decode tokens between the foresight bound's free refills (the prefetcher's interval)
 
-__all__ = ["DEFAULT_FORESIGHT_WINDOW", "TraceBound", "bound_fields", "phase_residency", "trace_bound"]
+__all__ = [
+    "DEFAULT_FORESIGHT_WINDOW",
+    "TraceBound",
+    "bound_fields",
+    "likely_selections",
+    "phase_residency",
+    "trace_bound",
+]
 
 
 @dataclass(frozen=True)
@@ -54,9 +67,10 @@ class TraceBound:
 
 
 def phase_residency(counts: np.ndarray, expert_bytes: Sequence[float], pool_bytes: float) -> list[set[int]]:
-    """Per layer, the experts the pool holds: the (layer, expert) pairs with the most selections in ``counts``
-    (``[layers, experts]``, one phase's), in that order (ties: lower layer, then lower expert), while their bytes fit
-    ``pool_bytes`` (one that does not fit is passed over); pairs never selected are left out."""
+    """Per layer, the experts the pool holds: the (layer, expert) pairs ranked highest by ``counts``
+    (``[layers, experts]``: one phase's selections, or how likely a token selects each pair), in that order (ties:
+    lower layer, then lower expert), while their bytes fit ``pool_bytes`` (one that does not fit is passed over);
+    pairs ranked 0 (never selected) are left out."""
     layers, width = counts.shape
     flat = counts.ravel()
     chosen: list[set[int]] = [set() for _ in range(layers)]
@@ -106,17 +120,38 @@ class _Memo:
         return value
 
 
+def likely_selections(trace: RoutingTrace, start: int, stop: int, layers: int) -> np.ndarray | None:
+    """``[layers, experts]``, ranking the (layer, expert) pairs by how likely a token of ``start..stop-1`` selects
+    them, when the trace says so: its distribution's weights for those tokens (one phase, no temporal locality;
+    within a layer a larger weight is a likelier pick, and every layer draws from a permutation of the same
+    weights, so the ranking holds across layers too). None otherwise."""
+    distribution = trace.distribution
+    if distribution is None or distribution.locality > 0 or stop <= start:
+        return None
+    weights = distribution.phase_weights(start, stop)
+    return None if weights is None else weights[:layers]
+
+
 def _decode_bound_s(
-    memo: _Memo, trace: RoutingTrace, layers: int, segments: list[tuple[int, int]], pool: float
+    memo: _Memo,
+    trace: RoutingTrace,
+    layers: int,
+    segments: list[tuple[int, int]],
+    pool: float,
+    *,
+    foresight: bool,
 ) -> float:
-    """The decode's bound with the pool refilled at the start of each of ``segments`` (token ranges) with that
-    segment's most-used experts."""
+    """The decode's bound with the pool refilled at the start of each of ``segments`` (token ranges) with the
+    experts its tokens most likely select (:func:`likely_selections`; where the trace cannot say, or with
+    ``foresight``, the segment's most-used)."""
     ctx = memo.ctx
     expert_bytes = list(ctx.expert_bytes)
     total = 0.0
     for start, stop in segments:
-        counts = np.stack([trace.counts(layer, start, stop) for layer in range(layers)])
-        resident = phase_residency(counts, expert_bytes, pool)
+        likely = None if foresight else likely_selections(trace, start, stop, layers)
+        if likely is None:
+            likely = np.stack([trace.counts(layer, start, stop) for layer in range(layers)])
+        resident = phase_residency(likely, expert_bytes, pool)
         batch = trace.tokens_counts(start, stop, layers)  # [tokens, layers, experts]
         for step in batch:
             for layer in range(layers):
@@ -135,10 +170,13 @@ def trace_bound(
     trace: RoutingTrace,
     phase_starts: Sequence[int] = (),
     foresight_window: int = DEFAULT_FORESIGHT_WINDOW,
+    *,
+    cold_start: bool = True,
 ) -> TraceBound:
     """The causal and foresight bounds of ``trace``'s expert latency on ``sim``'s system, layers and GPU pool (the
     whole pool, residency and staging together). ``phase_starts``: token indices (inside the decode) where a new
-    routing phase starts."""
+    routing phase starts. ``cold_start``: the pool holds no expert when the request starts (False: the prefill may
+    find any of its experts resident, as a warm session's later request can)."""
     ctx = bound_context(sim.context)
     layers = len(sim.layers)
     pool = sim.gpu_pool_bytes
@@ -150,23 +188,28 @@ def trace_bound(
         active = np.flatnonzero(row).tolist()
         if active:
             invocations.append(Invocation(layer, tuple(active), tuple(row[active].tolist())))
-    prefill_s = joint_bound_s(ctx, invocations, pool).latency_s if invocations else 0.0
+    prefill_s = joint_bound_s(ctx, invocations, 0.0 if cold_start else pool).latency_s if invocations else 0.0
     memo = _Memo(ctx)
     cuts = sorted({prompt, end, *[s for s in phase_starts if prompt < s < end]})
     phases = list(zip(cuts[:-1], cuts[1:], strict=True))
-    causal_s = _decode_bound_s(memo, trace, layers, phases, pool)
+    causal_s = _decode_bound_s(memo, trace, layers, phases, pool, foresight=False)
     windows = []
     for start, stop in phases:
         windows += [(s, min(s + foresight_window, stop)) for s in range(start, stop, foresight_window)]
-    foresight_s = _decode_bound_s(memo, trace, layers, windows, pool)
+    foresight_s = _decode_bound_s(memo, trace, layers, windows, pool, foresight=True)
     return TraceBound(prefill_s, causal_s, foresight_s, memo.solved + 2)
 
 
 def bound_fields(
-    model: ModelConfig, settings: SimulationSettings, trace: RoutingTrace, phase_starts: Sequence[int] = ()
+    model: ModelConfig,
+    settings: SimulationSettings,
+    trace: RoutingTrace,
+    phase_starts: Sequence[int] = (),
+    *,
+    cold_start: bool = True,
 ) -> TraceBound:
     """:func:`trace_bound` of ``model``'s experts on ``settings``' system over ``trace``, the GPU pool what the bench
     leaves for experts (the non-expert weights and the KV cache of the whole trace reserved, as ``run_job`` does)."""
     reserved = model.non_expert_weight_bytes() + model.kv_cache_bytes(trace.num_tokens)
     sim = MoESimulator.from_settings(settings, model.moe_layer_shapes(), gpu_reserved_bytes=reserved)
-    return trace_bound(sim, trace, phase_starts)
+    return trace_bound(sim, trace, phase_starts, cold_start=cold_start)

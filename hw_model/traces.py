@@ -29,7 +29,7 @@ import json
 import math
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,49 @@ class TraceKnobs:
 
 
 @dataclass(frozen=True)
+class TraceDistribution:
+    """What a synthetic trace was drawn from: phase ``i`` starts at token ``phase_starts[i]`` (the first at 0) and
+    draws each token of layer ``l`` from the popularity weights ``weights[i, l]`` (normalised, ``[phases, layers,
+    experts]``); ``locality`` is the trace's temporal locality. With no locality the tokens of one phase are
+    independent draws from its weights, so the experts a token most likely selects are known: the largest weights
+    (``hw_model.bench_bound`` fills its causal bound's GPU pool with them)."""
+
+    phase_starts: tuple[int, ...]
+    weights: np.ndarray
+    locality: float
+
+    def __post_init__(self) -> None:
+        weights = np.asarray(self.weights, dtype=np.float64)
+        starts = tuple(int(s) for s in self.phase_starts)
+        if weights.ndim != 3 or weights.shape[0] != len(starts) or not starts or starts[0] != 0:
+            raise WorkloadError(
+                "TraceDistribution needs weights [phases, layers, experts], one phase start each, 0 first"
+            )
+        increasing = all(b > a for a, b in zip(starts, starts[1:], strict=False))
+        if not increasing or not np.isfinite(weights).all() or (weights < 0).any():
+            raise WorkloadError("TraceDistribution's phase starts must increase and its weights be finite, >= 0")
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "phase_starts", starts)
+
+    def phase_weights(self, start: int, stop: int) -> np.ndarray | None:
+        """``[layers, experts]``: the weights tokens ``start..stop-1`` are drawn from, or None when they span
+        phases."""
+        phase = int(np.searchsorted(self.phase_starts, start, side="right")) - 1
+        following = self.phase_starts[phase + 1] if phase + 1 < len(self.phase_starts) else None
+        if following is not None and stop > following:
+            return None
+        return self.weights[phase]
+
+
+@dataclass(frozen=True)
 class RoutingTrace:
-    """Selected expert ids ``[layers, tokens, top_k]``; the first ``prompt_tokens`` tokens are the prompt."""
+    """Selected expert ids ``[layers, tokens, top_k]``; the first ``prompt_tokens`` tokens are the prompt;
+    ``distribution``: what a synthetic trace was drawn from (None for a trace read from a file or captured)."""
 
     expert_ids: np.ndarray
     num_experts: int
     prompt_tokens: int
+    distribution: TraceDistribution | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.expert_ids)
@@ -330,13 +367,23 @@ def synthetic_trace(
     total = prompt_tokens + generated_tokens
     shift_token = total if knobs.shift_at is None else prompt_tokens + int(round(knobs.shift_at * generated_tokens))
     ids = np.empty((num_layers, total, top_k), dtype=np.int32)
+    drawn = np.empty((2, num_layers, num_experts))  # per layer, the weights before and after the shift
     for layer in range(num_layers):
         before = popularity_weights(num_experts, knobs.skew, rng)
         after = popularity_weights(num_experts, knobs.skew, rng)
+        drawn[0, layer], drawn[1, layer] = before, after
         ids[layer] = _gumbel_top_k([(before, shift_token), (after, total - shift_token)], top_k, rng)
         if knobs.locality > 0:
             _apply_locality(ids[layer], knobs.locality, rng)
-    return RoutingTrace(ids, num_experts, prompt_tokens)
+    starts, drawn_from = [], []  # the phases that hold tokens: before the shift (if any), after it (if any)
+    if shift_token > 0 or shift_token == total:
+        starts.append(0)
+        drawn_from.append(0)
+    if shift_token < total:
+        starts.append(shift_token if starts else 0)
+        drawn_from.append(1)
+    distribution = TraceDistribution(tuple(starts), drawn[drawn_from], knobs.locality)
+    return RoutingTrace(ids, num_experts, prompt_tokens, distribution)
 
 
 def _apply_locality(ids: np.ndarray, locality: float, rng: np.random.Generator) -> None:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hw_model.bench_bound import _Memo, phase_residency, trace_bound
+from hw_model.bench_bound import _Memo, likely_selections, phase_residency, trace_bound
 from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s, whole_floor_s
 from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.models import sweep_model
@@ -193,3 +193,47 @@ def test_the_whole_family_floor_is_below_its_program(seed: int) -> None:
     inv = Invocation(0, tuple(active), tuple(tokens))
     exact = invocation_bound_s(ctx, inv, resident, ("whole",)).latency_s
     assert 0 < whole_floor_s(ctx, inv, resident) <= exact * (1 + 1e-9)
+
+
+def test_a_synthetic_trace_names_the_weights_each_phase_was_drawn_from() -> None:
+    # a steep skew over many tokens: per layer and phase, the expert drawn most often is the largest weight's
+    trace = synthetic_trace(LAYERS, EXPERTS, TOP_K, 400, 4000, TraceKnobs(skew=2.5, shift_at=0.5, seed=5))
+    shift = 400 + 2000
+    assert trace.distribution is not None and trace.distribution.phase_starts == (0, shift)
+    for start, stop in ((0, shift), (shift, trace.num_tokens)):
+        weights = likely_selections(trace, start, stop, LAYERS)
+        assert weights is not None
+        for layer in range(LAYERS):
+            assert int(np.argmax(trace.counts(layer, start, stop))) == int(np.argmax(weights[layer]))
+    assert likely_selections(trace, shift - 10, shift + 10, LAYERS) is None  # spans the shift: no one distribution
+
+
+def test_without_a_known_distribution_the_causal_pool_falls_back_to_the_phase_counts() -> None:
+    local = synthetic_trace(LAYERS, EXPERTS, TOP_K, 24, 40, TraceKnobs(skew=0.5, locality=0.5, seed=6))
+    assert local.distribution is not None and likely_selections(local, 24, 64, LAYERS) is None  # locality
+    read_back = RoutingTrace(local.expert_ids, EXPERTS, 24)  # as a trace file gives it
+    assert read_back.distribution is None and likely_selections(read_back, 24, 64, LAYERS) is None
+    assert (
+        trace_bound(simulator(POLICIES[0]), local).causal_s == trace_bound(simulator(POLICIES[0]), read_back).causal_s
+    )
+
+
+def test_the_weights_pool_is_no_lower_than_the_realized_counts_pool() -> None:
+    # the realized most-used experts fit the phase's own draws; the weights' pool does not see them
+    trace = synthetic_trace(LAYERS, EXPERTS, TOP_K, 24, 200, TraceKnobs(skew=0.3, shift_at=None, seed=8))
+    knows = trace_bound(simulator(POLICIES[0]), trace)
+    hindsight = trace_bound(simulator(POLICIES[0]), RoutingTrace(trace.expert_ids, EXPERTS, 24))
+    assert knows.decode_causal_s >= hindsight.decode_causal_s * (1 - 1e-12)
+    assert knows.decode_foresight_s == hindsight.decode_foresight_s  # foresight keeps the windows' own counts
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_cold_request_s_prefill_bound_is_below_every_policy_and_above_a_warm_one(policy: str) -> None:
+    trace = traces()["typical"]
+    cold = trace_bound(simulator(policy), trace)
+    warm = trace_bound(simulator(policy), trace, cold_start=False)
+    assert warm.prefill_s < cold.prefill_s  # residents would have spared the prefill's copies
+    prefill = sum(
+        result.latency_s for result in simulator(policy).simulate_step("prefill", trace.prefill_step_counts(LAYERS))
+    )
+    assert cold.prefill_s <= prefill * (1 + 1e-9)
