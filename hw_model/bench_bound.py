@@ -39,6 +39,7 @@ DEFAULT_FORESIGHT_WINDOW = 32  # decode tokens between the foresight bound's fre
 
 __all__ = [
     "DEFAULT_FORESIGHT_WINDOW",
+    "PoolFill",
     "TraceBound",
     "bound_fields",
     "likely_selections",
@@ -132,6 +133,27 @@ def likely_selections(trace: RoutingTrace, start: int, stop: int, layers: int) -
     return None if weights is None else weights[:layers]
 
 
+def _step_bound_s(memo: _Memo, step: np.ndarray, resident: list[set[int]]) -> float:
+    """One decode step's bound (``step``: ``[layers, experts]`` tokens) with ``resident`` (per layer) in the pool."""
+    total = 0.0
+    for layer in range(step.shape[0]):
+        row = step[layer]
+        active = np.flatnonzero(row).tolist()
+        if active:
+            held = resident[layer]
+            total += memo.bound_s(layer, active, row[active].tolist(), [e in held for e in active])
+    return total
+
+
+@dataclass(frozen=True)
+class PoolFill:
+    """How fast a cold pool can fill: no more bytes resident than ``bytes_per_s`` (the fastest a weight copy can read
+    the DIMMs) times the time since the request started, ``elapsed_s`` at the decode's start (the prefill's bound)."""
+
+    elapsed_s: float
+    bytes_per_s: float
+
+
 def _decode_bound_s(
     memo: _Memo,
     trace: RoutingTrace,
@@ -140,28 +162,38 @@ def _decode_bound_s(
     pool: float,
     *,
     foresight: bool,
+    fill: PoolFill | None = None,
 ) -> float:
     """The decode's bound with the pool refilled at the start of each of ``segments`` (token ranges) with the
     experts its tokens most likely select (:func:`likely_selections`; where the trace cannot say, or with
-    ``foresight``, the segment's most-used)."""
+    ``foresight``, the segment's most-used).
+
+    With ``fill``, the pool holds, of those, only as many as the copies so far can have brought: at a step that
+    starts ``c`` seconds into the request, a policy that ends it at ``x`` has held at most ``bytes_per_s * x``
+    bytes during it, so the step lasts at least ``f(bytes_per_s * x)`` (``f``: the step's bound with that many
+    bytes of the ranking resident, non-increasing). The least ``x`` with ``x >= c + f(bytes_per_s * x)`` is at
+    least ``c + f(bytes_per_s * x0)`` for ``x0 = c + f(bytes_per_s * c)`` (``x0`` is such an ``x``), so each step
+    is bounded by that, and by induction over the steps no policy reaches a step earlier than the bound does (the
+    non-expert time left out of the elapsed time: smaller budgets, a looser but valid bound)."""
     ctx = memo.ctx
     expert_bytes = list(ctx.expert_bytes)
     total = 0.0
+    elapsed = fill.elapsed_s if fill is not None else 0.0
     for start, stop in segments:
         likely = None if foresight else likely_selections(trace, start, stop, layers)
         if likely is None:
             likely = np.stack([trace.counts(layer, start, stop) for layer in range(layers)])
         resident = phase_residency(likely, expert_bytes, pool)
-        batch = trace.tokens_counts(start, stop, layers)  # [tokens, layers, experts]
-        for step in batch:
-            for layer in range(layers):
-                row = step[layer]
-                active = np.flatnonzero(row).tolist()
-                if not active:
-                    continue
-                tokens = row[active].tolist()
-                held = resident[layer]
-                total += memo.bound_s(layer, active, tokens, [e in held for e in active])
+        needed = sum(len(experts) * expert_bytes[layer] for layer, experts in enumerate(resident))
+        for step in trace.tokens_counts(start, stop, layers):  # [tokens, layers, experts]
+            if fill is None or fill.bytes_per_s * elapsed >= needed:
+                seconds = _step_bound_s(memo, step, resident)
+            else:
+                early = _step_bound_s(memo, step, phase_residency(likely, expert_bytes, fill.bytes_per_s * elapsed))
+                budget = fill.bytes_per_s * (elapsed + early)
+                seconds = _step_bound_s(memo, step, phase_residency(likely, expert_bytes, min(budget, pool)))
+            total += seconds
+            elapsed += seconds
     return total
 
 
@@ -192,7 +224,11 @@ def trace_bound(
     memo = _Memo(ctx)
     cuts = sorted({prompt, end, *[s for s in phase_starts if prompt < s < end]})
     phases = list(zip(cuts[:-1], cuts[1:], strict=True))
-    causal_s = _decode_bound_s(memo, trace, layers, phases, pool, foresight=False)
+    fill = None
+    if cold_start:
+        units = ctx.system.num_ndp_units
+        fill = PoolFill(prefill_s, ctx.costs.copy_bandwidth(units) if units else ctx.costs.copy_bandwidth(0))
+    causal_s = _decode_bound_s(memo, trace, layers, phases, pool, foresight=False, fill=fill)
     windows = []
     for start, stop in phases:
         windows += [(s, min(s + foresight_window, stop)) for s in range(start, stop, foresight_window)]

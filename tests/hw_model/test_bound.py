@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hw_model.bench_bound import _Memo, likely_selections, phase_residency, trace_bound
+from hw_model.bench_bound import PoolFill, _decode_bound_s, _Memo, likely_selections, phase_residency, trace_bound
 from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s, whole_floor_s
 from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.models import sweep_model
@@ -237,3 +237,19 @@ def test_a_cold_request_s_prefill_bound_is_below_every_policy_and_above_a_warm_o
         result.latency_s for result in simulator(policy).simulate_step("prefill", trace.prefill_step_counts(LAYERS))
     )
     assert cold.prefill_s <= prefill * (1 + 1e-9)
+
+
+def test_a_cold_pool_fills_no_faster_than_copies_can_bring_it_and_stays_below_every_policy() -> None:
+    # one prompt token: the decode starts with almost nothing copied, so the first steps hold few of the pool's experts
+    trace = synthetic_trace(LAYERS, EXPERTS, TOP_K, 1, 60, TraceKnobs(skew=0.3, shift_at=None, seed=9))
+    sim = simulator(POLICIES[0])
+    memo = _Memo(bound_context(sim.context))
+    phases, pool = [(1, trace.num_tokens)], sim.gpu_pool_bytes
+    free = _decode_bound_s(memo, trace, LAYERS, phases, pool, foresight=False)
+    rate = memo.ctx.costs.copy_bandwidth(4)
+    filled = _decode_bound_s(memo, trace, LAYERS, phases, pool, foresight=False, fill=PoolFill(0.0, rate))
+    instant = _decode_bound_s(memo, trace, LAYERS, phases, pool, foresight=False, fill=PoolFill(1.0, rate))
+    assert free < filled and instant == free  # after a second of copies the pool is full from the first step
+    bound = trace_bound(sim, trace)
+    for policy in CAUSAL:
+        assert bound.causal_s <= sum(r.latency_s for r in replay(simulator(policy), trace)) * (1 + 1e-9), policy
