@@ -7,6 +7,12 @@ the combination. Prints a markdown table of latency and latency / bound. Determi
 
     python benchmarks/bench_bound_gap.py [--models a,b] [--units 4] [--prompt 512] [--generated 512]
         [--variants default,residency=1.0,...,warm-repeat,warm-other-request]
+        [--counts ../shared/traces/olmoe_expert_counts/expert_counts.json --domains c4,github]
+
+With ``--counts`` (a count-only file: per-expert selection counts measured on real text, per model, domain and
+layer), the trace of OLMoE and Mixtral is drawn from those counts instead of Zipf weights: the prompt and the first
+half of the decode from the first domain's, the rest from the second's (a real domain shift); a layer that was not
+measured takes the nearest measured layer's counts over its own seeded permutation of the experts.
 """
 
 from __future__ import annotations
@@ -16,11 +22,16 @@ import dataclasses
 import sys
 import time
 
+import numpy as np
+
 from hw_model.bench import BenchConfig, Job, _trace_for, request_latencies_s, run_job
 from hw_model.bench_bound import bound_fields
 from hw_model.models import MODELS, get_model
 from hw_model.settings import DEFAULT_POLICY, SimulationSettings
-from hw_model.traces import skew_for
+from hw_model.trace_stats import load_count_file
+from hw_model.traces import TraceKnobs, skew_for, weighted_trace
+
+COUNT_FILE_MODELS = {"olmoe-1b-7b": "olmoe", "mixtral-8x7b": "mistral"}  # bench model -> its key in a count file
 
 # the knobs as they were before issue 29's changes; each variant is one change from them, "now" the defaults
 BEFORE: dict[str, object] = {"dynamic_staging": 0, "adopt_prefill_copies": 0, "replan_on_residency": 0}
@@ -65,11 +76,43 @@ def workload_config(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+def measured_weights(counts: dict[str, np.ndarray], model: str, domain: str, layers: int, seed: int) -> np.ndarray:
+    """``[layers, experts]`` popularity weights of ``domain`` from a count file's ``<model>/<domain>/<layer>`` lists;
+    an unmeasured layer takes the nearest measured one's (the lower on a tie) over a permutation drawn from ``seed``
+    and the layer (the same for every domain, so a domain shift moves the same experts)."""
+    measured = sorted(int(key.rsplit("/", 1)[1]) for key in counts if key.startswith(f"{model}/{domain}/"))
+    if not measured:
+        raise SystemExit(f"bench_bound_gap: the count file has no {model}/{domain}/<layer> counts")
+    rows = []
+    for layer in range(layers):
+        nearest = min(measured, key=lambda m: (abs(m - layer), m))
+        row = np.asarray(counts[f"{model}/{domain}/{nearest}"], dtype=np.float64)
+        if nearest != layer:
+            row = row[np.random.default_rng([seed, layer]).permutation(row.size)]
+        rows.append(row)
+    return np.stack(rows)
+
+
+def counts_trace(args: argparse.Namespace, name: str, config: BenchConfig):
+    """The trace of model ``name`` drawn from the count file's two domains (``--domains``)."""
+    model = get_model(name)
+    counts = load_count_file(args.counts)
+    first, second = args.domains.split(",")
+    key = COUNT_FILE_MODELS[name]
+    before, after = (measured_weights(counts, key, d, model.moe_layers, args.seed) for d in (first, second))
+    knobs = TraceKnobs(shift_at=0.5, seed=args.seed)
+    return weighted_trace(before, after, model.top_k, config.prompt_tokens, config.generated_tokens, knobs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser)
     parser.add_argument("--variants", default=",".join([*VARIANTS, *WARM_VARIANTS]))
+    parser.add_argument("--counts", help="a count-only file of measured selection counts (OLMoE and Mixtral)")
+    parser.add_argument("--domains", default="c4,github", help="the count file's domains before and after the shift")
     args = parser.parse_args(argv)
+    if args.counts:
+        args.models = ",".join(m for m in args.models.split(",") if m in COUNT_FILE_MODELS)
     variants = args.variants.split(",")
     config = workload_config(args)
     print("| model | NDP | causal bound (cold start), s | " + " | ".join(variants) + " |")
@@ -81,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             base = SimulationSettings(hw=config.hw, ndp_units=units)
             cache: dict = {}
             defaults = Job(model, base.replace(policy=DEFAULT_POLICY), args.skew, skew)
+            if args.counts:  # the jobs' trace, where _trace_for looks for it
+                cache[(name, skew)] = counts_trace(args, name, config)
             trace = _trace_for(defaults, config, cache)
             starts = [trace.prompt_tokens + int(round(0.5 * trace.generated_tokens))]
             reference = run_job(defaults, config, cache).record  # the non-expert time, the same under every variant

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,7 +331,8 @@ def _rank_batch(uniform: np.ndarray, weights: np.ndarray, top_k: int) -> np.ndar
     scaled = 1.0 - uniform
     np.log(scaled, out=scaled)  # in place: a fresh output array costs more than the log
     np.negative(scaled, out=scaled)
-    scaled /= weights
+    with np.errstate(divide="ignore"):  # a weight of 0 (weighted_trace): an infinite key, never picked
+        scaled /= weights
     take = min(top_k + 1, experts)
     best = np.argpartition(scaled, take - 1, axis=1)[:, :take] if take < experts else np.argsort(scaled, axis=1)
     rows = np.arange(tokens)[:, None]
@@ -342,7 +343,8 @@ def _rank_batch(uniform: np.ndarray, weights: np.ndarray, top_k: int) -> np.ndar
     gaps = ranked[:, 1:] - ranked[:, :-1]
     ties = (gaps[:, :top_k] <= _KEY_TIE_TOLERANCE * ranked[:, 1 : top_k + 1]).any(axis=1)
     if ties.any():
-        log_w = np.log(weights)
+        with np.errstate(divide="ignore"):
+            log_w = np.log(weights)
         for token in np.flatnonzero(ties).tolist():
             noise = [0.0 - math.log(-math.log(1.0 - u)) for u in uniform[token].tolist()]  # the C library's log
             best[token] = np.argsort(-(log_w + np.array(noise)))[:take]
@@ -364,13 +366,58 @@ def synthetic_trace(
     if top_k > num_experts or top_k < 1:
         raise WorkloadError(f"top_k must be in 1..{num_experts}")
     rng = np.random.default_rng(knobs.seed)
+
+    def zipf(_: int) -> tuple[np.ndarray, np.ndarray]:
+        before = popularity_weights(num_experts, knobs.skew, rng)
+        return before, popularity_weights(num_experts, knobs.skew, rng)
+
+    return _draw_trace(num_layers, num_experts, top_k, prompt_tokens, generated_tokens, knobs, rng, zipf)
+
+
+def weighted_trace(
+    before: np.ndarray,
+    after: np.ndarray,
+    top_k: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    knobs: TraceKnobs,
+) -> RoutingTrace:
+    """A seeded trace drawn as :func:`synthetic_trace` draws one, from given popularity weights instead of Zipf's:
+    ``before[layer, expert]`` up to the shift (``knobs.shift_at``), ``after`` from it (e.g. measured selection
+    counts of two domains; ``knobs.skew`` is not used). Each layer's weights need at least ``top_k`` positive ones."""
+    before, after = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    if before.ndim != 2 or before.shape != after.shape or not 1 <= top_k <= before.shape[1]:
+        raise WorkloadError("weighted_trace needs before and after weights [layers, experts] alike, top_k <= experts")
+    for weights in (before, after):
+        if not np.isfinite(weights).all() or (weights < 0).any() or ((weights > 0).sum(axis=1) < top_k).any():
+            raise WorkloadError(f"every layer's weights must be finite, >= 0, with at least {top_k} positive")
+    rng = np.random.default_rng(knobs.seed)
+
+    def given(layer: int) -> tuple[np.ndarray, np.ndarray]:
+        return before[layer] / before[layer].sum(), after[layer] / after[layer].sum()
+
+    layers, experts = before.shape
+    return _draw_trace(layers, experts, top_k, prompt_tokens, generated_tokens, knobs, rng, given)
+
+
+def _draw_trace(
+    num_layers: int,
+    num_experts: int,
+    top_k: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    knobs: TraceKnobs,
+    rng: np.random.Generator,
+    weights_of: Callable[[int], tuple[np.ndarray, np.ndarray]],
+) -> RoutingTrace:
+    """The tokens of every layer drawn from ``weights_of(layer)`` (before and after the shift; called just before
+    that layer's draws), with the knobs' locality, and the :class:`TraceDistribution` they were drawn from."""
     total = prompt_tokens + generated_tokens
     shift_token = total if knobs.shift_at is None else prompt_tokens + int(round(knobs.shift_at * generated_tokens))
     ids = np.empty((num_layers, total, top_k), dtype=np.int32)
     drawn = np.empty((2, num_layers, num_experts))  # per layer, the weights before and after the shift
     for layer in range(num_layers):
-        before = popularity_weights(num_experts, knobs.skew, rng)
-        after = popularity_weights(num_experts, knobs.skew, rng)
+        before, after = weights_of(layer)
         drawn[0, layer], drawn[1, layer] = before, after
         ids[layer] = _gumbel_top_k([(before, shift_token), (after, total - shift_token)], top_k, rng)
         if knobs.locality > 0:

@@ -162,3 +162,22 @@ def test_tokens_counts_are_each_tokens_counts_per_layer():
     assert batch[1].tolist() == [[1, 0, 0, 1], [0, 0, 1, 1]]
     assert trace.tokens_counts(0, 3, num_layers=1)[:, 0].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 0, 0, 1]]
     assert trace.token_counts(2).tolist() == batch[1].tolist()
+
+
+def test_a_weighted_trace_draws_from_its_weights_and_says_so() -> None:
+    from hw_model.traces import weighted_trace
+
+    before = np.array([[5.0, 0.0, 1.0, 0.0, 2.0, 2.0], [0.0, 3.0, 3.0, 3.0, 0.0, 1.0]])
+    after = before[:, ::-1].copy()
+    trace = weighted_trace(before, after, 2, 300, 600, TraceKnobs(shift_at=0.5, seed=4))
+    shift = 300 + 300
+    for layer in range(2):
+        first, second = trace.counts(layer, 0, shift), trace.counts(layer, shift, trace.num_tokens)
+        assert (first[before[layer] == 0] == 0).all() and (second[after[layer] == 0] == 0).all()
+        assert int(np.argmax(first)) == int(np.argmax(before[layer])) or before[layer].max() == 3.0
+    distribution = trace.distribution
+    assert distribution is not None and distribution.phase_starts == (0, shift)
+    np.testing.assert_allclose(distribution.weights[0], before / before.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(distribution.weights[1], after / after.sum(axis=1, keepdims=True))
+    with pytest.raises(WorkloadError, match="at least 2 positive"):
+        weighted_trace(np.array([[1.0, 0.0, 0.0]]), np.ones((1, 3)), 2, 4, 4, TraceKnobs())
