@@ -12,7 +12,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ from hw_model.sweep.grid import (
     _flatten,
     iter_points,
 )
-from hw_model.sweep.guard import IN_FLIGHT_PER_WORKER, count_points, run_chunks
+from hw_model.sweep.guard import IN_FLIGHT_PER_WORKER, count_points, in_order, run_chunks
 from hw_model.sweep.pareto import FrontBuilder
 from hw_model.sweep.stream import RecordTable, with_speedups
 from ndp_io import remove_on_signal
@@ -215,13 +215,8 @@ def _run_ray(chunks: Iterable[list[SweepPoint]], jobs: int, address: str | None)
             staging.cleanup()
             raise SweepGridError(f"cannot start or join Ray ({address or 'local'}): {first}") from None
     try:
-        remote = ray.remote(_run_chunk)
-        source = iter(chunks)  # a window of chunks in flight, results in chunk order (as on the local pool)
-        window = deque(remote.remote(chunk) for chunk in itertools.islice(source, IN_FLIGHT_PER_WORKER * jobs))
-        while window:
-            results = ray.get(window.popleft())
-            window.extend(remote.remote(chunk) for chunk in itertools.islice(source, 1))
-            yield results
+        remote = ray.remote(_run_chunk)  # a window of chunks in flight, results in chunk order (as on the local pool)
+        yield from in_order(chunks, IN_FLIGHT_PER_WORKER * jobs, remote.remote, ray.get)
     finally:
         if started_here:
             ray.shutdown()

@@ -9,7 +9,7 @@ the parse limits, and a worker pool that is bounded and leaves no orphans.
   of the caller's type.
 * :func:`run_chunks`: chunks on a process pool of :func:`ndp_io.workers.worker_count` workers (never more than
   the chunks), each started with :func:`ndp_io.workers.die_with_parent`, terminated on SIGTERM/SIGHUP; a bounded
-  window of chunks in flight, results streamed back in chunk order.
+  window of chunks in flight (:func:`in_order`, which Ray's backend shares), results streamed back in chunk order.
 """
 
 from __future__ import annotations
@@ -78,17 +78,26 @@ def run_chunks(
         workers = worker_count(jobs, tasks)
     except ValueError as exc:
         raise error(f"jobs: {exc}") from None
-    source = iter(chunks)
     pool = ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent)
     try:
         with terminate_on_signal(pool):
-            window: deque[Future] = deque()
-            for chunk in itertools.islice(source, IN_FLIGHT_PER_WORKER * workers):
-                window.append(pool.submit(run_chunk, chunk))
-            while window:
-                results = window.popleft().result()
-                for chunk in itertools.islice(source, 1):
-                    window.append(pool.submit(run_chunk, chunk))
-                yield results
+
+            def submit(chunk: Any) -> Future:
+                return pool.submit(run_chunk, chunk)
+
+            yield from in_order(chunks, IN_FLIGHT_PER_WORKER * workers, submit, Future.result)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def in_order(
+    chunks: Iterable[Any], in_flight: int, submit: Callable[[Any], Any], result: Callable[[Any], list[dict]]
+) -> Generator[list[dict], None, None]:
+    """``result(submit(chunk))`` of each chunk (made lazily by ``chunks``), yielded in chunk order, with at most
+    ``in_flight`` chunks submitted and not yet yielded: the window of a process pool (futures) and of Ray (refs)."""
+    source = iter(chunks)
+    window = deque(submit(chunk) for chunk in itertools.islice(source, in_flight))
+    while window:
+        results = result(window.popleft())
+        window.extend(submit(chunk) for chunk in itertools.islice(source, 1))
+        yield results

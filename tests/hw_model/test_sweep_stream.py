@@ -158,3 +158,25 @@ def test_two_skews_shown_as_one_level_are_refused():
 
     with pytest.raises(SweepGridError, match="same level"):
         grid_from_dict({"models": ["olmoe-1b-7b"], "skew": [1.25, 1.2500001], **TINY})
+
+
+def test_the_in_order_window_keeps_chunk_order_and_a_bounded_window():
+    # chunks finish in reverse of their submission inside the window; results still come back in chunk order
+    pulled, submitted, done = [0], [], []
+
+    def chunks():
+        for i in range(10):
+            pulled[0] += 1
+            yield [i]
+
+    def submit(chunk):
+        submitted.append(chunk[0])
+        return chunk[0]
+
+    def result(ticket):
+        done.append(ticket)
+        assert len(submitted) - len(done) <= 3 - 1  # at most the window of 3 in flight, this one taken off
+        return [{"chunk": ticket}]
+
+    out = [r[0]["chunk"] for r in guard.in_order(chunks(), 3, submit, result)]
+    assert out == list(range(10)) and submitted == list(range(10)) and pulled[0] == 10
