@@ -15,6 +15,7 @@ import functools
 import os
 import re
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,13 +138,56 @@ def temporary_directory(prefix: str) -> Iterator[Path]:
 def scratch_directory(prefix: str) -> Path:
     """A fresh scratch directory (``tempfile.mkdtemp``) that outlives a block (an object's spool): the caller
     removes it with :func:`remove_scratch_directory`; like :func:`temporary_directory`'s, it is removed on
-    SIGTERM, SIGINT and SIGHUP while :func:`remove_on_signal` is active."""
+    SIGTERM, SIGINT and SIGHUP while :func:`remove_on_signal` is active. Its name carries this process's id, so a
+    later call removes what a killed process (SIGKILL, a crash: no handler ran) left under the same prefix."""
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix=prefix)
+    remove_stale_scratch(prefix)
+    folder = tempfile.mkdtemp(prefix=f"{prefix}pid{os.getpid()}-")
     with _live_lock:
         _live_dirs.add(folder)
     return Path(folder)
+
+
+def remove_stale_scratch(prefix: str) -> int:
+    """Remove the :func:`scratch_directory` folders under ``prefix`` whose process is gone: real directories (not
+    links) in the temporary directory, owned by this user, named ``<prefix>pid<N>-...`` where no process ``N``
+    runs. A live process's (or one that cannot be told) is kept. Returns how many were removed."""
+    import shutil
+    import tempfile
+
+    removed = 0
+    pattern = re.compile(re.escape(prefix) + r"pid(\d+)-")
+    root = Path(tempfile.gettempdir())
+    try:
+        names = [entry.name for entry in os.scandir(root) if entry.name.startswith(prefix)]
+    except OSError:
+        return 0
+    for name in names:
+        match = pattern.match(name)
+        if match is None or int(match.group(1)) == os.getpid() or _process_alive(int(match.group(1))):
+            continue
+        path = root / name
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (or may: one this user cannot signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
 
 
 def remove_scratch_directory(folder: PathLike) -> None:

@@ -142,3 +142,29 @@ def test_stale_temp_files_of_dead_processes_are_removed_and_live_ones_kept(tmp_p
 def test_temp_names_fit_any_target_name(tmp_path):
     temp = new_temp_path(tmp_path / ("z" * 255))
     assert len(temp.name) <= 255 and temp.parent == tmp_path and str(os.getpid()) in temp.name
+
+
+def test_a_killed_process_s_scratch_is_removed_by_the_next_one_and_a_live_one_s_kept(tmp_path, monkeypatch):
+    import tempfile
+
+    from ndp_io.atomic import remove_scratch_directory, scratch_directory
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its id names no process now
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        stale = tmp_path / f"ndp-test-spool-pid{dead.pid}-abc"
+        (stale / "records").mkdir(parents=True)
+        (stale / "records" / "part.jsonl").write_text("{}\n")
+        running = tmp_path / f"ndp-test-spool-pid{live.pid}-def"
+        running.mkdir()
+        other_prefix = tmp_path / f"ndp-other-pid{dead.pid}-ghi"
+        other_prefix.mkdir()
+        fresh = scratch_directory("ndp-test-spool-")
+        assert not stale.exists() and running.exists() and other_prefix.exists()
+        assert fresh.name.startswith(f"ndp-test-spool-pid{os.getpid()}-")
+        remove_scratch_directory(fresh)
+    finally:
+        live.kill()
+        live.wait()
