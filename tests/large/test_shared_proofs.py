@@ -95,7 +95,8 @@ def test_a_covered_block_whose_shards_are_not_views_of_its_weights_converts_agai
     result = ndp_convert.convert_model(four_layers, four_layers.with_name("out.onnx"))
     assert len(proofs) == 2 + LAYERS  # shared (refused at commit), then every block on its own
     assert all(not b.proven_by and b.checked_numerically for b in result.report.blocks)
-    assert any("model.layers.1.moe: its shards do not tile its weights" in n for n in result.report.notes), result.report.notes
+    notes = result.report.notes
+    assert any("model.layers.1.moe: its shards do not tile its weights" in note for note in notes), notes
 
 
 def test_the_audit_refuses_shards_read_from_another_blocks_weights(tmp_path):
