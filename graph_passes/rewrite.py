@@ -19,9 +19,9 @@ model is materialised in memory or streamed to an external-data file.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -387,7 +387,7 @@ def shard_audit(plan: MoEBlockPlan, store: WeightStore, shards: int) -> ShardAud
     sources = {}
     for name in sorted(expert_tensors(plan)):
         path, offset, length = store.external_location(name)
-        sources[name] = SourceRange(Path(path), offset, length, plan.num_experts)
+        sources[name] = SourceRange(os.fspath(path), offset, length, plan.num_experts)
     tensors = len(sharded_spec(plan, shards).weight_names())
     return ShardAudit(plan.name, sources, tensors)
 

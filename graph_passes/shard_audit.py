@@ -18,7 +18,9 @@ its own.
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +32,7 @@ class SourceRange:
     """One expert tensor of a block in its data file: ``[offset, offset + length)`` of ``path``, ``experts`` windows
     of equal size."""
 
-    path: Path
+    path: str
     offset: int
     length: int
     experts: int
@@ -44,6 +46,10 @@ class SourceRange:
         return self.offset + expert * per, self.offset + (expert + 1) * per
 
 
+# ``count`` runs of ``length`` bytes, ``stride`` bytes apart, the first at ``start`` (file offsets)
+Runs = tuple[int, int, int, int]
+
+
 def _mapped_base(view: np.ndarray) -> np.memmap | None:
     base = view.base
     while base is not None and not isinstance(base, np.memmap):
@@ -51,23 +57,39 @@ def _mapped_base(view: np.ndarray) -> np.memmap | None:
     return base if base is not None and base.filename is not None else None
 
 
-def byte_intervals(view: np.ndarray) -> tuple[Path, np.ndarray, np.ndarray] | None:
-    """The file and the ``(starts, lengths)`` of the byte runs ``view`` covers in it, or None when ``view`` is not a
-    view of a memory-mapped file (a copy, a synthesized array)."""
+def byte_runs(
+    view: np.ndarray, base_address: Callable[[np.memmap], int] | None = None
+) -> tuple[str, list[Runs]] | None:
+    """The file and the byte runs ``view`` covers in it (one :data:`Runs` per index of its axes but the last two
+    non-contiguous ones: one for a row block or a column block), or None when ``view`` is not a view of a
+    memory-mapped file (a copy, a synthesized array). ``base_address``: the address of a mapping's first byte
+    (a caller's memo)."""
     base = _mapped_base(view)
     if base is None or not view.nbytes:
         return None
-    start = view.__array_interface__["data"][0] - base.__array_interface__["data"][0] + int(base.offset)
-    item = view.dtype.itemsize
+    address = base_address(base) if base_address is not None else _address(base)
+    start = _address(view) - address + int(base.offset)
     shape, strides = list(view.shape), list(view.strides)
-    run = item
-    while shape and strides[-1] == run:  # trailing axes laid out contiguously: one run
-        run *= shape.pop()
+    length = view.dtype.itemsize
+    while shape and strides[-1] == length:  # trailing axes laid out contiguously: one run
+        length *= shape.pop()
         strides.pop()
-    starts = np.array([start], dtype=np.int64)
-    for extent, stride in zip(shape, strides, strict=True):
-        starts = (starts[:, None] + np.arange(extent, dtype=np.int64) * stride).reshape(-1)
-    return Path(base.filename), starts, np.full(starts.shape, run, dtype=np.int64)
+    while shape and shape[-1] == 1:
+        shape.pop()
+        strides.pop()
+    if not shape:
+        return os.fspath(base.filename), [(start, 1, length, length)]
+    count, stride = shape.pop(), strides.pop()
+    if not shape:
+        return os.fspath(base.filename), [(start, count, stride, length)]
+    firsts = [start]
+    for extent, step in zip(shape, strides, strict=True):  # axes above the runs' (a 3-D view): rare, few
+        firsts = [first + i * step for first in firsts for i in range(extent)]
+    return os.fspath(base.filename), [(first, count, stride, length) for first in firsts]
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
 
 
 class ShardAudit:
@@ -78,9 +100,10 @@ class ShardAudit:
         self.block = block
         self.sources = sources
         self.tensors = tensors  # how many shard tensors the block has: each must be recorded
-        self._runs: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {}
+        self._runs: dict[str, list[tuple[str, list[Runs]]]] = {}
         self._failure = ""
         self._lock = threading.Lock()
+        self._base: tuple[np.memmap, int] | None = None  # the last mapping seen and its address (one expert's)
 
     def record(self, tensor: str, expert: int, parts) -> None:
         """``parts`` (an array or a tuple of arrays) produced for shard tensor ``tensor`` of ``expert``; a tensor
@@ -88,23 +111,32 @@ class ShardAudit:
         parts = (parts,) if isinstance(parts, np.ndarray) else tuple(parts)
         runs = []
         for part in parts:
-            found = byte_intervals(part)
+            found = byte_runs(part, self._base_address)
             if found is None:
                 continue
-            path, starts, lengths = found
-            if not any(self._inside(source, expert, path, starts, lengths) for source in self.sources.values()):
+            if not any(self._inside(source, expert, *found) for source in self.sources.values()):
                 self._fail(f"{tensor}: bytes outside expert {expert}'s windows of {self.block}'s own weights")
                 return
             runs.append(found)
         with self._lock:
             self._runs.setdefault(tensor, runs)
 
+    def _base_address(self, base: np.memmap) -> int:
+        memo = self._base  # read once: another thread may replace it
+        if memo is None or memo[0] is not base:
+            memo = self._base = (base, _address(base))
+        return memo[1]
+
     @staticmethod
-    def _inside(source: SourceRange, expert: int, path: Path, starts: np.ndarray, lengths: np.ndarray) -> bool:
-        if Path(path) != source.path:
+    def _inside(source: SourceRange, expert: int, path: str, runs: list[Runs]) -> bool:
+        if path != source.path:
             return False
         low, high = source.window(expert)
-        return bool(starts.min() >= low and (starts + lengths).max() <= high)
+        for start, count, stride, length in runs:
+            last = start + (count - 1) * stride
+            if min(start, last) < low or max(start, last) + length > high:
+                return False
+        return True
 
     def _fail(self, reason: str) -> None:
         with self._lock:
@@ -112,38 +144,70 @@ class ShardAudit:
 
     def holds(self) -> str:
         """ "" when every shard was recorded and their views tile every source exactly; else why not."""
+        self._base = None
         if self._failure:
             return self._failure
         if len(self._runs) != self.tensors:
             return f"{self.tensors - len(self._runs)} of {self.tensors} shard tensors of {self.block} never produced"
-        by_file: dict[Path, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for runs in self._runs.values():
-            for path, starts, lengths in runs:
-                by_file.setdefault(path, []).append((starts, lengths))
-        expected: dict[Path, list[tuple[int, int]]] = {}
+        by_file: dict[str, list[Runs]] = {}
+        for recorded in self._runs.values():
+            for path, runs in recorded:
+                by_file.setdefault(path, []).extend(runs)
+        expected: dict[str, list[Runs]] = {}
         for source in self.sources.values():
-            expected.setdefault(source.path, []).append((source.offset, source.length))
+            expected.setdefault(source.path, []).append((source.offset, 1, source.length, source.length))
         for path, ranges in expected.items():  # (a recorded run lies inside a source: see record)
-            pieces = by_file.get(path, [])
-            starts = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int64)
-            lengths = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int64)
-            if _merged(starts, lengths) != _merged(*map(np.array, zip(*ranges, strict=True))):
-                return f"{self.block}: its shards do not tile its weights in {path.name} byte for byte"
+            if _merged(by_file.get(path, [])) != _merged(ranges):
+                return f"{self.block}: its shards do not tile its weights in {Path(path).name} byte for byte"
         return ""
 
 
-def _merged(starts: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]] | None:
+def _collapsed(runs: list[Runs]) -> tuple[list[tuple[int, int]], list[Runs]]:
+    """``runs`` as contiguous ``(start, end)`` intervals where they join up — the column blocks of one matrix (runs
+    of equal count and stride side by side) fill its rows, so together they are one interval — and the runs that
+    do not join up (expanded by the caller)."""
+    intervals: list[tuple[int, int]] = []
+    rest: list[Runs] = []
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for start, count, stride, length in runs:
+        if count == 1 or stride == length:
+            intervals.append((start, start + count * length))
+        elif stride > length > 0:
+            groups.setdefault((count, stride), []).append((start, length))
+        else:
+            rest.append((start, count, stride, length))
+    for (count, stride), pieces in groups.items():
+        pieces.sort()
+        joined = [list(pieces[0])]
+        for start, length in pieces[1:]:
+            last = joined[-1]
+            if start == last[0] + last[1] and last[1] + length <= stride:
+                last[1] += length
+            else:
+                joined.append([start, length])
+        for start, length in joined:
+            if length == stride:
+                intervals.append((start, start + count * stride))
+            else:
+                rest.append((start, count, stride, length))
+    return intervals, rest
+
+
+def _merged(runs: list[Runs]) -> list[tuple[int, int]] | None:
     """The runs merged into maximal ``(start, end)`` intervals, or None when two of them overlap."""
-    starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
-    keep = lengths > 0
-    starts, lengths = starts[keep], lengths[keep]
-    if not starts.size:
-        return []
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], starts[order] + lengths[order]
-    if np.any(ends[:-1] > starts[1:]):
-        return None
-    breaks = np.flatnonzero(ends[:-1] != starts[1:])
-    firsts = np.concatenate([[0], breaks + 1])
-    lasts = np.concatenate([breaks, [starts.size - 1]])
-    return list(zip(starts[firsts].tolist(), ends[lasts].tolist(), strict=True))
+    intervals, rest = _collapsed(runs)
+    if rest:
+        described = np.array(rest, dtype=np.int64).reshape(-1, 4)
+        firsts, counts, strides, lengths = described.T
+        index = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = np.repeat(firsts, counts) + index * np.repeat(strides, counts)
+        intervals.extend(zip(starts.tolist(), (starts + np.repeat(lengths, counts)).tolist(), strict=True))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start < merged[-1][1]:
+            return None
+        if merged and start == merged[-1][1]:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged

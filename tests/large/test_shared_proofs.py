@@ -103,7 +103,7 @@ def test_the_audit_refuses_shards_read_from_another_blocks_weights(tmp_path):
     data = tmp_path / "w.data"
     np.arange(64, dtype=np.uint8).tofile(data)
     mapped = np.memmap(data, dtype=np.uint8, mode="r")
-    own, other = SourceRange(data, 0, 32, 2), SourceRange(data, 32, 32, 2)
+    own, other = SourceRange(str(data), 0, 32, 2), SourceRange(str(data), 32, 32, 2)
     audit = ShardAudit("block", {"w": own}, tensors=2)
     audit.record("w.e0", 0, mapped[0:16])
     audit.record("w.e1", 1, mapped[48:64])  # expert 1's shard, but from the other tensor's bytes
