@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import onnx
 
@@ -23,8 +24,10 @@ from graph_passes.graph_index import GraphIndex
 from graph_passes.plan import MoECandidate
 from graph_passes.region import isolated_region
 from graph_passes.signature import block_signature, expert_tensors
-from graph_passes.verify import Verdict
 from graph_passes.weights import WeightStore
+
+# a graph_passes.verify.Verdict (not imported: verify asks this module, see choose_readings there)
+Verdict = TypeVar("Verdict", bound=Any)
 
 
 def representatives(
@@ -54,12 +57,12 @@ def representatives(
 class _Once:
     """A check run at most once, whoever asks first (the checked block's own pending check, or a covered one's)."""
 
-    def __init__(self, check: Callable[[], Verdict]) -> None:
+    def __init__(self, check: Callable[[], Any]) -> None:
         self._check = check
         self._lock = threading.Lock()
-        self._outcome: Verdict | None = None
+        self._outcome: Any = None
 
-    def __call__(self) -> Verdict:
+    def __call__(self) -> Any:
         with self._lock:
             if self._outcome is None:
                 self._outcome = self._check()
@@ -77,8 +80,13 @@ def covered_verdict(
     shared = first_verdict.deferred if isinstance(first_verdict.deferred, _Once) else _Once(first_verdict.deferred)
     first_verdict = dataclasses.replace(first_verdict, deferred=shared)
     position = first.readings.index(first_verdict.plan)
-    speculative = Verdict(candidate.readings[position], None, False, proven_by=first.name)
-    return first_verdict, dataclasses.replace(speculative, deferred=lambda: _derived(first, shared(), candidate, own))
+    speculative = dataclasses.replace(
+        first_verdict,
+        plan=candidate.readings[position],
+        proven_by=first.name,
+        deferred=lambda: _derived(first, shared(), candidate, own),
+    )
+    return first_verdict, speculative
 
 
 def _derived(first: MoECandidate, outcome: Verdict, candidate: MoECandidate, own: Callable[[], Verdict]) -> Verdict:
@@ -86,4 +94,6 @@ def _derived(first: MoECandidate, outcome: Verdict, candidate: MoECandidate, own
         return own()
     reading = candidate.readings[first.readings.index(outcome.plan)]
     note = f"covered by the numeric check of {first.name} (same signature); its shards audited as its own bytes"
-    return Verdict(reading, None, True, None, outcome.isolated, note, proven_by=first.name)
+    return dataclasses.replace(
+        outcome, plan=reading, max_abs_error=None, note=note, proven_by=first.name, deferred=None
+    )
