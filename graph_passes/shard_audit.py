@@ -100,24 +100,20 @@ class ShardAudit:
         self.block = block
         self.sources = sources
         self.tensors = tensors  # how many shard tensors the block has: each must be recorded
-        self._runs: dict[str, list[tuple[str, list[Runs]]]] = {}
-        self._failure = ""
+        self._runs: dict[str, list[tuple[str, int, list[Runs]]]] = {}
         self._lock = threading.Lock()
         self._base: tuple[np.memmap, int] | None = None  # the last mapping seen and its address (one expert's)
 
     def record(self, tensor: str, expert: int, parts) -> None:
         """``parts`` (an array or a tuple of arrays) produced for shard tensor ``tensor`` of ``expert``; a tensor
-        produced again (written twice) is recorded once."""
-        parts = (parts,) if isinstance(parts, np.ndarray) else tuple(parts)
+        produced again (written twice) is recorded once. Only addresses are read here (the writer's loop): the
+        runs are judged by :meth:`holds`."""
+        parts = (parts,) if isinstance(parts, np.ndarray) else parts
         runs = []
         for part in parts:
             found = byte_runs(part, self._base_address)
-            if found is None:
-                continue
-            if not any(self._inside(source, expert, *found) for source in self.sources.values()):
-                self._fail(f"{tensor}: bytes outside expert {expert}'s windows of {self.block}'s own weights")
-                return
-            runs.append(found)
+            if found is not None:
+                runs.append((found[0], expert, found[1]))
         with self._lock:
             self._runs.setdefault(tensor, runs)
 
@@ -127,39 +123,49 @@ class ShardAudit:
             memo = self._base = (base, _address(base))
         return memo[1]
 
-    @staticmethod
-    def _inside(source: SourceRange, expert: int, path: str, runs: list[Runs]) -> bool:
-        if path != source.path:
-            return False
-        low, high = source.window(expert)
-        for start, count, stride, length in runs:
-            last = start + (count - 1) * stride
-            if min(start, last) < low or max(start, last) + length > high:
-                return False
-        return True
-
-    def _fail(self, reason: str) -> None:
-        with self._lock:
-            self._failure = self._failure or reason
-
     def holds(self) -> str:
-        """ "" when every shard was recorded and their views tile every source exactly; else why not."""
+        """ "" when every shard was recorded, every run lies in its expert's window of one of the block's tensors
+        and the runs tile every such tensor exactly; else why not."""
         self._base = None
-        if self._failure:
-            return self._failure
         if len(self._runs) != self.tensors:
             return f"{self.tensors - len(self._runs)} of {self.tensors} shard tensors of {self.block} never produced"
-        by_file: dict[str, list[Runs]] = {}
+        by_file: dict[str, list[tuple[int, list[Runs]]]] = {}
         for recorded in self._runs.values():
-            for path, runs in recorded:
-                by_file.setdefault(path, []).extend(runs)
-        expected: dict[str, list[Runs]] = {}
+            for path, expert, runs in recorded:
+                by_file.setdefault(path, []).append((expert, runs))
+        expected: dict[str, list[SourceRange]] = {}
         for source in self.sources.values():
-            expected.setdefault(source.path, []).append((source.offset, 1, source.length, source.length))
-        for path, ranges in expected.items():  # (a recorded run lies inside a source: see record)
-            if _merged(by_file.get(path, [])) != _merged(ranges):
+            expected.setdefault(source.path, []).append(source)
+        if set(by_file) - set(expected):
+            return f"{self.block}: its shards read a file none of its weights is in"
+        for path, sources in expected.items():
+            recorded = by_file.get(path, [])
+            if not _inside_windows(recorded, sources):
+                return f"{self.block}: a shard reads bytes outside its expert's windows of the block's own weights"
+            runs = [run for _, found in recorded for run in found]
+            ranges = [(source.offset, 1, source.length, source.length) for source in sources]
+            if _merged(runs) != _merged(ranges):
                 return f"{self.block}: its shards do not tile its weights in {Path(path).name} byte for byte"
         return ""
+
+
+def _inside_windows(recorded: list[tuple[int, list[Runs]]], sources: list[SourceRange]) -> bool:
+    """Whether every run (of the expert it is recorded for) lies within that expert's window of one source."""
+    if not recorded:
+        return True
+    rows = [(expert, *run) for expert, runs in recorded for run in runs]
+    expert, start, count, stride, length = np.array(rows, dtype=np.int64).reshape(-1, 5).T
+    last = start + (count - 1) * stride
+    low, high = np.minimum(start, last), np.maximum(start, last) + length
+    sources = sorted(sources, key=lambda source: source.offset)
+    offsets = np.array([source.offset for source in sources], dtype=np.int64)
+    per = np.array([source.length // source.experts for source in sources], dtype=np.int64)
+    experts = np.array([source.experts for source in sources], dtype=np.int64)
+    which = np.searchsorted(offsets, low, side="right") - 1
+    if np.any(which < 0):
+        return False
+    window = offsets[which] + expert * per[which]
+    return bool(np.all((expert < experts[which]) & (low >= window) & (high <= window + per[which])))
 
 
 def _collapsed(runs: list[Runs]) -> tuple[list[tuple[int, int]], list[Runs]]:
