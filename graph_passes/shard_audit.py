@@ -58,16 +58,16 @@ def _mapped_base(view: np.ndarray) -> np.memmap | None:
 
 
 def byte_runs(
-    view: np.ndarray, base_address: Callable[[np.memmap], int] | None = None
+    view: np.ndarray, describe: Callable[[np.memmap], tuple[int, str]] | None = None
 ) -> tuple[str, list[Runs]] | None:
     """The file and the byte runs ``view`` covers in it (one :data:`Runs` per index of its axes but the last two
     non-contiguous ones: one for a row block or a column block), or None when ``view`` is not a view of a
-    memory-mapped file (a copy, a synthesized array). ``base_address``: the address of a mapping's first byte
-    (a caller's memo)."""
+    memory-mapped file (a copy, a synthesized array). ``describe``: the address of a mapping's first byte and
+    its file's path (a caller's memo)."""
     base = _mapped_base(view)
     if base is None or not view.nbytes:
         return None
-    address = base_address(base) if base_address is not None else _address(base)
+    address, path = describe(base) if describe is not None else _described(base)
     start = _address(view) - address + int(base.offset)
     shape, strides = list(view.shape), list(view.strides)
     length = view.dtype.itemsize
@@ -78,18 +78,22 @@ def byte_runs(
         shape.pop()
         strides.pop()
     if not shape:
-        return os.fspath(base.filename), [(start, 1, length, length)]
+        return path, [(start, 1, length, length)]
     count, stride = shape.pop(), strides.pop()
     if not shape:
-        return os.fspath(base.filename), [(start, count, stride, length)]
+        return path, [(start, count, stride, length)]
     firsts = [start]
     for extent, step in zip(shape, strides, strict=True):  # axes above the runs' (a 3-D view): rare, few
         firsts = [first + i * step for first in firsts for i in range(extent)]
-    return os.fspath(base.filename), [(first, count, stride, length) for first in firsts]
+    return path, [(first, count, stride, length) for first in firsts]
 
 
 def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
+
+
+def _described(base: np.memmap) -> tuple[int, str]:
+    return _address(base), os.fspath(base.filename)
 
 
 class ShardAudit:
@@ -102,7 +106,8 @@ class ShardAudit:
         self.tensors = tensors  # how many shard tensors the block has: each must be recorded
         self._runs: dict[str, list[tuple[str, int, list[Runs]]]] = {}
         self._lock = threading.Lock()
-        self._base: tuple[np.memmap, int] | None = None  # the last mapping seen and its address (one expert's)
+        # the last mapping seen (one expert's window), its address and its file's path
+        self._base: tuple[np.memmap, int, str] | None = None
 
     def record(self, tensor: str, expert: int, parts) -> None:
         """``parts`` (an array or a tuple of arrays) produced for shard tensor ``tensor`` of ``expert``; a tensor
@@ -111,17 +116,17 @@ class ShardAudit:
         parts = (parts,) if isinstance(parts, np.ndarray) else parts
         runs = []
         for part in parts:
-            found = byte_runs(part, self._base_address)
+            found = byte_runs(part, self._describe)
             if found is not None:
                 runs.append((found[0], expert, found[1]))
         with self._lock:
             self._runs.setdefault(tensor, runs)
 
-    def _base_address(self, base: np.memmap) -> int:
+    def _describe(self, base: np.memmap) -> tuple[int, str]:
         memo = self._base  # read once: another thread may replace it
         if memo is None or memo[0] is not base:
-            memo = self._base = (base, _address(base))
-        return memo[1]
+            memo = self._base = (base, *_described(base))
+        return memo[1], memo[2]
 
     def holds(self) -> str:
         """ "" when every shard was recorded, every run lies in its expert's window of one of the block's tensors
