@@ -20,7 +20,10 @@ classes, which this benchmark does without. Per case, in one run, contenders alt
 * convert / cp: ``ndp-ep convert --external-data`` in a child process (peak RSS from ``os.wait4``) between two
   copies of the weight file (the faster copy counts); both with fsync (bench_large_model.py's helpers). Target
   ≤ 1.5× cp, peak RSS ≤ 1 GiB + one expert's tensors. ``CPU s`` is the child's user + system time: on a shared
-  machine the wall times follow the CPU left over.
+  machine the wall times follow the CPU left over. ``--convert-only`` measures just this (``--convert-repeats``
+  conversions alternating with copies: the best of each, and the spread of each conversion's ratio to the faster
+  of its neighbouring copies; ``proofs``: the blocks numerically proven on their own, the others covered by a
+  proof of their signature); ``--layers`` sets the built cases' MoE layer count.
 * session: ONNX Runtime sessions created in child processes, stock (CPU provider, original model) and EP
   (the converted model with NdpExecutionProvider, ``ndp_ep.session_options``), alternating ``--sessions`` times;
   creation wall time (best) and the peak RSS right after creation (``ru_maxrss`` in the child). Target ≤ 1.1×.

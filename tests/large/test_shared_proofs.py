@@ -116,3 +116,20 @@ def test_the_audit_refuses_shards_read_from_another_blocks_weights(tmp_path):
     audit.record("w.e0", 0, (mapped[0:16].reshape(4, 4)[:, :2], mapped[0:16].reshape(4, 4)[:, 2:]))
     audit.record("w.e1", 1, mapped[16:32])
     assert audit.holds() == ""
+
+
+def test_the_audit_joins_column_blocks_and_refuses_a_byte_written_twice(tmp_path):
+    data = tmp_path / "w.data"
+    np.arange(32, dtype=np.uint8).tofile(data)
+    matrix = np.memmap(data, dtype=np.uint8, mode="r").reshape(2, 4, 4)  # 2 experts of [4 rows, 4 columns]
+    source = {"w": SourceRange(str(data), 0, 32, 2)}
+    audit = ShardAudit("block", source, tensors=4)
+    for expert in range(2):
+        audit.record(f"w.e{expert}.s0", expert, matrix[expert][:, :2])  # column blocks: strided views
+        audit.record(f"w.e{expert}.s1", expert, matrix[expert][:, 2:])
+    assert audit.holds() == ""
+    audit = ShardAudit("block", source, tensors=4)
+    for expert in range(2):
+        audit.record(f"w.e{expert}.s0", expert, matrix[expert][:, :3])  # column 2 in both shards
+        audit.record(f"w.e{expert}.s1", expert, matrix[expert][:, 2:])
+    assert "do not tile" in audit.holds()
