@@ -3,6 +3,7 @@
     python benchmarks/bench_real_widths.py                      # every case (about 11 GB of weights, one at a time)
     python benchmarks/bench_real_widths.py --cases lfm2_int4 qwen3_int4 --quick
     python benchmarks/bench_real_widths.py --dir /data/tmp --repeats 20
+    python benchmarks/bench_real_widths.py --convert-only --convert-repeats 3 --cases lfm2_int4 --layers 24
 
 Cases (seeded random weights; ``--quick``: the same widths with fewer experts or layers, see ``CASES``):
 
@@ -19,7 +20,10 @@ classes, which this benchmark does without. Per case, in one run, contenders alt
 * convert / cp: ``ndp-ep convert --external-data`` in a child process (peak RSS from ``os.wait4``) between two
   copies of the weight file (the faster copy counts); both with fsync (bench_large_model.py's helpers). Target
   ≤ 1.5× cp, peak RSS ≤ 1 GiB + one expert's tensors. ``CPU s`` is the child's user + system time: on a shared
-  machine the wall times follow the CPU left over.
+  machine the wall times follow the CPU left over. ``--convert-only`` measures just this (``--convert-repeats``
+  conversions alternating with copies: the best of each, and the spread of each conversion's ratio to the faster
+  of its neighbouring copies; ``proofs``: the blocks numerically proven on their own, the others covered by a
+  proof of their signature); ``--layers`` sets the built cases' MoE layer count.
 * session: ONNX Runtime sessions created in child processes, stock (CPU provider, original model) and EP
   (the converted model with NdpExecutionProvider, ``ndp_ep.session_options``), alternating ``--sessions`` times;
   creation wall time (best) and the peak RSS right after creation (``ru_maxrss`` in the child). Target ≤ 1.1×.
@@ -43,6 +47,7 @@ Every model and output lives in a temporary folder under ``--dir`` (default /tmp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -269,18 +274,53 @@ def session_child(kind: str, model: Path, args: argparse.Namespace, output: Path
     return result
 
 
+def with_layers(spec: RealWidthSpec | LargeModelSpec | Path, layers: int | None):
+    """``spec`` with ``layers`` MoE layers (None: as it is; a GenAI folder is left as it is)."""
+    if layers is None or isinstance(spec, Path):
+        return spec
+    return dataclasses.replace(spec, layers=layers)
+
+
+def convert_figures(model: Path, data: Path, converted: Path, spec, args: argparse.Namespace) -> dict:
+    """convert / cp: ``--convert-repeats`` conversions, each between two copies of the weight file (contenders
+    alternating: cp, convert, cp, convert, ..., cp); the ratio of the best of each, and its spread (the worst and
+    best ratio of a conversion to the faster of its neighbouring copies)."""
+    copies = [time_copy(data)]
+    conversions = []
+    for _ in range(args.convert_repeats):
+        conversions.append(run_conversion(model, converted, args.shards))
+        copies.append(time_copy(data))
+    _, copy_s, copy_cpu = min(copies, key=lambda times: times[1])
+    best = min(conversions, key=lambda c: c[2])
+    result, _, convert_s, _, convert_cpu = best
+    ratios = [c[2] / min(copies[i][1], copies[i + 1][1]) for i, c in enumerate(conversions)]
+    return {
+        "weights_gb": data.stat().st_size / 1e9,
+        "blocks": len(result["moe_blocks"]),
+        "copy_s": copy_s,
+        "convert_s": convert_s,
+        "convert_cpu_s": convert_cpu,
+        "copy_cpu_s": copy_cpu,
+        "convert_ratio": convert_s / copy_s,
+        "convert_ratio_spread": (min(ratios), max(ratios)),
+        "convert_rss_mib": max(c[3] for c in conversions) / MIB,
+        "rss_target_mib": (RSS_ALLOWANCE_BYTES + expert_bytes(spec)) / MIB,
+        "proofs": sum(1 for b in result["moe_blocks"] if b.get("checked_numerically") and not b.get("proven_by")),
+    }
+
+
 def measure(case: Case, work: Path, args: argparse.Namespace) -> dict:
     """Every figure of one case (see the module docstring)."""
     import numpy as np
 
-    spec = case.chosen(args.quick)
+    spec = with_layers(case.chosen(args.quick), args.layers)
     model, data = build(spec, work)
-    copy_before = time_copy(data)
     converted = work / "converted" / model.name
     converted.parent.mkdir()
-    result, _, convert_s, convert_rss, convert_cpu = run_conversion(model, converted, args.shards)
-    copy_after = time_copy(data)
-    _, copy_s, copy_cpu = min(copy_before, copy_after, key=lambda times: times[1])
+    figures = convert_figures(model, data, converted, spec, args)
+    figures["case"] = case.name
+    if args.convert_only:
+        return figures
     sessions: dict[str, list[dict]] = {"stock": [], "ep": []}
     for _ in range(args.sessions):
         for kind, path, tokens in (("stock", model, case.stock_tokens), ("ep", converted, (1, 64))):
@@ -300,16 +340,7 @@ def measure(case: Case, work: Path, args: argparse.Namespace) -> dict:
         return ours / stock if ours is not None and stock is not None else None
 
     return {
-        "case": case.name,
-        "weights_gb": data.stat().st_size / 1e9,
-        "blocks": len(result["moe_blocks"]),
-        "copy_s": copy_s,
-        "convert_s": convert_s,
-        "convert_cpu_s": convert_cpu,
-        "copy_cpu_s": copy_cpu,
-        "convert_ratio": convert_s / copy_s,
-        "convert_rss_mib": convert_rss / MIB,
-        "rss_target_mib": (RSS_ALLOWANCE_BYTES + expert_bytes(spec)) / MIB,
+        **figures,
         "stock_session_s": best("stock", "created_s"),
         "session_ratio": best("ep", "created_s") / best("stock", "created_s"),
         "stock_session_mib": best("stock", "created_rss") / MIB,
@@ -341,6 +372,21 @@ def row(f: dict) -> str:
     )
 
 
+CONVERT_HEADER = (
+    f"{'case':<19} {'GB':>5} {'blocks':>6} {'proofs':>6} {'cp s':>6} {'conv s':>7} {'conv/cp':>7} {'spread':>11} "
+    f"{'CPU s':>6} {'RSS MiB':>8} {'target':>7}"
+)
+
+
+def convert_row(f: dict) -> str:
+    low, high = f["convert_ratio_spread"]
+    return (
+        f"{f['case']:<19} {f['weights_gb']:>5.2f} {f['blocks']:>6} {f['proofs']:>6} {f['copy_s']:>6.2f} "
+        f"{f['convert_s']:>7.2f} {f['convert_ratio']:>7.2f} {f'{low:.2f}-{high:.2f}':>11} {f['convert_cpu_s']:>6.2f} "
+        f"{f['convert_rss_mib']:>8.0f} {f['rss_target_mib']:>7.0f}"
+    )
+
+
 def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
@@ -354,6 +400,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=2, help="alternating session children per contender")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per token count in each child")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of both sessions")
+    parser.add_argument("--convert-only", action="store_true", help="measure convert / cp only (no sessions, runs)")
+    parser.add_argument("--convert-repeats", type=int, default=1, help="conversions per case, alternating with cp")
+    parser.add_argument("--layers", type=int, help="MoE layers of every built case (default: the case's own)")
     parser.add_argument("--json", action="store_true", help="also print each case's figures as JSON")
     parser.add_argument(
         "--genai", nargs="*", type=Path, default=[], metavar="DIR", help="ONNX Runtime GenAI folders to measure too"
@@ -361,7 +410,7 @@ def main() -> int:
     args = parser.parse_args()
     print(f"targets: convert <= {COPY_RATIO_TARGET}x cp, RSS <= 1 GiB + one expert; session time and RSS")
     print(f"<= {SESSION_RATIO_TARGET}x stock; runs <= {RUN_RATIO_TARGET}x stock ({args.threads} threads); ours/stock")
-    print(HEADER)
+    print(CONVERT_HEADER if args.convert_only else HEADER)
     cases = [CASES[name] for name in args.cases] + [genai_case(folder) for folder in args.genai]
     for case in cases:
         work = Path(tempfile.mkdtemp(prefix=f"bench_real_widths.{case.name}.", dir=args.dir))
@@ -369,7 +418,7 @@ def main() -> int:
             figures = measure(case, work, args)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        print(row(figures), flush=True)
+        print((convert_row if args.convert_only else row)(figures), flush=True)
         if args.json:
             print(json.dumps(figures))
     return 0

@@ -54,6 +54,7 @@ class BlockReport:
     checked_numerically: bool
     max_abs_error: float | None
     checked_in_isolation: bool = False
+    proven_by: str = ""  # the block whose numeric check covers this one (same signature); "" when its own
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -129,12 +130,16 @@ def plan_conversion(
     *,
     check: bool = True,
     defer_checks: bool = False,
+    prove_every_block: bool = True,
 ) -> ConversionPlan:
     """Detect, plan and verify every MoE block of ``source``; nothing is rewritten or written. ``check=False``:
     the caller has just run :func:`graph_passes.model_check.check_model` on ``source`` itself.
     ``defer_checks``: blocks checked on their first experts are planned on their structural reading and their
     checks are left in ``report.pending``; the caller must run them and :func:`settle` the report before it
-    commits anything (:class:`BackgroundChecks` runs them while the conversion is written)."""
+    commits anything (:class:`BackgroundChecks` runs them while the conversion is written).
+    ``prove_every_block=False``: one numeric check per block signature (:mod:`graph_passes.proof_sharing`); the
+    blocks it covers (``proven_by``) are proven only once :meth:`RewrittenModel.refuted_views` finds their shards,
+    as written, exact byte views of their own weights: the caller asks before it commits anything."""
     if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
         raise UnsupportedModelError(f"shards must be a positive integer, got {shards!r}")
     model, data_dir = load_model(source, check=check)
@@ -168,6 +173,7 @@ def plan_conversion(
         index=index,
         decoder=decoder,
         defer_sampled=defer_checks,
+        share_proofs=not prove_every_block,
     )
     pending: list[PendingCheck] = []
     for verdict in verdicts:
@@ -209,6 +215,7 @@ def _block_report(plan: MoEBlockPlan, shards: int, verdict: Verdict) -> BlockRep
         checked_numerically=verdict.checked_numerically,
         max_abs_error=verdict.max_abs_error,
         checked_in_isolation=verdict.isolated,
+        proven_by=verdict.proven_by,
     )
 
 
@@ -237,6 +244,7 @@ def settle(report: ConversionReport, outcomes: Sequence[Verdict]) -> ConversionR
             checked_numerically=verdict.checked_numerically,
             max_abs_error=verdict.max_abs_error,
             checked_in_isolation=verdict.isolated,
+            proven_by=verdict.proven_by,
         )
         notes.extend(_verdict_notes(verdict))
     return replace(report, blocks=tuple(blocks.values()), notes=tuple(notes), pending=())
@@ -282,13 +290,23 @@ def convert(
     *,
     check: bool = True,
     defer_checks: bool = False,
+    prove_every_block: bool = True,
 ) -> tuple[RewrittenModel, ConversionReport]:
-    """Convert every provable MoE block of ``source`` into sharded expert ops (``check``, ``defer_checks``: see
-    :func:`plan_conversion`)."""
+    """Convert every provable MoE block of ``source`` into sharded expert ops (``check``, ``defer_checks``,
+    ``prove_every_block``: see :func:`plan_conversion`)."""
     planned = plan_conversion(
-        source, shards, strict, rules, max_check_weight_bytes, base_dir, check=check, defer_checks=defer_checks
+        source,
+        shards,
+        strict,
+        rules,
+        max_check_weight_bytes,
+        base_dir,
+        check=check,
+        defer_checks=defer_checks,
+        prove_every_block=prove_every_block,
     )
-    rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store)
+    audited = [block.name for block in planned.report.blocks if block.proven_by]
+    rewritten = apply_plans(planned.model, planned.plans, planned.shards_by_block, planned.store, audited)
     # the rewrite also drops side nodes only the block used (shape arithmetic): count what the node records
     recorded = {
         sharded_op.block_of_node_name(node.name): len(sharded_op.get_metadata(node, sharded_op.META_REPLACED_NODES, []))

@@ -19,6 +19,7 @@ model is materialised in memory or streamed to an external-data file.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -28,11 +29,13 @@ from onnx import TensorProto, helper
 
 from graph_passes import quant, sharded_op
 from graph_passes.errors import GraphPassError
-from graph_passes.expert_math import canonical_bias, canonical_view, copy_blocked
+from graph_passes.expert_math import canonical_view, copy_blocked, select_columns
 from graph_passes.graph_index import copy_with_stubbed_initializers, live_nodes
 from graph_passes.plan import MoEBlockPlan, StackedBias, StackedMatrix
+from graph_passes.shard_audit import ShardAudit, SourceRange
 from graph_passes.sharded_op import DOMAIN as NDP_DOMAIN  # noqa: F401  (re-exported for ndp_ep.partition)
 from graph_passes.sharded_op import OP_TYPE as SHARDED_OP  # noqa: F401
+from graph_passes.signature import expert_tensors
 from graph_passes.tensors import element_count
 from graph_passes.weights import WeightStore
 
@@ -88,6 +91,19 @@ class RewrittenModel:
     model: onnx.ModelProto
     lazy: dict[str, LazyTensor] = field(default_factory=dict)
     store: WeightStore | None = None
+    # blocks whose shards must prove to be byte views of their own weights (see graph_passes.shard_audit)
+    audits: dict[str, ShardAudit] = field(default_factory=dict)
+
+    def refuted_views(self, blocks: Iterable[str]) -> list[str]:
+        """Why each of ``blocks`` (audited ones) has shards, as produced so far, that are not exact byte views of its
+        own weights; empty when every audit holds. Asked once the shards were written; a block never audited is
+        refuted."""
+        reasons = []
+        for block in blocks:
+            reason = self.audits[block].holds() if block in self.audits else f"{block}: shards never audited"
+            if reason:
+                reasons.append(reason)
+        return reasons
 
 
 class _ExpertCache:
@@ -106,7 +122,8 @@ class _ExpertCache:
 
     def get(self, expert: int, part: str) -> np.ndarray | None:
         """``part`` (``up``, ``gate``, ``down`` or one of their biases, as :class:`ExpertArrays` names them) of
-        ``expert``: a matrix as :func:`canonical_view`, a bias as :func:`canonical_bias`, None when absent."""
+        ``expert``: a matrix as :func:`canonical_view`, a bias as its selected columns (a view in its stored dtype),
+        None when absent."""
         if expert != self.expert:
             self.views, self.raw = {}, {}  # release the previous expert's pages before mapping the next
             self.expert = expert
@@ -119,7 +136,7 @@ class _ExpertCache:
         if source is None:
             return None
         if isinstance(source, StackedBias):
-            return canonical_bias(self._read(source.initializer, self.expert), source)
+            return select_columns(self._read(source.initializer, self.expert), source.columns)
         if source.per_expert:
             return canonical_view(self._read(source.per_expert[self.expert], -1), source)
         return canonical_view(self._read(source.initializer, self.expert), source)
@@ -222,7 +239,8 @@ def _untransposed(view: np.ndarray) -> np.ndarray:
 def _bias_producers(
     plan: MoEBlockPlan, store: WeightStore, spec: sharded_op.ShardedOpSpec, cache: _ExpertCache
 ) -> dict:
-    """Biases keep the dtype of the source bias tensor (missing halves of a gated pair are zeros)."""
+    """Biases keep the dtype of the source bias tensor (missing halves of a gated pair are zeros); a shard of a bias is
+    a view of it (a gated pair: the gate part, then the up part)."""
     w = plan.weights
     width = spec.shard_width
     first_width = 2 * width if plan.gated else width
@@ -236,21 +254,21 @@ def _bias_producers(
         bias_type = _data_type(store, source.initializer)
         dtype = helper.tensor_dtype_to_np_dtype(bias_type)
 
-        def first_bias(e: int, s: int) -> np.ndarray:
+        def first_bias(e: int, s: int) -> np.ndarray | tuple[np.ndarray, ...]:
             cols = slice(s * width, (s + 1) * width)
             up_bias = bias(e, "up_bias")
-            up = up_bias[cols] if up_bias is not None else np.zeros(width, np.float32)
+            up = up_bias[cols].astype(dtype, copy=False) if up_bias is not None else np.zeros(width, dtype)
             if not plan.gated:
-                return up.astype(dtype)
+                return up
             gate_bias = bias(e, "gate_bias")
-            gate = gate_bias[cols] if gate_bias is not None else np.zeros(width, np.float32)
-            return np.concatenate([gate, up]).astype(dtype)
+            gate = gate_bias[cols].astype(dtype, copy=False) if gate_bias is not None else np.zeros(width, dtype)
+            return gate, up
 
         groups["first_bias"] = [((first_width,), bias_type, first_bias)]
     if spec.has_down_bias:
         bias_type = _data_type(store, w.down_bias.initializer)
         dtype = helper.tensor_dtype_to_np_dtype(bias_type)
-        groups["down_bias"] = [((plan.hidden,), bias_type, lambda e: bias(e, "down_bias").astype(dtype))]
+        groups["down_bias"] = [((plan.hidden,), bias_type, lambda e: bias(e, "down_bias").astype(dtype, copy=False))]
     return groups
 
 
@@ -319,22 +337,59 @@ def _quantized_producers(plan: MoEBlockPlan, store: WeightStore, spec: sharded_o
     return groups
 
 
-def _shard_producers(plan: MoEBlockPlan, store: WeightStore, shards: int) -> tuple[sharded_op.ShardedOpSpec, list]:
-    """The node's spec and one :class:`LazyTensor` per weight input, in the contract's input order."""
+def _shard_producers(
+    plan: MoEBlockPlan, store: WeightStore, shards: int, audit: ShardAudit | None = None
+) -> tuple[sharded_op.ShardedOpSpec, list]:
+    """The node's spec and one :class:`LazyTensor` per weight input, in the contract's input order (``audit``: shown
+    every shard as it is produced)."""
     spec = sharded_spec(plan, shards)
     groups = _quantized_producers(plan, store, spec) if plan.quantized else _float_producers(plan, store, spec)
     names = iter(spec.weight_names())
     tensors: list[LazyTensor] = []
+
+    def watched(name: str, e: int, produce: Callable[[], np.ndarray | tuple]) -> Callable[[], np.ndarray | tuple]:
+        if audit is None:
+            return produce
+
+        def produce_and_record():
+            parts = produce()
+            audit.record(name, e, parts)
+            return parts
+
+        return produce_and_record
+
     for group, _count in spec.input_groups():
         (dims, data_type, produce) = groups[group][0]
-        if group == "down_bias":
-            for e in range(plan.num_experts):
-                tensors.append(LazyTensor(next(names), dims, lambda e=e, f=produce: f(e), data_type))
-            continue
         for e in range(plan.num_experts):
-            for s in range(shards):
-                tensors.append(LazyTensor(next(names), dims, lambda e=e, s=s, f=produce: f(e, s), data_type))
+            for s in range(1 if group == "down_bias" else shards):
+                name = next(names)
+                made = (lambda e=e, f=produce: f(e)) if group == "down_bias" else (lambda e=e, s=s, f=produce: f(e, s))
+                tensors.append(LazyTensor(name, dims, watched(name, e, made), data_type))
     return spec, tensors
+
+
+def shards_are_views(plan: MoEBlockPlan, store: WeightStore) -> bool:
+    """Whether every byte of ``plan``'s expert tensors reaches its shards as a view of the tensor's data file (what
+    :class:`ShardAudit` can check): all stacked in external data, and no layout the rewrite assembles by copying
+    (a gated ``in_out`` first shard; a gate stored the other way round from its up projection)."""
+    w = plan.weights
+    matrices = [m for m in (w.up, w.gate, w.down) if m is not None]
+    if any(m.per_expert for m in matrices):
+        return False
+    if any(store.tensors[n].data_location != TensorProto.EXTERNAL for n in expert_tensors(plan)):
+        return False
+    copied = not plan.quantized and plan.gated and (w.up.layout == "in_out" or w.gate.layout != w.up.layout)
+    return not copied
+
+
+def shard_audit(plan: MoEBlockPlan, store: WeightStore, shards: int) -> ShardAudit:
+    """The audit of ``plan``'s shards against its own expert tensors' file ranges."""
+    sources = {}
+    for name in sorted(expert_tensors(plan)):
+        path, offset, length = store.external_location(name)
+        sources[name] = SourceRange(os.fspath(path), offset, length, plan.num_experts)
+    tensors = len(sharded_spec(plan, shards).weight_names())
+    return ShardAudit(plan.name, sources, tensors)
 
 
 def sharded_node(plan: MoEBlockPlan, spec: sharded_op.ShardedOpSpec, weight_inputs: list[str]) -> onnx.NodeProto:
@@ -365,11 +420,16 @@ def _remove_dead_nodes(graph: onnx.GraphProto) -> list[str]:
 
 
 def apply_plans(
-    model: onnx.ModelProto, plans: Iterable[MoEBlockPlan], shards: int | dict[str, int], store: WeightStore
+    model: onnx.ModelProto,
+    plans: Iterable[MoEBlockPlan],
+    shards: int | dict[str, int],
+    store: WeightStore,
+    audited: Iterable[str] = (),
 ) -> RewrittenModel:
     """Rewrite ``model`` (a copy is made) so every plan's block runs as one sharded expert op.
 
-    ``shards`` is one count for every block or a count per block name.
+    ``shards`` is one count for every block or a count per block name. The blocks named in ``audited`` get a
+    :class:`ShardAudit` (``RewrittenModel.audits``) that watches their shards as they are written.
     """
     plans = list(plans)
     shards_of = shards if isinstance(shards, dict) else {p.name: shards for p in plans}
@@ -389,8 +449,10 @@ def apply_plans(
         for o in node.output:
             position_of_output[o] = position
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
+    audited = set(audited)
+    audits = {p.name: shard_audit(p, store, shards_of[p.name]) for p in plans if p.name in audited}
     for plan in plans:
-        spec, tensors = _shard_producers(plan, store, shards_of[plan.name])
+        spec, tensors = _shard_producers(plan, store, shards_of[plan.name], audits.get(plan.name))
         for tensor in tensors:
             lazy[tensor.name] = tensor
             header = graph.initializer.add()
@@ -421,15 +483,7 @@ def apply_plans(
         if tensor.name in stubbed:
             tensor.CopyFrom(originals[tensor.name])
     kept = {t.name for t in graph.initializer}
-    return RewrittenModel(out, {k: v for k, v in lazy.items() if k in kept}, store)
-
-
-def _expert_initializers(plan: MoEBlockPlan) -> set[str]:
-    w = plan.weights
-    names = {n for m in (w.up, w.down, w.gate) if m is not None for n in (m.initializer, m.scales, m.zero_points) if n}
-    names |= {n for m in (w.up, w.down, w.gate) if m is not None for n in m.per_expert}
-    names |= {b.initializer for b in (w.up_bias, w.gate_bias, w.down_bias) if b is not None}
-    return names
+    return RewrittenModel(out, {k: v for k, v in lazy.items() if k in kept}, store, audits)
 
 
 def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]) -> tuple[onnx.ModelProto, set]:
@@ -438,7 +492,7 @@ def _copy_without_expert_bytes(model: onnx.ModelProto, plans: list[MoEBlockPlan]
     Copying them only to delete them would double the memory an embedded model holds. Returns the copy and
     the names of the tensors stubbed (the caller restores any that stay in use).
     """
-    expert_names = set().union(*(_expert_initializers(p) for p in plans)) if plans else set()
+    expert_names = set().union(*(expert_tensors(p) for p in plans)) if plans else set()
     stubbed = {
         t.name
         for t in model.graph.initializer

@@ -69,6 +69,9 @@ class Verdict:
     # a speculative verdict: ``plan`` is the reading the still-pending check is expected to confirm, and
     # ``deferred()`` runs that check (safe on another thread) and returns the real verdict
     deferred: Callable[[], Verdict] | None = None
+    # the block whose numeric check proved this one's reading (same signature, see graph_passes.proof_sharing);
+    # "" when checked on its own
+    proven_by: str = ""
 
 
 def reference_block(
@@ -181,42 +184,74 @@ def choose_readings(
     index: GraphIndex | None = None,
     decoder: DecoderConfig | None = None,
     defer_sampled: bool = False,
+    share_proofs: bool = False,
 ) -> list[Verdict]:
     """Pick, for every candidate, the reading that reproduces its output (in isolation where possible).
     ``defer_sampled``: a block checked on its first experts gets a speculative verdict whose ``deferred`` check
-    the caller runs later (for instance while it writes the conversion, committing only once it is confirmed)."""
+    the caller runs later (for instance while it writes the conversion, committing only once it is confirmed).
+    ``share_proofs``: a block with the signature of an earlier one is covered by that block's check
+    (:mod:`graph_passes.proof_sharing`; its verdict's ``proven_by`` names it, and the caller must audit its shards)."""
+    from graph_passes.proof_sharing import covered_verdict, representatives
+
     index = index if index is not None else GraphIndex(model)
+    covered = representatives(model, index, candidates, store) if share_proofs else {}
     verdicts: dict[int, Verdict] = {}
     whole_model: list[MoECandidate] = []
     for position, candidate in enumerate(candidates):
-        if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
-            verdicts[position] = _sampled_verdict(model, index, candidate, store, max_weight_bytes, seed, defer_sampled)
+        if position in covered:
             continue
-        region = isolated_region(model, index, candidate.readings[0])
-        if region is None:
+        found = _own_verdict(model, index, candidate, store, max_weight_bytes, seed, defer_sampled)
+        if found is None:
             whole_model.append(candidate)
-            continue
-        captured, note = None, ""
-        for probe in (region, _widened_to_float32(region, store, (onnx.TensorProto.BFLOAT16,))[0]):
-            if probe is None:
-                continue
-            try:
-                feeds = _random_region_feeds(probe, candidate.readings[0], seed)
-                captured = _capture(probe, store, feeds, map_files=True)
-                break
-            except Exception:  # ORT refusing the region (no kernel, an op it cannot run alone)
-                note = "checked on float32 copies of its bfloat16 weights (ONNX Runtime CPU has no bfloat16 kernel)"
-                continue
-        if captured is None:
-            whole_model.append(candidate)
-            continue
-        verdict = _judge(candidate, store, captured, isolated=True)
-        verdicts[position] = dataclasses.replace(verdict, note=note) if verdict.plan is not None else verdict
+        else:
+            verdicts[position] = found
     if whole_model:
         fallback = _whole_model_verdicts(model, whole_model, store, seed, decoder)
         for candidate, verdict in zip(whole_model, fallback, strict=True):
             verdicts[candidates.index(candidate)] = verdict
+    for position, first in covered.items():
+
+        def own(candidate: MoECandidate = candidates[position]) -> Verdict:
+            found = _own_verdict(model, index, candidate, store, max_weight_bytes, seed, False)
+            return found if found is not None else _whole_model_verdicts(model, [candidate], store, seed, decoder)[0]
+
+        verdicts[first], verdicts[position] = covered_verdict(
+            candidates[first], verdicts[first], candidates[position], own
+        )
     return [verdicts[position] for position in range(len(candidates))]
+
+
+def _own_verdict(
+    model: onnx.ModelProto,
+    index: GraphIndex,
+    candidate: MoECandidate,
+    store: WeightStore,
+    max_weight_bytes: int,
+    seed: int,
+    defer_sampled: bool,
+) -> Verdict | None:
+    """The verdict of ``candidate``'s own check: on its first experts when too large to check whole, else on its
+    isolated region; None when the region cannot run alone (the caller checks it in a whole-model run)."""
+    if _check_bytes(candidate.readings[0], store) > max_weight_bytes:
+        return _sampled_verdict(model, index, candidate, store, max_weight_bytes, seed, defer_sampled)
+    region = isolated_region(model, index, candidate.readings[0])
+    if region is None:
+        return None
+    captured, note = None, ""
+    for probe in (region, _widened_to_float32(region, store, (onnx.TensorProto.BFLOAT16,))[0]):
+        if probe is None:
+            continue
+        try:
+            feeds = _random_region_feeds(probe, candidate.readings[0], seed)
+            captured = _capture(probe, store, feeds, map_files=True)
+            break
+        except Exception:  # ORT refusing the region (no kernel, an op it cannot run alone)
+            note = "checked on float32 copies of its bfloat16 weights (ONNX Runtime CPU has no bfloat16 kernel)"
+            continue
+    if captured is None:
+        return None
+    verdict = _judge(candidate, store, captured, isolated=True)
+    return dataclasses.replace(verdict, note=note) if verdict.plan is not None else verdict
 
 
 def _whole_model_verdicts(

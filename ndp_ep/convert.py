@@ -8,6 +8,7 @@ and what is refused, is :mod:`ndp_ep.genai_folder`'s (all or nothing with the mo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ def convert_model(
     shards: int | None = None,
     strict: bool = False,
     external_data: bool | None = None,
+    prove_every_block: bool = False,
 ) -> ConversionResult:
     """Convert ``source`` and write it to ``output_path`` (weights to ``<output>.data`` when large).
 
@@ -65,6 +67,11 @@ def convert_model(
     count or a system's unit count below 1 (the experts are placed on the NDP units, so the system needs one,
     even with ``shards`` given), :class:`ModelLoadError` for an input that is missing or not ONNX and
     :class:`ConversionError` when ``strict`` and a block was skipped or none was converted.
+
+    The numeric proof runs once per block signature (:mod:`graph_passes.proof_sharing`): a block with the signature
+    of a block already checked is covered by that check once its shards, as written, prove to be exact byte views
+    of its own weights (checked before anything is committed; when one is not, the model is converted again with
+    every block checked on its own). ``prove_every_block``: check every block on its own from the start.
     """
     from ndp_ep.ep import check_positive, settings_of
     from ndp_ep.session import model_source
@@ -89,7 +96,9 @@ def convert_model(
     requested = shards if shards is not None else system.num_ndp_units
     with graph_pass_errors():
         # the numeric checks of blocks too large to check whole run while the conversion is written
-        rewritten, report = convert(source, shards=requested, strict=strict, defer_checks=True)
+        rewritten, report = convert(
+            source, shards=requested, strict=strict, defer_checks=True, prove_every_block=prove_every_block
+        )
     already = 0 if report.blocks else sum(1 for node in rewritten.model.graph.node if is_sharded_node(node))
     if strict and not report.blocks:
         name = "the model" if isinstance(source, onnx.ModelProto) else str(source)
@@ -100,19 +109,28 @@ def convert_model(
         )
         raise ConversionError(f"strict: nothing to convert: {found}")
     checks = BackgroundChecks(report)
+    refuted: list[str] = []
 
     def confirmed() -> bool:
+        """Every pending check confirmed its block's reading, and every covered block's shards are its own bytes."""
         with graph_pass_errors():
-            return checks.settled() is not None
+            settled = checks.settled()
+        if settled is None:
+            return False
+        refuted.extend(rewritten.refuted_views(b.name for b in settled.blocks if b.proven_by))
+        return not refuted
 
     try:
         side_files = genai.write() if genai is not None else []  # before the model; removed if its save fails
         try:
             files = _save(rewritten, output_path, settings, inputs, external_data, confirmed)
             report = checks.settled()
-        except CommitRefused:  # a check did not confirm the reading a block was rewritten on: convert again
-            with graph_pass_errors():
+        except CommitRefused:  # a check did not confirm the reading a block was rewritten on, or a covered block's
+            with graph_pass_errors():  # shards were not its own bytes: convert again, every block checked first
                 rewritten, report = convert(source, shards=requested, strict=strict)
+            if refuted:
+                notes = (*report.notes, *(f"{r}: every block checked on its own instead" for r in refuted))
+                report = dataclasses.replace(report, notes=notes)
             files = _save(rewritten, output_path, settings, inputs, external_data, None)
     except BaseException:
         if genai is not None:

@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--external-data", action="store_true", default=None, help="always write the weights to OUT.onnx.data"
     )
+    parser.add_argument(
+        "--prove-every-block",
+        action="store_true",
+        help="run the numeric proof on every MoE block (default: once per block signature, the other blocks with "
+        "that signature covered by it once their shards prove to be byte views of their own weights)",
+    )
     add_json_args(parser, what="the conversion report")
 
 
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         shards=args.shards,
         strict=args.strict,
         external_data=args.external_data,
+        prove_every_block=args.prove_every_block,
     )
     if args.json:
         print(json.dumps({"input": args.model, "output": args.output, **result.to_json()}))
