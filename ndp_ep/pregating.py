@@ -60,7 +60,9 @@ class LayerPredictor:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"layer": self.layer, "name": self.name}
-        return {**out, "source": self.source, "nodes": len(self.nodes)} if self.output else {**out, "reason": self.reason}
+        if not self.output:
+            return {**out, "reason": self.reason}
+        return {**out, "source": self.source, "nodes": len(self.nodes)}
 
 
 @dataclass(frozen=True)

@@ -458,7 +458,6 @@ class SessionReporter:
         a.moe_s += moe_s
         a.non_expert_gpu_s += gpu_s
 
-
     def _lookahead_predictions(self, pre_gating, layers: Sequence[int]) -> list | None:
         """A look-ahead policy's predictions for the run's invocations: before layer ``l`` runs, layer ``l + 1``'s
         expert counts its pre-gating predicted from ``l``'s hidden state (None for a layer without); None for

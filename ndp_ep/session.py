@@ -52,12 +52,12 @@ from ndp_ep.ep import (
     settings_of,
 )
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
+from ndp_ep.ort_options import copy_session_options, one_run_session_options
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.profiling import add_simulated_tracks
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
 from ndp_ep.routing import reporter_trace
-from ndp_ep.session_options import copy_session_options, one_run_session_options
 from ndp_ep.slots import attach, slot_capture
 
 if TYPE_CHECKING:
