@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,7 @@ class LayerPredictor:
     output: str = ""
     top_k: int = 0
     reason: str = ""
-    nodes: tuple[Any, ...] = ()  # the cloned onnx NodeProtos, in order
+    nodes: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the cloned onnx NodeProtos, in order
 
     def __post_init__(self) -> None:
         if bool(self.output) == bool(self.reason):
@@ -158,10 +158,10 @@ class PreGating:
         counts: list[np.ndarray | None] = [None] * len(actual)
         for predictor, values in zip((p for p in self.predictors if p.output), predicted, strict=True):
             index, k = predictor.layer, predictor.top_k
-            ids = np.asarray(values).reshape(-1, k)
-            real = np.asarray(actual[index]).reshape(-1, k)
-            if ids.shape != real.shape:  # the two layers ran on different tokens: nothing to compare
+            ids, real = np.asarray(values).reshape(-1), np.asarray(actual[index]).reshape(-1)
+            if ids.size != real.size or ids.size % k:  # the two layers ran on different tokens: nothing to compare
                 continue
+            ids, real = ids.reshape(-1, k), real.reshape(-1, k)
             hits = int((real[:, :, None] == ids[:, None, :]).any(axis=2).sum())  # actual slots predicted
             layers.append(LayerHits(index, predictor.name, hits, real.size))
             counts[index] = np.bincount(ids.reshape(-1), minlength=self._widths[index])[: self._widths[index]]

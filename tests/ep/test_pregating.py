@@ -228,3 +228,16 @@ def test_look_ahead_prefetcher_gets_the_predicted_counts(samples_dir):
         step_s.append(gap + sum(step.latencies_s))
     assert step_s == [r.simulated_latency_s for r in sess.reports]  # to the bit
     assert list(replay(trace).step_s) != step_s  # without the predictions the prefetcher copies otherwise
+
+
+def test_ids_not_from_a_top_k_get_no_predictor_and_say_why():
+    from ndp_ep.partition import claim
+    from ndp_ep.pregating import plan_predictors
+
+    converted = ndp_ep.InferenceSession(_stacked_model("Identity")).converted_model
+    second = _ops(converted)[1]
+    converted.graph.input.append(helper.make_tensor_value_info("given_ids", TensorProto.INT64, ["tokens", 2]))
+    second.input[1] = "given_ids"
+    predictors = plan_predictors(converted, claim(converted))
+    assert [bool(p.output) for p in predictors] == [False, False]
+    assert "'given_ids' are not computed from a TopK" in predictors[1].reason
