@@ -17,7 +17,9 @@ Runs on other threads may be in flight when a report is read. A tagged run is re
 recorded or its ``run`` has returned (``SessionReporter.run_finished``); until then its records are held.
 An untagged run's end is not known: the newest run, when incomplete, is held until the next read. When the
 library's log overflowed (records nobody read, ``routing_capacity``), runs it cut short are left out, counted
-in :attr:`Aggregates.dropped_runs`, and the reports built next say how many records were lost.
+in :attr:`Aggregates.dropped_runs`, and the reports built next say how many records were lost. With pre-gating on
+(:mod:`ndp_ep.pregating`) each run's report carries its hits, and a look-ahead policy simulates the run with its
+predicted counts.
 """
 
 from __future__ import annotations

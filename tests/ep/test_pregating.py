@@ -241,3 +241,12 @@ def test_ids_not_from_a_top_k_get_no_predictor_and_say_why():
     predictors = plan_predictors(converted, claim(converted))
     assert [bool(p.output) for p in predictors] == [False, False]
     assert "'given_ids' are not computed from a TopK" in predictors[1].reason
+
+
+@pytest.mark.parametrize(("capture", "has_slots"), [("slots", True), (True, False)])
+def test_routing_capture_keeps_slots_only_when_asked_beside_pre_gating(samples_dir, capture, has_slots):
+    feeds = _feeds(samples_dir, "moe_decoder.onnx")
+    sess = ndp_ep.InferenceSession(samples_dir / "moe_decoder.onnx", pre_gating=True, capture_routing=capture)
+    sess.run(None, feeds)
+    assert sess.routing_trace().steps.has_slots == has_slots
+    assert sess.last_report.pre_gating.slots == 16 * 1 + 16 * 2
