@@ -218,6 +218,9 @@ class RunReport:
     simulator: dict[str, Any] = field(default_factory=dict)  # the simulator's counters as of this run (simulated only)
     notes: tuple[str, ...] = ()  # what the figures leave out or approximate (skipped blocks, unknown shapes)
     weights: str = ""  # what the expert weights were costed as (default: ``dtype``)
+    pre_gating: Any = None
+    """The run's :class:`ndp_ep.pregating.PreGatingHits` (each layer's experts predicted from the previous layer's
+    hidden state, against those it took) with ``InferenceSession(pre_gating=True)``; None otherwise."""
 
     def __post_init__(self) -> None:
         _check_report(
@@ -239,6 +242,7 @@ class RunReport:
         step_layers: StepLayers,
         summary: Any,
         notes: tuple[str, ...],
+        pre_gating: Any = None,
     ) -> RunReport:
         """The report whose ``layers`` are ``step_layers.build()`` and whose ``simulator`` is
         :func:`simulated_summary` of ``summary`` (a :class:`hw_model.step_results.SummarySnapshot` of the run), each
@@ -256,6 +260,7 @@ class RunReport:
             non_expert_gpu_s=non_expert_gpu_s,
             notes=notes,
             weights=weights,
+            pre_gating=pre_gating,
             _step_layers=step_layers,
             _summary=summary,
         )
@@ -308,6 +313,7 @@ class RunReport:
             "layers": [layer.to_json() for layer in self.layers],
             "simulator": self.simulator,
             "notes": list(self.notes),
+            **({"pre_gating": self.pre_gating.to_json()} if self.pre_gating is not None else {}),
         }
 
     def __repr__(self) -> str:
@@ -376,6 +382,8 @@ class RunReport:
                 f"  placement pins: {pin_cost * 1e3:+.4f} ms over the session's runs so far against the policy's "
                 "own placement"
             )
+        if self.pre_gating is not None:
+            lines.append(f"  {self.pre_gating.format_text()}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 

@@ -17,7 +17,9 @@ Runs on other threads may be in flight when a report is read. A tagged run is re
 recorded or its ``run`` has returned (``SessionReporter.run_finished``); until then its records are held.
 An untagged run's end is not known: the newest run, when incomplete, is held until the next read. When the
 library's log overflowed (records nobody read, ``routing_capacity``), runs it cut short are left out, counted
-in :attr:`Aggregates.dropped_runs`, and the reports built next say how many records were lost.
+in :attr:`Aggregates.dropped_runs`, and the reports built next say how many records were lost. With pre-gating on
+(:mod:`ndp_ep.pregating`) each run's report carries its hits, and a look-ahead policy simulates the run with its
+predicted counts.
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ class SessionReporter:
         # input shapes of an untagged run from its tokens, when the caller knows them (ndp-ep generate does)
         self._untagged_shapes = untagged_shapes
         self.capture = None  # a RoutingCapture (hw_model/routing_capture.py) while routing is captured (routing.py)
+        # run id -> its PreGatingRun (ndp_ep/pregating.py) when the session predicts experts a layer ahead (slots.py)
+        self.pre_gating_source: Callable[[int], object] | None = None
         self.aggregates = Aggregates(
             layer_invocations=[0] * len(self.layers), layer_expert_tokens=[0] * len(self.layers)
         )
@@ -417,12 +421,14 @@ class SessionReporter:
         else:
             tokens = max(layer_tokens)
             phase = _phase(tokens, sequences)
+            pre_gating = self.pre_gating_source(run_id) if self.pre_gating_source is not None else None
             # attention and other GPU work precede each MoE layer; prefetch copies may use that PCIe idle time
             step = self.simulator.simulate_step(  # layers=None: every layer, in order (fewer checks)
                 phase,
                 counts,
                 layers=None if len(layers) == len(self.layers) else layers,  # sorted and distinct
                 gap_before_layer_s=gpu_s / len(layers),
+                predictions=self._lookahead_predictions(pre_gating, layers),
             )
             system = self.system
             report = RunReport.of_step(
@@ -438,6 +444,7 @@ class SessionReporter:
                 StepLayers(layers, self._layer_names, self._layer_widths, layer_tokens, step.counts, step),
                 self.simulator.summary_snapshot(),
                 notes,
+                pre_gating=pre_gating.hits if pre_gating is not None else None,
             )
             moe_s = sum(step.latencies_s)  # report.moe_s: the layers' latencies summed once
             invocations, expert_tokens = a.layer_invocations, a.layer_expert_tokens
@@ -452,6 +459,15 @@ class SessionReporter:
         a.simulated_s += gpu_s + moe_s  # report.simulated_latency_s
         a.moe_s += moe_s
         a.non_expert_gpu_s += gpu_s
+
+    def _lookahead_predictions(self, pre_gating, layers: Sequence[int]) -> list | None:
+        """A look-ahead policy's predictions for the run's invocations: before layer ``l`` runs, layer ``l + 1``'s
+        expert counts its pre-gating predicted from ``l``'s hidden state (None for a layer without); None for
+        other policies or a run without pre-gating."""
+        if pre_gating is None or not self.simulator.policy_impl.lookahead:
+            return None
+        predicted = pre_gating.predicted_counts
+        return [predicted[index + 1] if index + 1 < len(predicted) else None for index in layers]
 
 
 def _uncosted_notes(uncosted: Sequence[str]) -> tuple[str, ...]:

@@ -29,10 +29,8 @@ checks come first; an error setting up the reports is raised only when those che
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,12 +52,13 @@ from ndp_ep.ep import (
     settings_of,
 )
 from ndp_ep.errors import FeedError, ModelLoadError, NdpEpError, RunError, graph_pass_errors
+from ndp_ep.ort_options import copy_session_options, one_run_session_options
 from ndp_ep.partition import annotate_placement, claim
 from ndp_ep.profiling import add_simulated_tracks
 from ndp_ep.report import RunReport
 from ndp_ep.reporter import DEFAULT_REPORT_RING, DEPLOYMENT_DTYPE, SessionReporter
-from ndp_ep.routing import reporter_trace, start_capture
-from ndp_ep.slots import slot_capture
+from ndp_ep.routing import reporter_trace
+from ndp_ep.slots import attach, slot_capture
 
 if TYPE_CHECKING:
     import onnx
@@ -94,11 +93,14 @@ class InferenceSession:
     many reports the session keeps; ``routing_capacity``: the routing records the provider keeps while no report
     is read (the EP option of that name; default 16384 layer invocations, older ones are dropped, counted and
     noted in the next reports); ``capture_routing``: True records every run's routing for :meth:`routing_trace`,
-    ``"slots"`` every token slot's expert id and weight too (:mod:`ndp_ep.slots`); ``input_shapes``: the input
+    ``"slots"`` every token slot's expert id and weight too (:mod:`ndp_ep.slots`); ``pre_gating``: True predicts
+    each layer's experts from the previous layer's hidden state with its own router, scores each run's predictions
+    (its report's ``pre_gating``, the session's :attr:`pre_gating`) and gives them to a look-ahead policy's prefetcher
+    (:mod:`ndp_ep.pregating`); ``input_shapes``: the input
     shapes of the runs to come, when known
     (``{name: shape}``): their non-expert GPU cost is computed while ONNX Runtime builds the session instead
     of at the first report (the same figures either way). ``sess_options`` is copied, not modified: its
-    attributes and the config entries ONNX Runtime defines (:func:`_copy_session_options`; free dimension
+    attributes and the config entries ONNX Runtime defines (:func:`copy_session_options`; free dimension
     overrides, initializers and custom op libraries added to it cannot be read back, so they are not copied).
     ``providers`` and ``provider_options`` are accepted for ONNX Runtime compatibility: the session always runs
     on ``NdpExecutionProvider`` with ONNX Runtime's CPU provider for the other nodes (a warning names any other
@@ -123,6 +125,7 @@ class InferenceSession:
         routing_capacity: int | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         capture_routing: bool | str = False,
+        pre_gating: bool = False,
         **kwargs,
     ) -> None:
         _check_no_provider_added(sess_options)  # before the model is read: refused options are refused at once
@@ -148,12 +151,12 @@ class InferenceSession:
             claimed = _claim(converted)
             ort_model = converted.SerializeToString()
         self.converted_model = converted
-        self._slots, ort_model = slot_capture(capture_routing, converted, claimed, ort_model, base_dir)  # "slots"
+        self._slots, ort_model = slot_capture(capture_routing, converted, claimed, ort_model, base_dir, pre_gating)
         self.session_key = new_session_key()
         # only the options the library reads: the reports take the settings from this object, not the session's
         # config entries (which a plain session created with session_options reports from)
         options = add_provider(
-            _copy_session_options(sess_options),
+            copy_session_options(sess_options),
             {
                 "session_key": self.session_key,
                 "routing_capacity": routing_capacity,  # absent: the library's default
@@ -174,8 +177,7 @@ class InferenceSession:
                     notes=_skip_notes(self._conversion_report) if self._conversion_report is not None else (),
                 )
                 self.reporter.prepare_costing(input_shapes)
-                if capture_routing:
-                    start_capture(self.reporter, slot_source=self._slots.take if self._slots else None)
+                attach(self._slots, self.reporter, capture_routing)  # the routing capture, the pre-gating
             except BaseException:
                 if checks_pending:  # an error they find comes first, as when they ran first
                     _finish_checks(proto)
@@ -322,6 +324,12 @@ class InferenceSession:
         if path and self._has_moe:
             add_simulated_tracks(path, self.reporter.reports)
         return path
+
+    @property
+    def pre_gating(self):
+        """The :class:`ndp_ep.pregating.PreGating` of ``pre_gating=True``: its predictors (a reason for each layer
+        without one) and every run's hits so far (``.cumulative``, ``.rate``); None when off."""
+        return self._slots.predictor if self._slots is not None else None
 
     def routing_trace(self):
         """The :class:`hw_model.routing_trace.CapturedTrace` of every run so far (:mod:`ndp_ep.routing`)."""
@@ -486,7 +494,7 @@ def _check_input_shapes(shapes) -> None:
 def _check_no_provider_added(options) -> None:
     """:class:`NdpEpError` for options that already carry this provider (``ndp_ep.session_options()``), whose
     ``hw``, ``ndp_units``... the session would silently ignore; a warning for other providers added to them, which
-    the copy (:func:`_copy_session_options`) does not keep. Before onnxruntime 1.24 options cannot tell."""
+    the copy (:func:`copy_session_options`) does not keep. Before onnxruntime 1.24 options cannot tell."""
     if options is None:
         return
     import onnxruntime as ort
@@ -565,136 +573,4 @@ def _finish_checks(model) -> None:
         check_runnable(model)
 
 
-# the session config keys ONNX Runtime defines (all 67 of onnxruntime_session_options_config_keys.h, 1.27). ONNX
-# Runtime lists no entries of a SessionOptions, so a copy can only ask for known keys, one call each (~40 us when
-# absent)
-_SESSION_CONFIG_KEYS = (
-    "session.disable_prepacking",
-    "session.use_env_allocators",
-    "session.load_model_format",
-    "session.save_model_format",
-    "session.set_denormal_as_zero",
-    "session.disable_quant_qdq",
-    "session.disable_qdq_constant_folding",
-    "session.disable_double_qdq_remover",
-    "session.enable_quant_qdq_cleanup",
-    "optimization.enable_gelu_approximation",
-    "optimization.enable_cast_chain_elimination",
-    "session.disable_aot_function_inlining",
-    "optimization.memory_optimizer_config",
-    "optimization.enable_memory_probe_recompute_config",
-    "optimization.disable_specified_optimizers",
-    "optimization.constant_folding_max_output_size_in_bytes",
-    "session.graph_optimizations_loop_level",
-    "session.use_device_allocator_for_initializers",
-    "session.inter_op.allow_spinning",
-    "session.intra_op.allow_spinning",
-    "session.intra_op.spin_duration_us",
-    "session.inter_op.spin_duration_us",
-    "session.intra_op.spin_backoff_max",
-    "session.inter_op.spin_backoff_max",
-    "session.use_ort_model_bytes_directly",
-    "session.use_ort_model_bytes_for_initializers",
-    "session.use_memory_mapped_ort_model",
-    "session.qdqisint8allowed",
-    "session.x64quantprecision",
-    "optimization.minimal_build_optimizations",
-    "ep.nnapi.partitioning_stop_ops",
-    "session.dynamic_block_base",
-    "session.force_spinning_stop",
-    "session.strict_shape_type_inference",
-    "session.allow_released_opsets_only",
-    "session.node_partition_config_file",
-    "session.intra_op_thread_affinities",
-    "session.debug_layout_transformation",
-    "session.disable_cpu_ep_fallback",
-    "session.optimized_model_external_initializers_file_name",
-    "session.optimized_model_external_initializers_min_size_in_bytes",
-    "session.model_external_initializers_file_folder_path",
-    "session.save_external_prepacked_constant_initializers",
-    "session.collect_node_memory_stats_to_file",
-    "session.resource_cuda_partitioning_settings",
-    "session.layer_assignment_settings",
-    "ep.context_enable",
-    "ep.context_file_path",
-    "ep.context_embed_mode",
-    "ep.context_node_name_prefix",
-    "ep.share_ep_contexts",
-    "ep.stop_share_ep_contexts",
-    "ep.context_model_external_initializers_file_name",
-    "session.compile_only",
-    "mlas.enable_gemm_fastmath_arm64_bfloat16",
-    "mlas.use_lut_gemm",
-    "mlas.disable_kleidiai",
-    "mlas.kleidiai.conv_igemm_max_work",
-    "session.qdq_matmulnbits_accuracy_level",
-    "session.qdq_matmulnbits_block_size",
-    "session.enable_dq_matmulnbits_fusion",
-    "ep.dynamic.workload_type",
-    "session.disable_model_compile",
-    "session.fail_on_suboptimal_compiled_model",
-    "ep.dynamic.qnn_htp_performance_mode",
-    "session.record_ep_graph_assignment_info",
-    "ep.enable_weightless_ep_context_nodes",
-)
-# SessionOptions made by one_run_session_options -> the config entries it set (its copy needs no probing)
-_entries_set: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def one_run_session_options():
-    """Session options for a program that runs a model once (``ndp-ep run``): ONNX Runtime's intra-op threads
-    sleep between parallel sections instead of spinning (spinning only shortens back-to-back runs; after the one
-    run it would take a core from the report being built), and warnings stay quiet as in :class:`InferenceSession`'s
-    own options (every session would warn that the non-expert nodes run on the CPU provider). Its copy
-    (:func:`_copy_session_options`) takes the entries it set from here, not by asking for every known key (~2 ms)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    entries = {"session.intra_op.allow_spinning": "0"}
-    for key, value in entries.items():
-        options.add_session_config_entry(key, value)
-    _entries_set[options] = entries
-    return options
-
-
-def _copy_session_options(options):
-    """A fresh SessionOptions with the caller's settings: every settable attribute (threads, optimization level,
-    logging, profiling, memory...) and every config entry of :data:`_SESSION_CONFIG_KEYS` it holds. Adding the
-    provider to the caller's own object would make a second session created with it fail (the provider would be
-    added twice). What ONNX Runtime cannot read back is not copied: free dimension overrides, initializers added
-    to the options, custom op libraries registered on them, config entries of other keys."""
-    import onnxruntime as ort
-
-    fresh = ort.SessionOptions()
-    # ONNX Runtime warns on every session that some nodes (the non-expert ones) are not on the first provider
-    fresh.log_severity_level = 3
-    if options is not None:
-        for name in _settable_attributes():
-            value = getattr(options, name)
-            if name == "log_severity_level" and value < 0:  # ONNX Runtime's default, not the caller's choice
-                continue
-            setattr(fresh, name, value)
-        entries = _entries_set.get(options)
-        if entries is None:
-            entries = {key: value for key in _SESSION_CONFIG_KEYS if (value := config_entry(options, key)) is not None}
-        for key, value in entries.items():
-            fresh.add_session_config_entry(key, value)
-    return fresh
-
-
-@functools.cache
-def _settable_attributes() -> tuple[str, ...]:
-    """The settable attributes of ONNX Runtime's SessionOptions (read once)."""
-    import onnxruntime as ort
-
-    return tuple(
-        sorted(
-            name
-            for name, value in vars(ort.SessionOptions).items()
-            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
-        )
-    )
-
-
-__all__ = ["InferenceSession", "PROVIDER_NAME", "OPTION_PREFIX"]
+__all__ = ["InferenceSession", "PROVIDER_NAME", "OPTION_PREFIX", "one_run_session_options"]
