@@ -125,18 +125,27 @@ def _fixed_parts(ctx: RunContext, inv: Invocation) -> tuple[InvocationLayout, fl
 
 
 def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
-    """The ``tp`` family's block: variables r, c, s, h (n each), y (any NDP work), T."""
+    """The ``tp`` family's block: variables r, c, s, h (n each), y (any NDP work), w (any sliced work), T.
+
+    Beyond the units' mean load: every ``h_i`` is a binary (a policy runs an expert whole with all its tokens or
+    not at all), and the home unit of an expert run whole carries it all besides every unit's sliced shards (one row
+    per expert, whatever its home); where some work is sliced and none whole, every unit carries the same work and
+    ends at once, so the outputs' way back is :func:`_sliced_result_s` (the ``w`` rows)."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
-    block = _Block(4 * n + 2)
-    y, t = 4 * n, 4 * n + 1
+    block = _Block(4 * n + 3)
+    y, w, t = 4 * n, 4 * n + 1, 4 * n + 2
     block.switch = y
     block.fixed_s = combine_s
+    block.integer[3 * n : 4 * n] = 1
+    block.integer[w] = 1
     transfer_s = costs.transfer_s(expert, max(units, 1) if units else 0)
     read_s = costs.copy_read_s(expert, units) if units else 0.0
     gpu, pcie = {t: -1.0}, {t: -1.0}
     kernels, dram = {t: -1.0}, {t: -1.0}
+    whole_kernels: list[float] = []
+    whole_dram: list[float] = []
     start_s = activation_s + result_s
     big = start_s
     for i, tokens in enumerate(inv.tokens):
@@ -149,10 +158,13 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         if units:
             block.row({s: 1.0, y: -1.0}, -np.inf, 0.0)
             block.row({h: 1.0, y: -1.0}, -np.inf, 0.0)
+            block.row({s: 1.0, w: -1.0}, -np.inf, 0.0)
             sliced_kernels, sliced_dram = costs.ndp_pair(expert, tokens, units)
             kernels[s], dram[s] = sliced_kernels, sliced_dram
-            kernels[h] = costs.ndp_s(expert, tokens, 1) / units
-            dram[h] = costs.ndp_dram_s(expert, tokens, 1) / units
+            whole_kernels.append(costs.ndp_s(expert, tokens, 1))
+            whole_dram.append(costs.ndp_dram_s(expert, tokens, 1))
+            kernels[h] = whole_kernels[-1] / units
+            dram[h] = whole_dram[-1] / units
             dram[c] = read_s
             big += read_s
         else:
@@ -164,10 +176,52 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         dram[y] = start_s + big  # without NDP work (y = 0) the copies' reads delay nothing: relaxed by big
         block.row(kernels, -np.inf, 0.0)
         block.row(dram, -np.inf, big)
+        _home_rows(block, kernels, dram, big, whole_kernels, whole_dram)
+        extra_s = _sliced_result_s(ctx, layout, inv) - result_s
+        if extra_s > 0:  # w - sum(h) is 1 exactly where some work is sliced and none whole, else at most 0
+            for row, high in ((kernels, 0.0), (dram, big)):
+                with_extra = dict(row)
+                with_extra[w] = extra_s
+                for i in range(n):
+                    with_extra[3 * n + i] = row[3 * n + i] - extra_s
+                block.row(with_extra, -np.inf, high)
     else:
-        block.upper[y] = 0.0
+        block.upper[y] = block.upper[w] = 0.0
     block.row(pcie, -np.inf, 0.0)
     return block
+
+
+def _home_rows(
+    block: _Block,
+    kernels: dict[int, float],
+    dram: dict[int, float],
+    big: float,
+    whole_kernels: list[float],
+    whole_dram: list[float],
+) -> None:
+    """Per active expert ``i``: the unit that runs it whole runs all of it, with every unit's share of the sliced
+    work and copies' reads (the rows ``kernels`` / ``dram`` with the other whole experts left out)."""
+    n = len(whole_kernels)
+    for i in range(n):
+        for row, whole, high in ((kernels, whole_kernels, 0.0), (dram, whole_dram, big)):
+            own = {var: value for var, value in row.items() if not 3 * n <= var < 4 * n}
+            own[3 * n + i] = whole[i]
+            block.row(own, -np.inf, high)
+
+
+def _sliced_result_s(ctx: RunContext, layout: InvocationLayout, inv: Invocation) -> float:
+    """The least the outputs' way back takes after every unit ends at once with only sliced work: each unit's copy
+    of its partial output (rows: the fewer of the invocation's and of the least sliced expert's tokens) one after
+    another over PCIe, or the reduction over the DIMM-link and one copy where the layout is tensor-parallel."""
+    system, units = ctx.system, ctx.system.num_ndp_units
+    row_bytes = layout.expert.hidden * layout.expert.dtype_bytes
+    rows = min(min(inv.tokens), layout.tokens)
+    each = units * system.host_link.transfer_time_s(rows * row_bytes)
+    if not ctx.tensor_parallel or units < 2:
+        return each
+    all_rows = layout.tokens * row_bytes
+    reduce_s = (units - 1) * system.ndp_link.transfer_time_s(all_rows)
+    return min(each, reduce_s + system.host_link.transfer_time_s(all_rows))
 
 
 def _whole_block(ctx: RunContext, inv: Invocation) -> _Block:
@@ -341,7 +395,7 @@ def _solve_family(
         values = []
         for y in (0.0, 1.0) if block.upper[block.switch] > 0 else (0.0,):
             block.lower[block.switch] = block.upper[block.switch] = y
-            values.append(_solve(blocks, upper, pool, relax=True))
+            values.append(_solve(blocks, upper, pool, relax=y == 0.0))  # y = 0: no binary can be 1
         return min(values)
     relaxed = _solve(blocks, upper, pool, relax=True)
     return relaxed if relaxed >= beat_s else _solve(blocks, upper, pool)

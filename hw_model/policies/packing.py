@@ -22,10 +22,13 @@ def _scheduled_gpu_set(
     the smoothed activation histogram stays close to the plan's)."""
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
-    if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
+    tuning = ctx.tuning
+    if tracker.drift.pop(layer_index) <= tuning.drift_threshold and not (
+        tuning.replan_on_copies and tracker.plan_copied[layer_index]
+    ):
         planned_gpu = tracker.plans[layer_index]
         # the plan is kept unless residency disagrees with it (replan_on_residency)
-        if not ctx.tuning.replan_on_residency or all(
+        if not tuning.replan_on_residency or all(
             [resident[i] == (active[i] in planned_gpu) for i in range(len(active))]
         ):
             state.reuses += 1
@@ -56,7 +59,11 @@ def _scheduled_gpu_set(
     if phase == "decode":
         state.decode_recomputations += 1
     planned = frozenset([e for e, chosen in zip(active, on_gpu, strict=True) if chosen])
-    tracker.replan(layer_index, planned)
+    copied = False
+    for i in range(len(active)):
+        if on_gpu[i] and not resident[i]:
+            copied = True
+    tracker.replan(layer_index, planned, copied)
     return on_gpu, planned
 
 
