@@ -1,5 +1,6 @@
-"""The split and variable-degree math of the extensions: running 1/k of one expert's FFN columns on the GPU
-(``tp+lb+prefetch+split``) and running experts whole on their home unit (``tp+lb+prefetch+vtp``)."""
+"""The split and variable-degree math: running part of one expert's FFN columns on the GPU (ours' balancing split,
+:func:`balanced_split`, and ``tp+lb+prefetch+split``'s) and running experts whole on their home unit
+(``tp+lb+prefetch+vtp``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from hw_model.cost import expert_shard_time_s
-from hw_model.layout import InvocationLayout
+from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.oracles import ItemMode
+from hw_model.policies.base import PolicyState
 from hw_model.policies.packing import _placement_problem
 from hw_model.run_context import RunContext
 from hw_model.scheduler import makespan_s, pack, span_terms_s
 
 SPLIT_PARTS = range(2, 9)  # k: 1/k of an expert's FFN columns on the GPU
+# the splits ours' balancing split tries: 1/k of the columns on the GPU (k > 0) or all but 1/k of them (-k)
+BALANCE_SPLITS = (*SPLIT_PARTS, *[-k for k in SPLIT_PARTS])
 
 
 def _split_part_costs(out: InvocationLayout, tokens: int, k: int) -> tuple[float, float, float, float]:
@@ -150,3 +154,90 @@ def choose_whole(out: InvocationLayout) -> np.ndarray:
     for i in np.flatnonzero(whole).tolist():
         after[homes[i]] += whole_s[i]
     return whole if max(after) < before * (1 - 1e-12) else np.zeros(len(tokens), dtype=bool)
+
+
+def balanced_split(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, on_gpu: Sequence[bool], resident: Sequence[bool]
+) -> tuple[int, int] | None:
+    """Ours' balancing split after the packer put active expert ``i`` on the GPU where ``on_gpu[i]``: (position in
+    ``out.active`` of the expert split, k as :meth:`InvocationLayout.split` takes it), or None.
+
+    The packer moves whole experts, so the GPU and the units rarely end together: one expert split between them
+    closes the difference. Tried: the NDP expert with the most tokens and the GPU expert with the fewest, of each
+    residency (a resident one runs its GPU part from the copy the GPU holds; otherwise that part is copied), each
+    with 1/k or all but 1/k of its FFN columns on the GPU (k in :data:`SPLIT_PARTS`); kept is the one whose laid-out
+    invocation ends soonest, if it ends sooner than the packer's. Memoised per run by the items (tokens, on the GPU,
+    resident), on which alone it depends."""
+    key = (
+        "balanced split",
+        ctx.layer_classes[out.layer_index],
+        tuple(out.active_tokens),
+        tuple(on_gpu),
+        tuple(resident),
+    )
+    memo = state.pack_memo
+    if key in memo:
+        choice: tuple[int, int] | None = memo[key]
+        return choice
+    choice = _best_balanced_split(ctx, state, out, on_gpu, resident)
+    memo[key] = choice
+    return choice
+
+
+def _best_balanced_split(
+    ctx: RunContext, state: PolicyState, out: InvocationLayout, on_gpu: Sequence[bool], resident: Sequence[bool]
+) -> tuple[int, int] | None:
+    """:func:`balanced_split`'s search, each candidate laid out as the simulator lays it out (the run's layout memo
+    shared: equal decisions cost the same)."""
+    active, tokens = out.active, out.active_tokens
+    picks: dict[tuple[bool, bool], int] = {}
+    for i in range(len(active)):
+        side = (bool(on_gpu[i]), bool(resident[i]))
+        j = picks.get(side)
+        if j is None or (tokens[i] < tokens[j] if side[0] else tokens[i] > tokens[j]):
+            picks[side] = i
+    scratch = LayoutState(layout_memo=state.layout_memo)
+    best_s = _split_latency_s(ctx, scratch, out, on_gpu, resident, -1, 0)
+    choice: tuple[int, int] | None = None
+    for i in sorted(picks.values()):
+        for k in BALANCE_SPLITS:
+            latency_s = _split_latency_s(ctx, scratch, out, on_gpu, resident, i, k)
+            if latency_s < best_s * (1 - 1e-9):
+                best_s, choice = latency_s, (i, k)
+    return choice
+
+
+def _split_latency_s(
+    ctx: RunContext,
+    scratch: LayoutState,
+    out: InvocationLayout,
+    on_gpu: Sequence[bool],
+    resident: Sequence[bool],
+    at: int,
+    k: int,
+) -> float:
+    """The latency of ``out``'s experts placed as ``on_gpu`` says, the one at position ``at`` split with ``k``."""
+    layout = InvocationLayout(ctx, scratch, out.layer_index, out.active, out.active_tokens)
+    record_split(layout, on_gpu, resident, at, k)
+    return layout.finish().latency_s
+
+
+def record_split(
+    out: InvocationLayout, on_gpu: Sequence[bool], resident: Sequence[bool], at: int, k: int
+) -> list[tuple[int, bool]]:
+    """Record active expert ``i`` on the GPU where ``on_gpu[i]`` (its copy unless ``resident[i]``), sliced otherwise,
+    but the one at position ``at`` split with ``k``; returns ``(expert, resident)`` of those whose GPU copy ran (the
+    split one if resident)."""
+    on_the_gpu: list[tuple[int, bool]] = []
+    for i in range(len(out.active)):
+        e, tokens, res = out.active[i], out.active_tokens[i], bool(resident[i])
+        if i == at:
+            out.split(e, tokens, k, res)
+            if res:
+                on_the_gpu.append((e, True))
+        elif on_gpu[i]:
+            out.to_gpu(e, tokens, res)
+            on_the_gpu.append((e, res))
+        else:
+            out.sliced([e], [tokens])
+    return on_the_gpu
