@@ -95,8 +95,8 @@ class SimulatorTuning:
     )
     replan_on_copies: int = setting(
         1,
-        "1: a placement whose plan copied experts to the GPU is not reused (the copies were for the experts that "
-        "invocation selected: reused for others, it would copy none); 0: reused as any other",
+        "1: a placement is not reused for an invocation that does not select every expert its plan copied to the GPU "
+        "(reused for other experts, it would copy none); 0: reused as any other",
         metavar="0|1",
     )
     balance_split: int = setting(

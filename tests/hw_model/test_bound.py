@@ -61,9 +61,10 @@ def replay(sim: MoESimulator, trace: RoutingTrace):
 
 
 def resident_on_gpu(result) -> set[int]:
-    """The experts an invocation ran on the GPU without copying their weights (from its public timeline)."""
+    """The experts an invocation ran on the GPU, whole or a split's part, without copying their weights (from its
+    public timeline)."""
     copied = {e.label.split()[0] for e in result.events if e.resource == "pcie" and e.label.endswith(" weights")}
-    return {e for e, where in result.placement.items() if where == "gpu" and f"e{e}" not in copied}
+    return {e for e, where in result.placement.items() if where in ("gpu", "split") and f"e{e}" not in copied}
 
 
 @pytest.mark.parametrize("units", [2, 4])
