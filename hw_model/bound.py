@@ -34,15 +34,18 @@ perfect-foresight variant); docs/bench.md explains both. Solved with SciPy's HiG
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hw_model.cost import expert_shard_time_s
 from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.run_context import RunContext
 from hw_model.timeline import build_layer_timeline
+from hw_model.workload import ExpertShape
 
 FAMILIES = ("tp", "whole")
 
@@ -125,20 +128,22 @@ def _fixed_parts(ctx: RunContext, inv: Invocation) -> tuple[InvocationLayout, fl
 
 
 def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
-    """The ``tp`` family's block: variables r, c, s, h (n each), y (any NDP work), w (any sliced work), T.
+    """The ``tp`` family's block: variables r, c, s, h, g (n each), y (any NDP work), w (any sliced work), T.
 
-    Beyond the units' mean load: every ``h_i`` is a binary (a policy runs an expert whole with all its tokens or
-    not at all), and the home unit of an expert run whole carries it all besides every unit's sliced shards (one row
-    per expert, whatever its home); where some work is sliced and none whole, every unit carries the same work and
-    ends at once, so the outputs' way back is :func:`_sliced_result_s` (the ``w`` rows)."""
+    A share of an expert on the GPU costs the fixed part of :func:`gpu_share_terms_s` once (``g_i``, a binary: some
+    share of expert ``i`` runs there) and its share of the rest. Beyond the units' mean load: every ``h_i`` is a
+    binary (a policy runs an expert whole with all its tokens or not at all), and the home unit of an expert run whole
+    carries it all besides every unit's sliced shards (one row per expert, whatever its home); where some work is
+    sliced and none whole, every unit carries the same work and ends at once, so the outputs' way back is
+    :func:`_sliced_result_s` (the ``w`` rows)."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
-    block = _Block(4 * n + 3)
-    y, w, t = 4 * n, 4 * n + 1, 4 * n + 2
+    block = _Block(5 * n + 3)
+    y, w, t = 5 * n, 5 * n + 1, 5 * n + 2
     block.switch = y
     block.fixed_s = combine_s
-    block.integer[3 * n : 4 * n] = 1
+    block.integer[3 * n : 5 * n] = 1
     block.integer[w] = 1
     transfer_s = costs.transfer_s(expert, max(units, 1) if units else 0)
     read_s = costs.copy_read_s(expert, units) if units else 0.0
@@ -152,8 +157,10 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         r, c, s, h = i, n + i, 2 * n + i, 3 * n + i
         block.residency.append(r)
         block.row({r: 1.0, c: 1.0, s: 1.0, h: 1.0}, 1.0, 1.0)
-        g = costs.gpu_s(expert, tokens)
-        gpu[r] = gpu[c] = g
+        fixed_s, share_s = gpu_share_terms_s(ctx, expert, tokens)
+        gpu[r] = gpu[c] = share_s
+        gpu[4 * n + i] = fixed_s
+        block.row({r: 1.0, c: 1.0, 4 * n + i: -1.0}, -np.inf, 0.0)  # g_i: any share of expert i on the GPU
         pcie[c] = transfer_s
         if units:
             block.row({s: 1.0, y: -1.0}, -np.inf, 0.0)
@@ -189,6 +196,39 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         block.upper[y] = block.upper[w] = 0.0
     block.row(pcie, -np.inf, 0.0)
     return block
+
+
+def gpu_share_terms_s(ctx: RunContext, expert: ExpertShape, tokens: int) -> tuple[float, float]:
+    """``(fixed, rest)`` with ``fixed + f * rest`` no more than the GPU time of any share ``f`` of ``expert``'s FFN
+    columns (``tokens`` tokens) a placement can record (all of them, or a split's 1/k or all but 1/k, k >= 2), and
+    equal to all of it at ``f = 1``: ``rest`` is the steepest slope from a share's time to the whole one's, over
+    every such share (a share's time depends only on its width, so the shares beyond ``ffn`` columns, all one column
+    or all of them, add nothing new). A share's kernels pay their fixed costs whole: without this a fractional share
+    would be credited with a fraction of them. Memoised in the run's costs."""
+    costs = ctx.costs
+    key = (id(expert), 8, tokens, 0)
+    memo = costs._memo
+    if key in memo:
+        return memo[key], memo[(id(expert), 9, tokens, 0)]
+    gpu = ctx.system.gpu
+    whole_s = costs.gpu_s(expert, tokens)
+    by_width: dict[int, float] = {}
+
+    def share_s(shards: float) -> float:
+        width = max(1, math.ceil(expert.ffn / shards))  # as ExpertShard sizes a shard
+        value = by_width.get(width)
+        if value is None:
+            value = by_width[width] = expert_shard_time_s(gpu, expert, tokens, shards)
+        return value
+
+    slope = 0.0
+    for k in range(2, expert.ffn + 2):
+        slope = max(slope, (whole_s - share_s(float(k))) / (1 - 1 / k))  # 1/k on the GPU
+        slope = max(slope, k * (whole_s - share_s(k / (k - 1))))  # all but 1/k
+    slope = min(slope, whole_s)
+    costs._store(key, expert, whole_s - slope)
+    costs._store((id(expert), 9, tokens, 0), expert, slope)
+    return whole_s - slope, slope
 
 
 def _home_rows(
