@@ -48,6 +48,8 @@ from hw_model.timeline import build_layer_timeline
 from hw_model.workload import ExpertShape
 
 FAMILIES = ("tp", "whole")
+# the objective in microseconds: HiGHS stops its branch and bound within an absolute gap of 1e-6 objective units
+_OBJECTIVE_SCALE = 1e6
 
 __all__ = [
     "FAMILIES",
@@ -127,7 +129,7 @@ def _fixed_parts(ctx: RunContext, inv: Invocation) -> tuple[InvocationLayout, fl
     return layout, layout.activation_s(), result_s, combine_s.latency_s
 
 
-def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
+def _tp_block(ctx: RunContext, inv: Invocation, binaries: bool = True) -> _Block:
     """The ``tp`` family's block: variables r, c, s, h, g (n each), y (any NDP work), w (any sliced work), T.
 
     A share of an expert on the GPU costs the fixed part of :func:`gpu_share_terms_s` once (``g_i``, a binary: some
@@ -135,7 +137,8 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
     binary (a policy runs an expert whole with all its tokens or not at all), and the home unit of an expert run whole
     carries it all besides every unit's sliced shards (one row per expert, whatever its home); where some work is
     sliced and none whole, every unit carries the same work and ends at once, so the outputs' way back is
-    :func:`_sliced_result_s` (the ``w`` rows)."""
+    :func:`_sliced_result_s` (the ``w`` rows). Without ``binaries`` (a joint program, solved with every binary
+    relaxed, where ``g_i`` would be its share) the GPU's rows are the plain shares."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
@@ -157,10 +160,13 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         r, c, s, h = i, n + i, 2 * n + i, 3 * n + i
         block.residency.append(r)
         block.row({r: 1.0, c: 1.0, s: 1.0, h: 1.0}, 1.0, 1.0)
-        fixed_s, share_s = gpu_share_terms_s(ctx, expert, tokens)
-        gpu[r] = gpu[c] = share_s
-        gpu[4 * n + i] = fixed_s
-        block.row({r: 1.0, c: 1.0, 4 * n + i: -1.0}, -np.inf, 0.0)  # g_i: any share of expert i on the GPU
+        if binaries:
+            fixed_s, share_s = gpu_share_terms_s(ctx, expert, tokens)
+            gpu[r] = gpu[c] = share_s
+            gpu[4 * n + i] = fixed_s
+            block.row({r: 1.0, c: 1.0, 4 * n + i: -1.0}, -np.inf, 0.0)  # g_i: any share of expert i on the GPU
+        else:
+            gpu[r] = gpu[c] = costs.gpu_s(expert, tokens)
         pcie[c] = transfer_s
         if units:
             block.row({s: 1.0, y: -1.0}, -np.inf, 0.0)
@@ -264,8 +270,9 @@ def _sliced_result_s(ctx: RunContext, layout: InvocationLayout, inv: Invocation)
     return min(each, reduce_s + system.host_link.transfer_time_s(all_rows))
 
 
-def _whole_block(ctx: RunContext, inv: Invocation) -> _Block:
-    """The ``whole`` family's block: variables r, c, h (n each), z (per unit: it has work), T."""
+def _whole_block(ctx: RunContext, inv: Invocation, binaries: bool = True) -> _Block:
+    """The ``whole`` family's block: variables r, c, h (n each), z (per unit: it has work), T (``binaries``: as
+    the ``tp`` family's builder takes it; this block's binaries are the same either way)."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
@@ -367,7 +374,7 @@ def _solve(
     residency_columns: list[int] = []
     for b, block in enumerate(blocks):
         base = int(offsets[b])
-        objective[base + block.size - 1] = 1.0
+        objective[base + block.size - 1] = _OBJECTIVE_SCALE
         up = block.upper.copy()
         for k, var in enumerate(block.residency):
             up[var] = residency[b][k]
@@ -406,11 +413,15 @@ def _solve(
         options={"mip_rel_gap": 1e-9} if relax else {"mip_rel_gap": 1e-9, "time_limit": time_limit_s},
     )
     fixed_s = sum(block.fixed_s for block in blocks)
-    if result.status == 0 and result.x is not None:
-        return float(result.fun) + fixed_s
     dual = getattr(result, "mip_dual_bound", None)
+    if result.status == 0 and result.x is not None:
+        # the branch and bound stops within HiGHS's absolute gap: its bound, not its best solution, is below every
+        # placement
+        if not relax and dual is not None and np.isfinite(dual):
+            return min(float(result.fun), float(dual)) / _OBJECTIVE_SCALE + fixed_s
+        return float(result.fun) / _OBJECTIVE_SCALE + fixed_s
     if result.status == 1 and dual is not None and np.isfinite(dual):  # time limit: the branch and bound's bound
-        return float(dual) + fixed_s
+        return float(dual) / _OBJECTIVE_SCALE + fixed_s
     raise RuntimeError(f"the bound's program failed: {result.message}")
 
 
@@ -427,7 +438,7 @@ def _solve_family(
     below ``beat_s`` (the bound is the least over the families, so a family above another's value needs no more).
     Several invocations (a joint program): the LP relaxation of the binaries (still a lower bound; the units'
     fixed parts it relaxes are microseconds against a prefill layer's milliseconds)."""
-    blocks = [_BUILDERS[family](ctx, inv) for inv in invocations]
+    blocks = [_BUILDERS[family](ctx, inv, len(invocations) == 1) for inv in invocations]
     if len(blocks) > 1:
         return _solve(blocks, upper, pool, relax=True)
     if family == "tp":
