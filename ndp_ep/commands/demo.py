@@ -312,8 +312,10 @@ def _prompt_layers(prompt_report) -> str:
     for layer in prompt_report.layers:
         where = list(layer.placement.values())
         gpu = sum(1 for p in where if p == "gpu")
-        ndp = len(where) - gpu
-        placed = ", ".join(x for x in (f"{gpu} on GPU" if gpu else "", f"{ndp} on NDP" if ndp else "") if x)
+        both = sum(1 for p in where if p == "split")
+        ndp = len(where) - gpu - both
+        shares = (f"{gpu} on GPU" if gpu else "", f"{ndp} on NDP" if ndp else "", f"{both} on both" if both else "")
+        placed = ", ".join(x for x in shares if x)
         rows.append([layer.name, f"{layer.latency_s * 1e3:.3f}", f"{plural(len(where), 'expert')}: {placed}"])
     rows.append(["non-expert ops (GPU)", f"{prompt_report.non_expert_gpu_s * 1e3:.3f}", ""])
     rows.append(["total", f"{prompt_report.simulated_latency_s * 1e3:.3f}", ""])
