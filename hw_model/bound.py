@@ -34,17 +34,22 @@ perfect-foresight variant); docs/bench.md explains both. Solved with SciPy's HiG
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hw_model.cost import expert_shard_time_s
 from hw_model.layout import InvocationLayout, LayoutState
 from hw_model.run_context import RunContext
 from hw_model.timeline import build_layer_timeline
+from hw_model.workload import ExpertShape
 
 FAMILIES = ("tp", "whole")
+# the objective in microseconds: HiGHS stops its branch and bound within an absolute gap of 1e-6 objective units
+_OBJECTIVE_SCALE = 1e6
 
 __all__ = [
     "FAMILIES",
@@ -124,35 +129,55 @@ def _fixed_parts(ctx: RunContext, inv: Invocation) -> tuple[InvocationLayout, fl
     return layout, layout.activation_s(), result_s, combine_s.latency_s
 
 
-def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
-    """The ``tp`` family's block: variables r, c, s, h (n each), y (any NDP work), T."""
+def _tp_block(ctx: RunContext, inv: Invocation, binaries: bool = True) -> _Block:
+    """The ``tp`` family's block: variables r, c, s, h, g (n each), y (any NDP work), w (any sliced work), T.
+
+    A share of an expert on the GPU costs the fixed part of :func:`gpu_share_terms_s` once (``g_i``, a binary: some
+    share of expert ``i`` runs there) and its share of the rest. Beyond the units' mean load: every ``h_i`` is a
+    binary (a policy runs an expert whole with all its tokens or not at all), and the home unit of an expert run whole
+    carries it all besides every unit's sliced shards (one row per expert, whatever its home); where some work is
+    sliced and none whole, every unit carries the same work and ends at once, so the outputs' way back is
+    :func:`_sliced_result_s` (the ``w`` rows). Without ``binaries`` (a joint program, solved with every binary
+    relaxed, where ``g_i`` would be its share) the GPU's rows are the plain shares."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
-    block = _Block(4 * n + 2)
-    y, t = 4 * n, 4 * n + 1
+    block = _Block(5 * n + 3)
+    y, w, t = 5 * n, 5 * n + 1, 5 * n + 2
     block.switch = y
     block.fixed_s = combine_s
+    block.integer[3 * n : 5 * n] = 1
+    block.integer[w] = 1
     transfer_s = costs.transfer_s(expert, max(units, 1) if units else 0)
     read_s = costs.copy_read_s(expert, units) if units else 0.0
     gpu, pcie = {t: -1.0}, {t: -1.0}
     kernels, dram = {t: -1.0}, {t: -1.0}
+    whole_kernels: list[float] = []
+    whole_dram: list[float] = []
     start_s = activation_s + result_s
     big = start_s
     for i, tokens in enumerate(inv.tokens):
         r, c, s, h = i, n + i, 2 * n + i, 3 * n + i
         block.residency.append(r)
         block.row({r: 1.0, c: 1.0, s: 1.0, h: 1.0}, 1.0, 1.0)
-        g = costs.gpu_s(expert, tokens)
-        gpu[r] = gpu[c] = g
+        if binaries:
+            fixed_s, share_s = gpu_share_terms_s(ctx, expert, tokens)
+            gpu[r] = gpu[c] = share_s
+            gpu[4 * n + i] = fixed_s
+            block.row({r: 1.0, c: 1.0, 4 * n + i: -1.0}, -np.inf, 0.0)  # g_i: any share of expert i on the GPU
+        else:
+            gpu[r] = gpu[c] = costs.gpu_s(expert, tokens)
         pcie[c] = transfer_s
         if units:
             block.row({s: 1.0, y: -1.0}, -np.inf, 0.0)
             block.row({h: 1.0, y: -1.0}, -np.inf, 0.0)
+            block.row({s: 1.0, w: -1.0}, -np.inf, 0.0)
             sliced_kernels, sliced_dram = costs.ndp_pair(expert, tokens, units)
             kernels[s], dram[s] = sliced_kernels, sliced_dram
-            kernels[h] = costs.ndp_s(expert, tokens, 1) / units
-            dram[h] = costs.ndp_dram_s(expert, tokens, 1) / units
+            whole_kernels.append(costs.ndp_s(expert, tokens, 1))
+            whole_dram.append(costs.ndp_dram_s(expert, tokens, 1))
+            kernels[h] = whole_kernels[-1] / units
+            dram[h] = whole_dram[-1] / units
             dram[c] = read_s
             big += read_s
         else:
@@ -164,14 +189,90 @@ def _tp_block(ctx: RunContext, inv: Invocation) -> _Block:
         dram[y] = start_s + big  # without NDP work (y = 0) the copies' reads delay nothing: relaxed by big
         block.row(kernels, -np.inf, 0.0)
         block.row(dram, -np.inf, big)
+        _home_rows(block, kernels, dram, big, whole_kernels, whole_dram)
+        extra_s = _sliced_result_s(ctx, layout, inv) - result_s
+        if extra_s > 0:  # w - sum(h) is 1 exactly where some work is sliced and none whole, else at most 0
+            for row, high in ((kernels, 0.0), (dram, big)):
+                with_extra = dict(row)
+                with_extra[w] = extra_s
+                for i in range(n):
+                    with_extra[3 * n + i] = row[3 * n + i] - extra_s
+                block.row(with_extra, -np.inf, high)
     else:
-        block.upper[y] = 0.0
+        block.upper[y] = block.upper[w] = 0.0
     block.row(pcie, -np.inf, 0.0)
     return block
 
 
-def _whole_block(ctx: RunContext, inv: Invocation) -> _Block:
-    """The ``whole`` family's block: variables r, c, h (n each), z (per unit: it has work), T."""
+def gpu_share_terms_s(ctx: RunContext, expert: ExpertShape, tokens: int) -> tuple[float, float]:
+    """``(fixed, rest)`` with ``fixed + f * rest`` no more than the GPU time of any share ``f`` of ``expert``'s FFN
+    columns (``tokens`` tokens) a placement can record (all of them, or a split's 1/k or all but 1/k, k >= 2), and
+    equal to all of it at ``f = 1``: ``rest`` is the steepest slope from a share's time to the whole one's, over
+    every such share (a share's time depends only on its width, so the shares beyond ``ffn`` columns, all one column
+    or all of them, add nothing new). A share's kernels pay their fixed costs whole: without this a fractional share
+    would be credited with a fraction of them. Memoised in the run's costs."""
+    costs = ctx.costs
+    key = (id(expert), 8, tokens, 0)
+    memo = costs._memo
+    if key in memo:
+        return memo[key], memo[(id(expert), 9, tokens, 0)]
+    gpu = ctx.system.gpu
+    whole_s = costs.gpu_s(expert, tokens)
+    by_width: dict[int, float] = {}
+
+    def share_s(shards: float) -> float:
+        width = max(1, math.ceil(expert.ffn / shards))  # as ExpertShard sizes a shard
+        value = by_width.get(width)
+        if value is None:
+            value = by_width[width] = expert_shard_time_s(gpu, expert, tokens, shards)
+        return value
+
+    slope = 0.0
+    for k in range(2, expert.ffn + 2):
+        slope = max(slope, (whole_s - share_s(float(k))) / (1 - 1 / k))  # 1/k on the GPU
+        slope = max(slope, k * (whole_s - share_s(k / (k - 1))))  # all but 1/k
+    slope = min(slope, whole_s)
+    costs._store(key, expert, whole_s - slope)
+    costs._store((id(expert), 9, tokens, 0), expert, slope)
+    return whole_s - slope, slope
+
+
+def _home_rows(
+    block: _Block,
+    kernels: dict[int, float],
+    dram: dict[int, float],
+    big: float,
+    whole_kernels: list[float],
+    whole_dram: list[float],
+) -> None:
+    """Per active expert ``i``: the unit that runs it whole runs all of it, with every unit's share of the sliced
+    work and copies' reads (the rows ``kernels`` / ``dram`` with the other whole experts left out)."""
+    n = len(whole_kernels)
+    for i in range(n):
+        for row, whole, high in ((kernels, whole_kernels, 0.0), (dram, whole_dram, big)):
+            own = {var: value for var, value in row.items() if not 3 * n <= var < 4 * n}
+            own[3 * n + i] = whole[i]
+            block.row(own, -np.inf, high)
+
+
+def _sliced_result_s(ctx: RunContext, layout: InvocationLayout, inv: Invocation) -> float:
+    """The least the outputs' way back takes after every unit ends at once with only sliced work: each unit's copy
+    of its partial output (rows: the fewer of the invocation's and of the least sliced expert's tokens) one after
+    another over PCIe, or the reduction over the DIMM-link and one copy where the layout is tensor-parallel."""
+    system, units = ctx.system, ctx.system.num_ndp_units
+    row_bytes = layout.expert.hidden * layout.expert.dtype_bytes
+    rows = min(min(inv.tokens), layout.tokens)
+    each = units * system.host_link.transfer_time_s(rows * row_bytes)
+    if not ctx.tensor_parallel or units < 2:
+        return each
+    all_rows = layout.tokens * row_bytes
+    reduce_s = (units - 1) * system.ndp_link.transfer_time_s(all_rows)
+    return min(each, reduce_s + system.host_link.transfer_time_s(all_rows))
+
+
+def _whole_block(ctx: RunContext, inv: Invocation, binaries: bool = True) -> _Block:
+    """The ``whole`` family's block: variables r, c, h (n each), z (per unit: it has work), T (``binaries``: as
+    the ``tp`` family's builder takes it; this block's binaries are the same either way)."""
     layout, activation_s, result_s, combine_s = _fixed_parts(ctx, inv)
     costs, expert = ctx.costs, layout.expert
     n, units = len(inv.active), ctx.system.num_ndp_units
@@ -273,7 +374,7 @@ def _solve(
     residency_columns: list[int] = []
     for b, block in enumerate(blocks):
         base = int(offsets[b])
-        objective[base + block.size - 1] = 1.0
+        objective[base + block.size - 1] = _OBJECTIVE_SCALE
         up = block.upper.copy()
         for k, var in enumerate(block.residency):
             up[var] = residency[b][k]
@@ -312,11 +413,15 @@ def _solve(
         options={"mip_rel_gap": 1e-9} if relax else {"mip_rel_gap": 1e-9, "time_limit": time_limit_s},
     )
     fixed_s = sum(block.fixed_s for block in blocks)
-    if result.status == 0 and result.x is not None:
-        return float(result.fun) + fixed_s
     dual = getattr(result, "mip_dual_bound", None)
+    if result.status == 0 and result.x is not None:
+        # the branch and bound stops within HiGHS's absolute gap: its bound, not its best solution, is below every
+        # placement
+        if not relax and dual is not None and np.isfinite(dual):
+            return min(float(result.fun), float(dual)) / _OBJECTIVE_SCALE + fixed_s
+        return float(result.fun) / _OBJECTIVE_SCALE + fixed_s
     if result.status == 1 and dual is not None and np.isfinite(dual):  # time limit: the branch and bound's bound
-        return float(dual) + fixed_s
+        return float(dual) / _OBJECTIVE_SCALE + fixed_s
     raise RuntimeError(f"the bound's program failed: {result.message}")
 
 
@@ -333,7 +438,7 @@ def _solve_family(
     below ``beat_s`` (the bound is the least over the families, so a family above another's value needs no more).
     Several invocations (a joint program): the LP relaxation of the binaries (still a lower bound; the units'
     fixed parts it relaxes are microseconds against a prefill layer's milliseconds)."""
-    blocks = [_BUILDERS[family](ctx, inv) for inv in invocations]
+    blocks = [_BUILDERS[family](ctx, inv, len(invocations) == 1) for inv in invocations]
     if len(blocks) > 1:
         return _solve(blocks, upper, pool, relax=True)
     if family == "tp":
@@ -341,7 +446,7 @@ def _solve_family(
         values = []
         for y in (0.0, 1.0) if block.upper[block.switch] > 0 else (0.0,):
             block.lower[block.switch] = block.upper[block.switch] = y
-            values.append(_solve(blocks, upper, pool, relax=True))
+            values.append(_solve(blocks, upper, pool, relax=y == 0.0))  # y = 0: no binary can be 1
         return min(values)
     relaxed = _solve(blocks, upper, pool, relax=True)
     return relaxed if relaxed >= beat_s else _solve(blocks, upper, pool)

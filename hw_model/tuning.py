@@ -93,6 +93,19 @@ class SimulatorTuning:
         "(hw_model/energy.py's accounting) stays within it; 0: no cap",
         metavar="W",
     )
+    replan_on_copies: int = setting(
+        1,
+        "1: a placement is not reused for an invocation that does not select every expert its plan copied to the GPU "
+        "(reused for other experts, it would copy none); 0: reused as any other",
+        metavar="0|1",
+    )
+    balance_split: int = setting(
+        1,
+        "1: ours splits one expert between the GPU and the NDP units after the packer (1/k or all but 1/k of its FFN "
+        "columns on the GPU, k in 2..8, the expert and k that end the layer soonest, only when that is sooner); 0: "
+        "whole experts only",
+        metavar="0|1",
+    )
 
     def __post_init__(self) -> None:
         check_fraction("residency_fraction", self.residency_fraction)
@@ -106,7 +119,14 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
-        for name in ("dynamic_staging", "adopt_prefill_copies", "eager_prefetch", "replan_on_residency"):
+        for name in (
+            "dynamic_staging",
+            "adopt_prefill_copies",
+            "eager_prefetch",
+            "replan_on_residency",
+            "replan_on_copies",
+            "balance_split",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in (0, 1):
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)

@@ -36,7 +36,8 @@ copy also takes DRAM time from the NDP cores of the DIMMs it reads (see :class:`
 
 Placements of ``tp+lb`` and ``tp+lb+prefetch`` are reused while the layer's exponentially smoothed
 activation histogram stays within ``drift_threshold`` (L1) of the one the plan was made on; a reused plan
-respects residency (resident active experts run on the GPU at no copy cost, others where the plan said).
+respects residency (resident active experts run on the GPU at no copy cost, others where the plan said); it is not
+reused for an invocation that does not select every expert the plan copied (``replan_on_copies``).
 """
 
 from __future__ import annotations

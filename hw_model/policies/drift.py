@@ -42,6 +42,7 @@ class DriftTracker:
         self.seen = np.zeros(num_layers, dtype=bool)
         self.has_plan = np.zeros(num_layers, dtype=bool)
         self.plans: list[frozenset[int]] = [frozenset()] * num_layers
+        self.plan_copies: list[frozenset[int]] = [frozenset()] * num_layers  # the experts each plan copied to the GPU
         self._all_seen = False
         self._all_planned = False
         self._replanned: list[int] = []  # layers planned since the last update (see replan)
@@ -119,11 +120,13 @@ class DriftTracker:
         if not self._all_seen:
             self._all_seen = bool(self.seen.all())
 
-    def replan(self, layer: int, gpu_set: frozenset[int]) -> None:
+    def replan(self, layer: int, gpu_set: frozenset[int], copies: frozenset[int] = frozenset()) -> None:
         """A plan was made for ``layer`` on its current smoothed histogram (noted now, copied at the next
-        :meth:`update`, before the histograms change: one array operation for all the layers planned)."""
+        :meth:`update`, before the histograms change: one array operation for all the layers planned); ``copies``:
+        the experts of ``gpu_set`` it copies to the GPU."""
         self._replanned.append(layer)
         self.plans[layer] = gpu_set
+        self.plan_copies[layer] = copies
         if not self._all_planned:
             self.has_plan[layer] = True
             self._all_planned = bool(self.has_plan.all())

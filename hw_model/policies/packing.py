@@ -19,13 +19,17 @@ def _scheduled_gpu_set(
 ) -> tuple[list[bool], frozenset[int] | None]:
     """Per active expert of the invocation ``out``, whether the packer puts it on the GPU (``resident[i]``: whether
     active expert ``i`` is there already); and the new plan (its GPU set), or None when the plan was reused (while
-    the smoothed activation histogram stays close to the plan's)."""
+    the smoothed activation histogram stays close to the plan's, and, with ``replan_on_copies``, the invocation
+    selects every expert the plan copied: reused for others, its copies would be lost)."""
     tracker = state.histograms[phase]
     layer_index, active = out.layer_index, out.active
-    if tracker.drift.pop(layer_index) <= ctx.tuning.drift_threshold:
+    tuning = ctx.tuning
+    if tracker.drift.pop(layer_index) <= tuning.drift_threshold and (
+        not tuning.replan_on_copies or tracker.plan_copies[layer_index].issubset(active)
+    ):
         planned_gpu = tracker.plans[layer_index]
         # the plan is kept unless residency disagrees with it (replan_on_residency)
-        if not ctx.tuning.replan_on_residency or all(
+        if not tuning.replan_on_residency or all(
             [resident[i] == (active[i] in planned_gpu) for i in range(len(active))]
         ):
             state.reuses += 1
@@ -56,7 +60,8 @@ def _scheduled_gpu_set(
     if phase == "decode":
         state.decode_recomputations += 1
     planned = frozenset([e for e, chosen in zip(active, on_gpu, strict=True) if chosen])
-    tracker.replan(layer_index, planned)
+    copies = frozenset([active[i] for i in range(len(active)) if on_gpu[i] and not resident[i]])
+    tracker.replan(layer_index, planned, copies)
     return on_gpu, planned
 
 

@@ -7,6 +7,7 @@ placement that keeps the run's average power within the cap (:mod:`hw_model.powe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from hw_model.policies.base import Policy, PolicyState
 from hw_model.policies.drift import DriftTracker
 from hw_model.policies.packing import _scheduled_gpu_set
 from hw_model.policies.residency import _keep_copies
+from hw_model.policies.splitting import balanced_split, record_split
 from hw_model.power_cap import PowerBudget, capped_gpu_set
 from hw_model.prefetch import ExpertPrefetcher
 from hw_model.run_context import RunContext
@@ -27,6 +29,7 @@ class TensorParallelLoadBalanced(Policy):
     source = "arXiv 2601.03992 (load-balancing-aware scheduler)"
     tensor_parallel = True
     layout = "sliced"
+    balances_splits: ClassVar[bool] = False  # ours: one expert split between the GPU and the units (balance_split)
 
     def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
         """Per active expert, whether its weights are on the GPU already."""
@@ -56,7 +59,15 @@ class TensorParallelLoadBalanced(Policy):
             if state.prefetcher is not None:  # its copies in this invocation's idle time: what the bank pays for
                 state.prefetcher.allowance_bytes = budget.copy_allowance_bytes()
         out.extra["resident_selected"] = float(sum(resident))
-        on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
+        split = None
+        if self.balances_splits and ctx.tuning.balance_split and cap <= 0 and out.units:
+            split = balanced_split(ctx, state, out, on_gpu, resident)
+        if split is None:
+            on_the_gpu = out.gpu_or_sliced(on_gpu, resident)
+        else:
+            on_the_gpu = record_split(out, on_gpu, resident, split[0], split[1])
+            out.extra["split_parts"] = float(split[1])
+            out.finish()
         if on_the_gpu:
             if phase == "prefill" and state.prefetcher is not None and ctx.tuning.adopt_prefill_copies:
                 _adopt_prefill_copies(state.prefetcher, out, on_the_gpu)

@@ -13,10 +13,12 @@ class Ours(TensorParallelLoadBalanced):
     name = "tp+lb+prefetch"
     role = "ours"
     description = (
-        "tp+lb + dataset-free prefetch of frequently selected experts into GPU memory (the complete framework)"
+        "tp+lb + dataset-free prefetch of frequently selected experts into GPU memory (the complete framework), "
+        "one expert split between the GPU and the NDP units where that ends the layer sooner"
     )
     source = "arXiv 2601.03992 (dataset-free prefetching)"
     keeps_residents = True
+    balances_splits = True
 
     def new_state(self, ctx: RunContext) -> PolicyState:
         # the staging area keeps its copies, least recently used out first, as gpu-offload's does

@@ -1,4 +1,5 @@
-"""``tp+lb+prefetch+split``: ours splitting one expert between GPU and NDP."""
+"""``tp+lb+prefetch+split``: ours splitting one expert between GPU and NDP by the rule it had before its balancing
+split (:func:`hw_model.policies.splitting.balanced_split`), kept to compare the two."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ class OursSplit(Ours):
     name = "tp+lb+prefetch+split"
     role = "extension"
     description = (
-        "ours + splitting one expert between GPU and NDP: after the packer, the NDP expert with the most tokens "
-        "runs 1/k of its FFN columns on the GPU (that part of its weights copied) and the rest sliced over the "
-        "units, with k in 2..8 chosen to end the layer soonest (only when it does)"
+        "ours with the narrower split it had before its balancing split (issue 29): after the packer, the NDP expert "
+        "with the most tokens runs 1/k of its FFN columns on the GPU (that part of its weights copied) and the rest "
+        "sliced over the units, with k in 2..8 chosen by the packer's objective to end the layer soonest (only when "
+        "it does)"
     )
     source = "issue 13 (beyond arXiv 2601.03992): GPU/NDP split of one expert"
 

@@ -64,11 +64,12 @@ class PolicyRun:
     on_demand_weight_bytes: float
     summary: dict
     energy_j: float | None = None  # the request's simulated joules (None: the hardware has no energy tables)
+    shared_runs: int = 0  # one expert's FFN columns split between the GPU and the NDP units (ours' balancing split)
 
     def __post_init__(self) -> None:
         if self.prompt_s < 0 or any(s < 0 for s in self.decode_s):
             raise ValueError(f"{self.policy}: negative simulated latency")
-        if min(self.gpu_runs, self.split_runs, self.whole_runs) < 0:
+        if min(self.gpu_runs, self.split_runs, self.whole_runs, self.shared_runs) < 0:
             raise ValueError(f"{self.policy}: negative expert-run count")
 
     @property
@@ -81,7 +82,7 @@ class PolicyRun:
 
     @property
     def expert_runs(self) -> int:
-        return self.gpu_runs + self.split_runs + self.whole_runs
+        return self.gpu_runs + self.split_runs + self.whole_runs + self.shared_runs
 
     @classmethod
     def from_reports(cls, policy: str, reports: list, summary: dict) -> PolicyRun:
@@ -96,6 +97,7 @@ class PolicyRun:
             on_demand_weight_bytes=float(summary.get("on_demand_weight_bytes", 0.0)),
             summary=summary,
             energy_j=None if any(r.energy is None for r in reports) else sum(r.energy.total_j for r in reports),
+            shared_runs=sum(1 for p in places if p == "split"),
         )
 
     def to_json(self) -> dict:
@@ -104,7 +106,12 @@ class PolicyRun:
             "prompt_s": self.prompt_s,
             "per_token_s": self.per_token_s,
             "total_s": self.total_s,
-            "expert_runs": {"gpu": self.gpu_runs, "ndp_split": self.split_runs, "ndp_whole": self.whole_runs},
+            "expert_runs": {
+                "gpu": self.gpu_runs,
+                "ndp_split": self.split_runs,
+                "ndp_whole": self.whole_runs,
+                "gpu_and_ndp": self.shared_runs,
+            },
             "on_demand_weight_bytes": self.on_demand_weight_bytes,
             "energy_j": self.energy_j,
         }
@@ -269,6 +276,8 @@ def _where(run: PolicyRun, units: int) -> str:
         parts.append(f"{run.whole_runs} whole on a single NDP unit")
     if run.gpu_runs:
         parts.append(f"{run.gpu_runs} on the GPU")
+    if run.shared_runs:
+        parts.append(f"{run.shared_runs} split between the GPU and the NDP units")
     if len(parts) > 1:
         return ", ".join(parts[:-1]) + " and " + parts[-1]
     return parts[0] if parts else "none"
@@ -303,8 +312,10 @@ def _prompt_layers(prompt_report) -> str:
     for layer in prompt_report.layers:
         where = list(layer.placement.values())
         gpu = sum(1 for p in where if p == "gpu")
-        ndp = len(where) - gpu
-        placed = ", ".join(x for x in (f"{gpu} on GPU" if gpu else "", f"{ndp} on NDP" if ndp else "") if x)
+        both = sum(1 for p in where if p == "split")
+        ndp = len(where) - gpu - both
+        shares = (f"{gpu} on GPU" if gpu else "", f"{ndp} on NDP" if ndp else "", f"{both} on both" if both else "")
+        placed = ", ".join(x for x in shares if x)
         rows.append([layer.name, f"{layer.latency_s * 1e3:.3f}", f"{plural(len(where), 'expert')}: {placed}"])
     rows.append(["non-expert ops (GPU)", f"{prompt_report.non_expert_gpu_s * 1e3:.3f}", ""])
     rows.append(["total", f"{prompt_report.simulated_latency_s * 1e3:.3f}", ""])

@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from hw_model.bench_bound import PoolFill, _decode_bound_s, _Memo, likely_selections, phase_residency, trace_bound
-from hw_model.bound import Invocation, bound_context, invocation_bound_s, joint_bound_s, whole_floor_s
+from hw_model.bound import (
+    Invocation,
+    bound_context,
+    gpu_share_terms_s,
+    invocation_bound_s,
+    joint_bound_s,
+    whole_floor_s,
+)
+from hw_model.cost import expert_shard_time_s
 from hw_model.layout import InvocationLayout, LayoutState
-from hw_model.models import sweep_model
+from hw_model.models import get_model, sweep_model
 from hw_model.policies import SPLIT_PARTS, get_policy, policy_names
 from hw_model.settings import SimulationSettings
 from hw_model.simulator import USABLE_GPU_MEMORY_FRACTION, MoESimulator
@@ -61,9 +69,10 @@ def replay(sim: MoESimulator, trace: RoutingTrace):
 
 
 def resident_on_gpu(result) -> set[int]:
-    """The experts an invocation ran on the GPU without copying their weights (from its public timeline)."""
+    """The experts an invocation ran on the GPU, whole or a split's part, without copying their weights (from its
+    public timeline)."""
     copied = {e.label.split()[0] for e in result.events if e.resource == "pcie" and e.label.endswith(" weights")}
-    return {e for e, where in result.placement.items() if where == "gpu" and f"e{e}" not in copied}
+    return {e for e, where in result.placement.items() if where in ("gpu", "split") and f"e{e}" not in copied}
 
 
 @pytest.mark.parametrize("units", [2, 4])
@@ -253,3 +262,115 @@ def test_a_cold_pool_fills_no_faster_than_copies_can_bring_it_and_stays_below_ev
     bound = trace_bound(sim, trace)
     for policy in CAUSAL:
         assert bound.causal_s <= sum(r.latency_s for r in replay(simulator(policy), trace)) * (1 + 1e-9), policy
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_a_gpu_share_costs_no_less_than_its_fixed_part_and_its_share_of_the_rest(tokens: int) -> None:
+    """gpu_share_terms_s: for every share a split can record (1/k and all but 1/k of the FFN columns, every k up to
+    past the FFN width), the share's own GPU time is at least fixed + share * rest; all of it costs the whole time."""
+    sim = simulator("tp+lb+prefetch", hidden=256)  # FFN 896: every k is tried
+    ctx = bound_context(sim.context)
+    expert = ctx.layers[0].expert
+    gpu = ctx.system.gpu
+    fixed, rest = gpu_share_terms_s(ctx, expert, tokens)
+    whole = expert_shard_time_s(gpu, expert, tokens)
+    assert fixed > 0 and fixed + rest == pytest.approx(whole, rel=1e-12)
+    for k in range(2, expert.ffn + 3):
+        assert fixed + rest / k <= expert_shard_time_s(gpu, expert, tokens, k) * (1 + 1e-12)
+        assert fixed + rest * (k - 1) / k <= expert_shard_time_s(gpu, expert, tokens, k / (k - 1)) * (1 + 1e-12)
+
+
+DUAL_SPLITS = (2, 3, 5, 8, -2, -3, -5, -8)
+
+
+def best_dual_schedule_s(ctx, inv: Invocation, resident: list[bool]) -> float:
+    """The best placement the simulator can lay out for ``inv`` when experts are stored both sliced and whole (the
+    dual layout the tp family also bounds), by brute force: per active expert, on the GPU, sliced, whole on its home
+    unit, or split (several k of both sides)."""
+    modes = [("gpu", 0), ("sliced", 0), ("whole", 0)] + [("split", k) for k in DUAL_SPLITS]
+    best = float("inf")
+    for choice in itertools.product(modes, repeat=len(inv.active)):
+        out = InvocationLayout(ctx, LayoutState(), inv.layer_index, list(inv.active), list(inv.tokens))
+        for (mode, k), e, tokens, res in zip(choice, inv.active, inv.tokens, resident, strict=True):
+            if mode == "gpu":
+                out.to_gpu(e, tokens, res)
+            elif mode == "sliced":
+                out.sliced([e], [tokens])
+            elif mode == "whole":
+                out.whole_on_units([e], [tokens])
+            else:
+                out.split(e, tokens, k, res)
+        best = min(best, out.finish().latency_s)
+    return best
+
+
+# (units, hidden, active, tokens, resident): each unit home to one expert (running them whole beats slicing them),
+# two homes colliding, one expert resident, several tokens
+DUAL_CASES = [
+    (2, 1024, (0, 1), (1, 1), (False, False)),
+    (4, 1024, (0, 1, 2), (1, 1, 1), (False, False, False)),
+    (2, 256, (0, 1, 3), (1, 1, 1), (False, False, False)),
+    (2, 1024, (0, 1, 2), (1, 1, 1), (True, False, False)),
+    (4, 256, (1, 2, 3), (5, 9, 2), (False, False, False)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DUAL_CASES) + 4))
+def test_the_tp_family_is_below_every_placement_of_the_dual_layout(case: int) -> None:
+    """The tp family alone (its whole-on-home binaries, its per-expert home rows, its all-sliced way back, its GPU
+    shares' fixed parts) holds against every placement mixing whole, sliced, GPU and split experts: the fixed cases,
+    then seeded random ones."""
+    if case < len(DUAL_CASES):
+        units, hidden, active, tokens, resident = DUAL_CASES[case]
+    else:
+        rng = np.random.default_rng(300 + case)
+        units, hidden = int(rng.choice([2, 4])), int(rng.choice([256, 1024]))
+        active = tuple(sorted(rng.choice(EXPERTS, size=3, replace=False).tolist()))
+        tokens = (1, 1, 1) if case % 2 == 0 else tuple(rng.integers(1, 24, size=3).tolist())
+        resident = tuple((rng.random(3) < 0.5).tolist())
+    ctx = bound_context(simulator("tp+lb+prefetch+vtp", units=units, hidden=hidden).context)
+    inv = Invocation(0, active, tokens)
+    best = best_dual_schedule_s(ctx, inv, list(resident))
+    assert invocation_bound_s(ctx, inv, resident, ("tp",)).latency_s <= best * (1 + 1e-9)
+    assert invocation_bound_s(ctx, inv, resident).latency_s <= best * (1 + 1e-9)
+
+
+def test_a_decode_bound_is_within_two_percent_of_a_brute_forced_schedule_on_qwen() -> None:
+    """Qwen3-30B-A3B's shape at 4 units, 8 experts of 1 token, several of them resident: the best placement with at
+    most one split (the counts of GPU and NDP experts of each residency enumerated) within 2 % of the bound."""
+    model = get_model("qwen3-30b-a3b")
+    settings = SimulationSettings(ndp_units=4)
+    sim = MoESimulator.from_settings(settings, model.moe_layer_shapes()[:1], gpu_reserved_bytes=0)
+    ctx = bound_context(sim.context)
+    active = list(range(0, 16, 2))
+    for held in (0, 3, 5, 6):
+        resident = [i < held for i in range(8)]
+        bound = invocation_bound_s(ctx, Invocation(0, tuple(active), (1,) * 8), resident).latency_s
+        best = best_single_split_s(sim.context, active, resident)
+        assert bound <= best * (1 + 1e-9)
+        assert best <= bound * 1.02, (held, best / bound)
+
+
+def best_single_split_s(ctx, active: list[int], resident: list[bool]) -> float:
+    """The best sliced-layout placement of one-token experts with at most one split: how many resident and how many
+    other experts run on the GPU, and which of the rest (if any) is split, with which k."""
+    held = [e for e, r in zip(active, resident, strict=True) if r]
+    other = [e for e, r in zip(active, resident, strict=True) if not r]
+    splits = list(SPLIT_PARTS) + [-k for k in SPLIT_PARTS]
+    best = float("inf")
+    for on_gpu_held in range(len(held) + 1):
+        for on_gpu_other in range(len(other) + 1):
+            options = [None] + [(True, k) for k in splits if on_gpu_held < len(held)]
+            options += [(False, k) for k in splits if on_gpu_other < len(other)]
+            for split in options:
+                out = InvocationLayout(ctx, LayoutState(), 0, list(active), [1] * len(active))
+                for group, count, res in ((held, on_gpu_held, True), (other, on_gpu_other, False)):
+                    for i, e in enumerate(group):
+                        if i < count:
+                            out.to_gpu(e, 1, res)
+                        elif split is not None and split[0] == res and i == count:
+                            out.split(e, 1, split[1], res)
+                        else:
+                            out.sliced([e], [1])
+                best = min(best, out.finish().latency_s)
+    return best

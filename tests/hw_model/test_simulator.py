@@ -50,7 +50,8 @@ def test_events_never_overlap_on_one_resource_and_end_by_the_layer_latency():
 def test_placement_is_reused_until_the_smoothed_histogram_drifts():
     # smoothing 0.1: after k invocations of a disjoint histogram the smoothed one has moved 2 * (1 - 0.9**k)
     # in L1 from the plan's: 0.19 (reuse at threshold 0.25), then 0.361 (recompute)
-    sim = _sim("tp+lb", drift_threshold=0.25, drift_smoothing=0.1, replan_on_residency=0)  # the drift rule alone
+    # the drift rule alone (tp+lb keeps nothing resident: every plan that moves an expert copies it)
+    sim = _sim("tp+lb", drift_threshold=0.25, drift_smoothing=0.1, replan_on_residency=0, replan_on_copies=0)
     first = _one_hot([0, 1, 2, 3, 4, 5, 6, 7])
     other = _one_hot([10, 11, 12, 13, 14, 15, 16, 17])
     recomputed = [sim.simulate_layer(0, c, "decode").extra["recomputed"] for c in (first, first, other, other)]
@@ -60,7 +61,7 @@ def test_placement_is_reused_until_the_smoothed_histogram_drifts():
 
 
 def test_a_reused_plan_runs_resident_experts_on_the_gpu():
-    sim = _sim("tp+lb+prefetch", drift_threshold=0.5, replan_on_residency=0)
+    sim = _sim("tp+lb+prefetch", drift_threshold=0.5, replan_on_residency=0, replan_on_copies=0)
     sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
     prefetcher = sim._state.prefetcher
     prefetcher.resident_sets[0].add(9)  # expert 9 of layer 0 became resident
@@ -82,6 +83,25 @@ def test_a_plan_is_replanned_when_residency_disagrees_with_it():
     result = sim.simulate_layer(0, _one_hot([0, 1, 2, 3, 4, 5, 6, 7]), "decode")
     assert result.extra["recomputed"] == 1.0
     assert result.placement[7] == "gpu"
+
+
+def test_a_plan_that_copied_experts_is_not_reused_for_other_experts():
+    """replan_on_copies: a plan that copied experts is re-made for an invocation that does not select them, within
+    the drift threshold and with residency agreeing (nothing resident): reused, it would copy none of the new experts
+    and run all of them on the NDP units."""
+    kept = _sim("tp+lb", drift_threshold=10.0, replan_on_copies=0)
+    fresh = _sim("tp+lb", drift_threshold=10.0)
+    first = _one_hot([0, 1, 2, 3, 4, 5, 6, 7])
+    other = _one_hot([10, 11, 12, 13, 14, 15, 16, 17])
+    for sim in (kept, fresh):
+        planned = sim.simulate_layer(0, first, "decode")
+        assert "gpu" in planned.placement.values()  # the packer copies some experts to the GPU
+    reused = kept.simulate_layer(0, other, "decode")
+    remade = fresh.simulate_layer(0, other, "decode")
+    assert reused.extra["recomputed"] == 0.0 and set(reused.placement.values()) == {"ndp"}
+    assert remade.extra["recomputed"] == 1.0
+    assert sorted(remade.placement.values()) == sorted(planned.placement.values())  # the same items: the same plan
+    assert remade.latency_s < reused.latency_s
 
 
 def test_prefetch_makes_popular_experts_resident_and_reports_hits_and_bytes():
