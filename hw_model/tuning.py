@@ -93,6 +93,13 @@ class SimulatorTuning:
         "(hw_model/energy.py's accounting) stays within it; 0: no cap",
         metavar="W",
     )
+    prefetch_change_z: float = setting(
+        0.0,
+        "the prefetcher's change detector: a layer whose last 1, 2, 4 or 8 re-plan intervals of selections differ "
+        "from its earlier ones by a chi-square test beyond this many standard normal deviates forgets the earlier "
+        "ones (0: off)",
+        metavar="Z",
+    )
 
     def __post_init__(self) -> None:
         check_fraction("residency_fraction", self.residency_fraction)
@@ -112,3 +119,6 @@ class SimulatorTuning:
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
         if _number("power_cap_w", self.power_cap_w) < 0:
             raise SettingsError(f"power_cap_w must be non-negative, got {self.power_cap_w!r}", "power_cap_w")
+        if _number("prefetch_change_z", self.prefetch_change_z) < 0:
+            problem = f"prefetch_change_z must be non-negative, got {self.prefetch_change_z!r}"
+            raise SettingsError(problem, "prefetch_change_z")
