@@ -45,7 +45,9 @@ class PrefetchConfig:
     ``change_z`` > 0 turns on the change detector (see :func:`change_statistic`): at each re-plan, per layer, the
     counts of the last ``w`` intervals (each ``w`` of ``change_windows``) are tested against the layer's counts
     before them; a layer whose test exceeds the chi-square quantile ``change_z`` standard normal deviates out
-    forgets what came before (its scores restart from the window's counts)."""
+    forgets what came before (its scores restart from the window's counts). ``lazy_eviction``: a resident the plan
+    drops stays resident (and hits) until a planned copy needs its bytes (the least valuable goes first); else it goes
+    at the re-plan."""
 
     residency_cap_bytes: float
     update_interval_tokens: int = 32
@@ -53,6 +55,7 @@ class PrefetchConfig:
     swap_margin: float = 1.5
     change_z: float = 0.0
     change_windows: tuple[int, ...] = (1, 2, 4, 8)
+    lazy_eviction: bool = True
 
     def __post_init__(self) -> None:
         if not self.residency_cap_bytes >= 0:
@@ -103,6 +106,8 @@ class ExpertPrefetcher:
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
         self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
+        # residents the plan no longer wants (lazy eviction), most valuable first: evicted from the end as copies need room
+        self._leftovers: list[tuple[int, int]] = []
         self.queued_bytes = 0.0  # bytes left to copy in the queue (0 when it is empty)
         self._decode_steps = 0
         self._planned = False
@@ -110,7 +115,10 @@ class ExpertPrefetcher:
         # them hold counts since its last detected change (older ones are not compared with)
         self._history: deque[np.ndarray] = deque(maxlen=max(config.change_windows))
         self._ages = [0] * len(num_experts)
-        self._window_shares: list[list[tuple[float, float]]] = [[] for _ in num_experts]  # (planned, all) per interval
+        # per interval since the last detected change, (selections of the favoured experts, all selections): per
+        # layer, and summed over the layers
+        self._window_shares: list[list[tuple[float, float]]] = [[] for _ in num_experts]
+        self._all_shares: list[tuple[float, float]] = []
         self.changes_detected = 0
         self.hits = 0
         self.misses = 0
@@ -188,6 +196,8 @@ class ExpertPrefetcher:
                 queue.popleft()
                 self.queued_bytes -= left
                 continue
+            if left == self._expert_bytes[layer] and self._leftovers:  # a copy starts: room for all of it
+                self._make_room(left)
             step = left if left < budget else budget
             budget -= step
             self.queued_bytes -= step
@@ -212,6 +222,8 @@ class ExpertPrefetcher:
         """An on-demand (miss fallback) copy of ``expert`` reached the GPU: keep it if the plan wants it."""
         resident = self.resident_sets[layer]
         if expert in self._wanted_sets[layer] and expert not in resident:
+            if self._leftovers:
+                self._make_room(self._expert_bytes[layer])
             resident.add(expert)
             self.held_bytes += self._expert_bytes[layer]
             self.loads_completed += 1
@@ -267,41 +279,65 @@ class ExpertPrefetcher:
         self._plan()
 
     def _forget_before_changes(self, scores: np.ndarray) -> None:
-        """Per layer, the change detector. The share of the last interval's selections taken by the experts the
+        """The change detector. Per layer, the share of the last interval's selections taken by the experts the
         counts before it favoured (as many as the plan holds in the layer, at least one) is recorded (out of sample:
-        they were chosen before it). The share over the last ``w`` intervals
-        (each ``w`` of ``change_windows``) is tested against the share over the intervals before them since the
-        layer's last detected change (:func:`share_drop_z`); on a detection (the window with the largest statistic
-        beyond ``change_z``), the layer's scores and its newer snapshots lose what came before the window."""
-        history, ages, z = self._history, self._ages, self.config.change_z
+        they were chosen before it), and summed over the layers. The share over the last ``w`` intervals (each ``w``
+        of ``change_windows``) is tested against the share over the intervals before them since the last detected
+        change (:func:`share_drop_z`), first over all layers (a domain shift moves every layer at once: their
+        evidence adds up), then per layer; on a detection (the window with the largest statistic beyond
+        ``change_z``), the layers concerned forget what came before the window (:meth:`_forget`)."""
+        history, ages = self._history, self._ages
+        kept_all, total_all = 0.0, 0.0
         for layer in range(scores.shape[0]):
             width = self._widths[layer]
             previous = history[-1][layer, :width]
             last = np.maximum(scores[layer, :width] - previous, 0.0)
-            # the experts the counts up to the interval favoured, as many as the plan holds here (at least one: a
-            # layer holding none competes for the cap with its favourite)
+            # a layer holding none competes for the cap with its favourite: at least one
             favoured = np.argsort(-previous, kind="stable")[: max(1, len(self._wanted_sets[layer]))]
-            records = self._window_shares[layer]
-            records.append((float(last[favoured].sum()), float(last.sum())))
-            best_window, best_z = 0, z
-            for window in self.config.change_windows:
-                if window >= len(records) or window > ages[layer]:
-                    continue
-                kept_before = math.fsum([kept for kept, _ in records[:-window]])
-                total_before = math.fsum([total for _, total in records[:-window]])
-                kept_after = math.fsum([kept for kept, _ in records[-window:]])
-                total_after = math.fsum([total for _, total in records[-window:]])
-                statistic = share_drop_z(kept_before, total_before, kept_after, total_after)
-                if statistic > best_z:
-                    best_window, best_z = window, statistic
-            if best_window:
-                base = history[-best_window][layer].copy()
-                scores[layer] = np.maximum(scores[layer] - base, 0.0)
-                for back in range(1, best_window + 1):
-                    history[-back][layer] = np.maximum(history[-back][layer] - base, 0.0)
-                ages[layer] = best_window - 1  # the window's snapshots (the oldest now empty) stay comparable
-                records.clear()  # the plan changes: later intervals are compared with each other only
-                self.changes_detected += 1
+            kept, total = float(last[favoured].sum()), float(last.sum())
+            self._window_shares[layer].append((kept, total))
+            kept_all += kept
+            total_all += total
+        self._all_shares.append((kept_all, total_all))
+        window = self._changed_window(self._all_shares, len(history))
+        if window:
+            for layer in range(scores.shape[0]):
+                if min(window, ages[layer]):  # a layer that changed since forgets back to its own change at most
+                    self._forget(scores, layer, min(window, ages[layer]))
+            self._all_shares.clear()
+            return
+        for layer in range(scores.shape[0]):
+            window = self._changed_window(self._window_shares[layer], ages[layer])
+            if window:
+                self._forget(scores, layer, window)
+
+    def _changed_window(self, records: list[tuple[float, float]], age: int) -> int:
+        """The window (of ``change_windows``, within ``age`` snapshots) whose share of ``records`` (``(kept,
+        total)`` per interval, oldest first) falls most below the share of the records before it, beyond
+        ``change_z`` standard deviations; 0 for none."""
+        best_window, best_z = 0, self.config.change_z
+        for window in self.config.change_windows:
+            if window >= len(records) or window > age:
+                continue
+            kept_before = math.fsum([kept for kept, _ in records[:-window]])
+            total_before = math.fsum([total for _, total in records[:-window]])
+            kept_after = math.fsum([kept for kept, _ in records[-window:]])
+            total_after = math.fsum([total for _, total in records[-window:]])
+            statistic = share_drop_z(kept_before, total_before, kept_after, total_after)
+            if statistic > best_z:
+                best_window, best_z = window, statistic
+        return best_window
+
+    def _forget(self, scores: np.ndarray, layer: int, window: int) -> None:
+        """``layer`` changed ``window`` intervals ago: its scores and its newer snapshots lose the counts up to then."""
+        history = self._history
+        base = history[-window][layer].copy()
+        scores[layer] = np.maximum(scores[layer] - base, 0.0)
+        for back in range(1, window + 1):
+            history[-back][layer] = np.maximum(history[-back][layer] - base, 0.0)
+        self._ages[layer] = window - 1  # the window's snapshots (the oldest now empty) stay comparable
+        self._window_shares[layer].clear()  # the plan changes: later intervals are compared with each other only
+        self.changes_detected += 1
 
     def _plan(self) -> None:
         """Choose the resident set: best rates per byte within the cap; keep residents unless clearly beaten."""
@@ -372,12 +408,16 @@ class ExpertPrefetcher:
     def _adopt(self, wanted: list[set[int]]) -> None:
         """Make ``wanted`` (per layer) the plan: residents it drops are evicted; the queued copies it still wants
         keep their order, then its other missing experts follow in layer order (decode needs layer 0 first)."""
-        resident_sets: list[set[int]] = []
-        for layer in range(len(wanted)):
-            resident = self.resident_sets[layer]
-            self.evictions += len((self._wanted_sets[layer] - wanted[layer]) & resident)
-            resident_sets.append(resident & wanted[layer])
-        self.resident_sets = resident_sets
+        if self.config.lazy_eviction:
+            self._keep_leftovers(wanted)
+            resident_sets = self.resident_sets
+        else:
+            resident_sets = []
+            for layer in range(len(wanted)):
+                resident = self.resident_sets[layer]
+                self.evictions += len(resident - wanted[layer])
+                resident_sets.append(resident & wanted[layer])
+            self.resident_sets = resident_sets
         sizes = self._expert_bytes
         self.held_bytes = sum([len(resident_sets[layer]) * sizes[layer] for layer in range(len(wanted))], 0.0)
         self._wanted_sets = wanted
@@ -393,6 +433,29 @@ class ExpertPrefetcher:
                 missing_bytes.append(self._expert_bytes[layer])
         self._queue = kept
         self.queued_bytes = sum(missing_bytes, queued_bytes)
+
+    def _keep_leftovers(self, wanted: list[set[int]]) -> None:
+        """Lazy eviction: the residents ``wanted`` drops stay, ranked most valuable first by score per byte at this
+        re-plan (ties: lower layer, then lower expert), for :meth:`_make_room` to evict from the end."""
+        scores, sizes = self.scores, self._expert_bytes
+        dropped = [
+            (-float(scores[layer, expert]) / sizes[layer], layer, expert)
+            for layer in range(len(wanted))
+            for expert in self.resident_sets[layer] - wanted[layer]
+        ]
+        dropped.sort()
+        self._leftovers = [(layer, expert) for _, layer, expert in dropped]
+
+    def _make_room(self, size: float) -> None:
+        """Evict leftovers, least valuable first, until ``size`` more bytes fit the cap (or none is left)."""
+        leftovers, cap = self._leftovers, self.config.residency_cap_bytes
+        while leftovers and self.held_bytes + size > cap:
+            layer, expert = leftovers.pop()
+            resident = self.resident_sets[layer]
+            if expert in resident and expert not in self._wanted_sets[layer]:
+                resident.discard(expert)
+                self.held_bytes -= self._expert_bytes[layer]
+                self.evictions += 1
 
     def stats(self) -> dict[str, float]:
         return self.stats_of(self.stats_values())

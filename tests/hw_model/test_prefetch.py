@@ -84,6 +84,7 @@ def test_an_on_demand_copy_of_a_planned_expert_is_adopted_not_copied_again():
 
 @pytest.mark.parametrize("seed", range(2, 5))  # seeds whose runs evict in every case
 @pytest.mark.parametrize("change_z", [0.0, 1.0])  # without and with the change detector (it fires on these streams)
+@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize(
     ("decay", "cap_bytes"),
     [
@@ -92,15 +93,19 @@ def test_an_on_demand_copy_of_a_planned_expert_is_adopted_not_copied_again():
         (1.0, 260.0),  # plain counts under a cap of two or three experts: the hysteresis decides most re-plans
     ],
 )
-def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed, change_z, decay, cap_bytes):
+def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed, change_z, lazy, decay, cap_bytes):
     rng = np.random.default_rng(seed)
-    config = PrefetchConfig(residency_cap_bytes=cap_bytes, update_interval_tokens=3, decay=decay, change_z=change_z)
+    config = PrefetchConfig(
+        residency_cap_bytes=cap_bytes, update_interval_tokens=3, decay=decay, change_z=change_z, lazy_eviction=lazy
+    )
     widths, sizes = [8, 8, 5], [100.0, 100.0, 60.0]
     prefetchers = [ExpertPrefetcher(widths, sizes, config, as_lists=kept) for kept in (False, True)]
     prefill = rng.integers(0, 9, size=(3, 8)) * (np.arange(8) < np.array(widths)[:, None])
     for p in prefetchers:
         p.add_scores(slice(0, 3), prefill)
+    plan_changes = 0
     for _ in range(40):
+        planned = [set(experts) for experts in prefetchers[0]._wanted_sets]
         counts = np.zeros((3, 8), dtype=np.int64)
         for layer, width in enumerate(widths):
             counts[layer, rng.choice(width, size=2, replace=False)] = rng.integers(1, 4, size=2)
@@ -115,7 +120,9 @@ def test_list_kept_scores_plan_exactly_what_the_score_array_plans(seed, change_z
         assert list(lists._queue) == list(arrays._queue)  # the copies still to make, in their order
         assert lists.queued_bytes == arrays.queued_bytes
         assert lists.stats() == arrays.stats()
-    assert arrays.replans == 14 and arrays.evictions > 0
+        plan_changes += planned != arrays._wanted_sets
+    assert lists._leftovers == arrays._leftovers
+    assert arrays.replans == 14 and plan_changes > 0
     assert lists.changes_detected == arrays.changes_detected
     assert (arrays.changes_detected > 0) == (change_z > 0)
     assert np.array(lists._score_rows).tolist() == arrays.scores.tolist()
@@ -160,10 +167,9 @@ def test_share_drop_z_is_the_two_proportion_statistic():
 
 
 def _zipf_stream(p: ExpertPrefetcher, rng: np.random.Generator, weights: list[np.ndarray], tokens: int) -> None:
-    """``tokens`` decode steps of a 2-layer prefetcher, each layer's 2 experts drawn without replacement from its
-    ``weights`` (the same weights for every token)."""
+    """``tokens`` decode steps, each layer's 2 experts of 16 drawn without replacement from its ``weights``."""
     for _ in range(tokens):
-        for layer in range(2):
+        for layer in range(len(weights)):
             p.before_invocation(layer, "decode")
             counts = np.zeros(16, dtype=np.int64)
             counts[rng.choice(16, size=2, replace=False, p=weights[layer])] = 1
@@ -171,20 +177,47 @@ def _zipf_stream(p: ExpertPrefetcher, rng: np.random.Generator, weights: list[np
             p.drain(1.0, 1e9)
 
 
+def _zipf_prefetcher(rng: np.random.Generator, layers: int, zipf: np.ndarray) -> ExpertPrefetcher:
+    """A prefetcher of ``layers`` layers of 16 experts (room for 2 per layer, plain counts, the detector at 3
+    deviations), its prefill 64 tokens drawn from ``zipf`` (the scores kept as an array, read as they are)."""
+    config = PrefetchConfig(residency_cap_bytes=layers * 200.0, update_interval_tokens=16, decay=1.0, change_z=3.0)
+    p = ExpertPrefetcher([16] * layers, [100.0] * layers, config, as_lists=False)
+    p.add_scores(slice(0, layers), np.stack([rng.multinomial(128, zipf) for _ in range(layers)]))
+    return p
+
+
+def _zipf(skew: float) -> np.ndarray:
+    weights = np.arange(1, 17, dtype=np.float64) ** -skew
+    return weights / weights.sum()
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_the_change_detector_resets_a_shifted_layer_and_not_a_stationary_one(seed):
+def test_the_change_detector_resets_a_shifted_layer_and_not_the_stationary_ones(seed):
     rng = np.random.default_rng(seed)
-    zipf = np.arange(1, 17, dtype=np.float64) ** -1.0
-    zipf /= zipf.sum()
-    config = PrefetchConfig(residency_cap_bytes=4 * 100.0, update_interval_tokens=16, decay=1.0, change_z=3.0)
-    p = ExpertPrefetcher([16, 16], [100.0, 100.0], config, as_lists=False)  # scores read as they are
-    p.add_scores(slice(0, 2), np.stack([rng.multinomial(128, zipf), rng.multinomial(128, zipf)]))
-    _zipf_stream(p, rng, [zipf, zipf], 160)  # ten intervals from the prefill's distribution
+    zipf = _zipf(1.0)
+    p = _zipf_prefetcher(rng, 8, zipf)
+    _zipf_stream(p, rng, [zipf] * 8, 160)  # ten intervals from the prefill's distribution
     assert p.changes_detected == 0
-    before = {layer: set(experts) for layer, experts in enumerate(p.resident_sets)}
-    _zipf_stream(p, rng, [zipf, zipf[::-1].copy()], 96)  # layer 1 shifts: its favourites become its rarest
-    assert p.changes_detected >= 1
-    assert p.scores[0].sum() == 128 + 2 * 256  # layer 0 forgot nothing
-    assert p.scores[1].sum() <= 2 * 96  # layer 1 forgot what came before its shift (at an interval's start)
-    assert p.resident_sets[0] <= before[0]  # layer 0 admitted no expert (it may give one up to layer 1)
-    assert p.resident_sets[1] and p.resident_sets[1] <= set(range(8, 16))  # layer 1 holds new favourites only
+    shifted = [zipf] * 3 + [zipf[::-1].copy()] + [zipf] * 4  # layer 3's favourites become its rarest
+    _zipf_stream(p, rng, shifted, 96)
+    assert p.changes_detected == 1
+    sums = p.scores.sum(axis=1).tolist()
+    assert sums[:3] + sums[4:] == [128 + 2 * 256] * 7  # the stationary layers forgot nothing
+    assert sums[3] <= 2 * 96  # layer 3 forgot what came before its shift (at an interval's start)
+    assert p.resident_sets[3] and p.resident_sets[3] <= set(range(8, 16))  # the new favourites only
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_shift_of_every_layer_is_detected_from_their_pooled_evidence(seed):
+    # a mild skew over 8 layers: each layer's own evidence stays below the threshold, the pooled evidence does not
+    rng = np.random.default_rng(seed)
+    zipf = _zipf(0.3)
+    p = _zipf_prefetcher(rng, 8, zipf)
+    _zipf_stream(p, rng, [zipf] * 8, 160)
+    assert p.changes_detected == 0
+    _zipf_stream(p, rng, [zipf[::-1].copy()] * 8, 64)
+    assert (p.scores.sum(axis=1) <= 2 * 64).all()  # every layer forgot what came before the shift
+    alone = _zipf_prefetcher(rng, 1, zipf)  # one such layer on its own: the same streams, no detection
+    _zipf_stream(alone, rng, [zipf], 160)
+    _zipf_stream(alone, rng, [zipf[::-1].copy()], 64)
+    assert alone.changes_detected == 0
