@@ -106,7 +106,7 @@ class ExpertPrefetcher:
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
         self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
-        # residents the plan no longer wants (lazy eviction), most valuable first: evicted from the end as copies need room
+        # residents the plan no longer wants (lazy eviction), most valuable first: evicted from the end for copies
         self._leftovers: list[tuple[int, int]] = []
         self.queued_bytes = 0.0  # bytes left to copy in the queue (0 when it is empty)
         self._decode_steps = 0

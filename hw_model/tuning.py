@@ -100,6 +100,12 @@ class SimulatorTuning:
         "ones (0: off)",
         metavar="Z",
     )
+    prefetch_lazy_eviction: int = setting(
+        1,
+        "1: a resident expert the prefetcher's re-plan drops stays resident (and hits) until a planned copy needs its "
+        "bytes, the least valuable first; 0: it is evicted at the re-plan",
+        metavar="0|1",
+    )
 
     def __post_init__(self) -> None:
         check_fraction("residency_fraction", self.residency_fraction)
@@ -113,7 +119,13 @@ class SimulatorTuning:
                 f"prefetch_interval_tokens must be a positive integer, got {interval!r}", "prefetch_interval_tokens"
             )
         check_fraction("prefetch_decay", self.prefetch_decay)
-        for name in ("dynamic_staging", "adopt_prefill_copies", "eager_prefetch", "replan_on_residency"):
+        for name in (
+            "dynamic_staging",
+            "adopt_prefill_copies",
+            "eager_prefetch",
+            "replan_on_residency",
+            "prefetch_lazy_eviction",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in (0, 1):
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
