@@ -221,3 +221,33 @@ def test_a_shift_of_every_layer_is_detected_from_their_pooled_evidence(seed):
     _zipf_stream(alone, rng, [zipf], 160)
     _zipf_stream(alone, rng, [zipf[::-1].copy()], 64)
     assert alone.changes_detected == 0
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_dropped_resident_stays_until_a_copy_needs_its_room_the_least_valuable_first(kept):
+    config = PrefetchConfig(residency_cap_bytes=300.0, update_interval_tokens=1, decay=1.0, swap_margin=1.0)
+    p = ExpertPrefetcher([5], [100.0], config, as_lists=kept)
+    p.add_scores(0, np.array([10, 9, 8, 0, 0]))
+    p.before_invocation(0, "decode")  # the first plan: experts 0, 1, 2
+    p.drain(1.0, 300.0)
+    assert p.resident_sets == [{0, 1, 2}]
+    p.add_scores(0, np.array([0, 0, 0, 20, 30]))  # experts 4 and 3 now beat 1 and 2
+    p.before_invocation(0, "decode")
+    assert p.resident_sets == [{0, 1, 2}] and p.evictions == 0  # dropped, not yet evicted: they still hit
+    assert p.count_hits(0, [1, 2]) == (2, 0)
+    p.drain(1.0, 100.0)  # one copy (expert 3, the queue in expert order): room made by expert 2 (score 8 < 9)
+    assert p.resident_sets == [{0, 1, 3}] and p.evictions == 1
+    p.drain(1.0, 100.0)
+    assert p.resident_sets == [{0, 3, 4}] and p.evictions == 2
+    assert p.held_bytes == 300.0
+
+
+def test_without_lazy_eviction_a_dropped_resident_goes_at_the_re_plan():
+    config = PrefetchConfig(residency_cap_bytes=200.0, update_interval_tokens=1, decay=1.0, lazy_eviction=False)
+    p = ExpertPrefetcher([3], [100.0], config)
+    p.add_scores(0, np.array([10, 9, 0]))
+    p.before_invocation(0, "decode")
+    p.drain(1.0, 200.0)
+    p.add_scores(0, np.array([0, 0, 40]))
+    p.before_invocation(0, "decode")
+    assert p.resident_sets == [{0}] and p.evictions == 1
