@@ -61,7 +61,9 @@ class SimulatorTuning:
     prefetch_interval_tokens: int = setting(
         32, "decode steps between the prefetcher's re-plans of the resident experts", metavar="N"
     )
-    prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
+    prefetch_decay: float = setting(
+        1.0, "decay (0-1) of the prefetcher's expert scores at each re-plan (1: plain counts)", metavar="F"
+    )
     dynamic_staging: int = setting(
         1,
         "1: the packer's on-demand copies may use all of the GPU pool the prefetcher's residents do not hold (the "
@@ -94,10 +96,11 @@ class SimulatorTuning:
         metavar="W",
     )
     prefetch_change_z: float = setting(
-        0.0,
-        "the prefetcher's change detector: a layer whose last 1, 2, 4 or 8 re-plan intervals of selections differ "
-        "from its earlier ones by a chi-square test beyond this many standard normal deviates forgets the earlier "
-        "ones (0: off)",
+        3.0,
+        "the prefetcher's change detector: when the share of a layer's (or all layers' pooled) selections over its "
+        "last 1, 2, 4 or 8 re-plan intervals that the experts its earlier counts favoured take falls below their "
+        "earlier share by more than this many standard deviations (one-sided two-proportion test), the layer "
+        "forgets the earlier counts (0: off)",
         metavar="Z",
     )
     prefetch_lazy_eviction: int = setting(
