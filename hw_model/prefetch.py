@@ -41,12 +41,21 @@ LIST_KEPT_CELLS = 128
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    """Knobs of the prefetcher. ``decay`` multiplies old scores at each decode re-plan (1.0 = plain counts)."""
+    """Knobs of the prefetcher. ``decay`` multiplies old scores at each decode re-plan (1.0 = plain counts).
+    ``change_z`` > 0 turns on the change detector (see :func:`change_statistic`): at each re-plan, per layer, the
+    counts of the last ``w`` intervals (each ``w`` of ``change_windows``) are tested against the layer's counts
+    before them; a layer whose test exceeds the chi-square quantile ``change_z`` standard normal deviates out
+    forgets what came before (its scores restart from the window's counts). ``lazy_eviction``: a resident the plan
+    drops stays resident (and hits) until a planned copy needs its bytes (the least valuable goes first); else it goes
+    at the re-plan."""
 
     residency_cap_bytes: float
     update_interval_tokens: int = 32
     decay: float = 0.5
     swap_margin: float = 1.5
+    change_z: float = 0.0
+    change_windows: tuple[int, ...] = (1, 2, 4, 8)
+    lazy_eviction: bool = True
 
     def __post_init__(self) -> None:
         if not self.residency_cap_bytes >= 0:
@@ -57,6 +66,10 @@ class PrefetchConfig:
             raise WorkloadError("PrefetchConfig.decay must be in [0, 1]")
         if self.swap_margin < 1.0:
             raise WorkloadError("PrefetchConfig.swap_margin must be >= 1")
+        if not 0.0 <= self.change_z < math.inf:
+            raise WorkloadError("PrefetchConfig.change_z must be non-negative and finite")
+        if not self.change_windows or any(w < 1 for w in self.change_windows):
+            raise WorkloadError("PrefetchConfig.change_windows must be positive interval counts")
 
 
 class ExpertPrefetcher:
@@ -93,9 +106,20 @@ class ExpertPrefetcher:
         self._wanted_sets: list[set[int]] = [set() for _ in num_experts]  # the plan, per layer
         self._wanted_mask = np.zeros_like(self.valid)  # the plan as an array (kept by the array ranking only)
         self._queue: deque[tuple[int, int, float]] = deque()  # (layer, expert, bytes left)
+        # residents the plan no longer wants (lazy eviction), most valuable first: evicted from the end for copies
+        self._leftovers: list[tuple[int, int]] = []
         self.queued_bytes = 0.0  # bytes left to copy in the queue (0 when it is empty)
         self._decode_steps = 0
         self._planned = False
+        # the change detector's snapshots of the scores at the last re-plans (newest last), and per layer how many of
+        # them hold counts since its last detected change (older ones are not compared with)
+        self._history: deque[np.ndarray] = deque(maxlen=max(config.change_windows))
+        self._ages = [0] * len(num_experts)
+        # per interval since the last detected change, (selections of the favoured experts, all selections): per
+        # layer, and summed over the layers
+        self._window_shares: list[list[tuple[float, float]]] = [[] for _ in num_experts]
+        self._all_shares: list[tuple[float, float]] = []
+        self.changes_detected = 0
         self.hits = 0
         self.misses = 0
         self.bytes_moved = 0.0
@@ -120,16 +144,9 @@ class ExpertPrefetcher:
         if phase != "decode" or layer != 0:
             return
         if not self._planned:
-            self._plan()
+            self._replan(first=True)
         elif self._decode_steps % self.config.update_interval_tokens == 0:
-            decay = self.config.decay
-            if self._lists:
-                for scores in self._score_rows:
-                    for j in range(len(scores)):
-                        scores[j] *= decay
-            else:
-                self.scores *= decay
-            self._plan()
+            self._replan(first=False)
         self._decode_steps += 1
 
     def observe(self, layer: int, counts: np.ndarray, phase: str) -> None:
@@ -179,6 +196,8 @@ class ExpertPrefetcher:
                 queue.popleft()
                 self.queued_bytes -= left
                 continue
+            if left == self._expert_bytes[layer] and self._leftovers:  # a copy starts: room for all of it
+                self._make_room(left)
             step = left if left < budget else budget
             budget -= step
             self.queued_bytes -= step
@@ -203,6 +222,8 @@ class ExpertPrefetcher:
         """An on-demand (miss fallback) copy of ``expert`` reached the GPU: keep it if the plan wants it."""
         resident = self.resident_sets[layer]
         if expert in self._wanted_sets[layer] and expert not in resident:
+            if self._leftovers:
+                self._make_room(self._expert_bytes[layer])
             resident.add(expert)
             self.held_bytes += self._expert_bytes[layer]
             self.loads_completed += 1
@@ -236,22 +257,111 @@ class ExpertPrefetcher:
         return kept
 
     # -- planning ---------------------------------------------------------------------------------------
+    def _replan(self, first: bool) -> None:
+        """A re-plan: (after the first) the change detector's resets and the decay, on the score array (list-kept
+        scores are copied into it and back: the same arithmetic either way), then the plan."""
+        config = self.config
+        scores = np.array(self._score_rows, dtype=np.float64).reshape(self.valid.shape) if self._lists else self.scores
+        if not first:
+            if config.change_z > 0:
+                self._forget_before_changes(scores)
+            if config.decay != 1.0:
+                scores *= config.decay
+                for snapshot in self._history:  # so that a snapshot still splits the scores into before and after
+                    snapshot *= config.decay
+        if config.change_z > 0:
+            self._history.append(scores.copy())
+            limit = len(self._history)
+            self._ages = [min(age + 1, limit) for age in self._ages]
+        self.scores = scores
+        if self._lists:
+            self._score_rows = scores.tolist()
+        self._plan()
+
+    def _forget_before_changes(self, scores: np.ndarray) -> None:
+        """The change detector. Per layer, the share of the last interval's selections taken by the experts the
+        counts before it favoured (as many as the plan holds in the layer, at least one) is recorded (out of sample:
+        they were chosen before it), and summed over the layers. The share over the last ``w`` intervals (each ``w``
+        of ``change_windows``) is tested against the share over the intervals before them since the last detected
+        change (:func:`share_drop_z`), first over all layers (a domain shift moves every layer at once: their
+        evidence adds up), then per layer; on a detection (the window with the largest statistic beyond
+        ``change_z``), the layers concerned forget what came before the window (:meth:`_forget`)."""
+        history, ages = self._history, self._ages
+        kept_all, total_all = 0.0, 0.0
+        for layer in range(scores.shape[0]):
+            width = self._widths[layer]
+            previous = history[-1][layer, :width]
+            last = np.maximum(scores[layer, :width] - previous, 0.0)
+            # a layer holding none competes for the cap with its favourite: at least one
+            favoured = np.argsort(-previous, kind="stable")[: max(1, len(self._wanted_sets[layer]))]
+            kept, total = float(last[favoured].sum()), float(last.sum())
+            self._window_shares[layer].append((kept, total))
+            kept_all += kept
+            total_all += total
+        self._all_shares.append((kept_all, total_all))
+        window = self._changed_window(self._all_shares, len(history))
+        if window:
+            for layer in range(scores.shape[0]):
+                if min(window, ages[layer]):  # a layer that changed since forgets back to its own change at most
+                    self._forget(scores, layer, min(window, ages[layer]))
+            self._all_shares.clear()
+            return
+        for layer in range(scores.shape[0]):
+            window = self._changed_window(self._window_shares[layer], ages[layer])
+            if window:
+                self._forget(scores, layer, window)
+
+    def _changed_window(self, records: list[tuple[float, float]], age: int) -> int:
+        """The window (of ``change_windows``, within ``age`` snapshots) whose share of ``records`` (``(kept,
+        total)`` per interval, oldest first) falls most below the share of the records before it, beyond
+        ``change_z`` standard deviations; 0 for none."""
+        best_window, best_z = 0, self.config.change_z
+        for window in self.config.change_windows:
+            if window >= len(records) or window > age:
+                continue
+            kept_before = math.fsum([kept for kept, _ in records[:-window]])
+            total_before = math.fsum([total for _, total in records[:-window]])
+            kept_after = math.fsum([kept for kept, _ in records[-window:]])
+            total_after = math.fsum([total for _, total in records[-window:]])
+            statistic = share_drop_z(kept_before, total_before, kept_after, total_after)
+            if statistic > best_z:
+                best_window, best_z = window, statistic
+        return best_window
+
+    def _forget(self, scores: np.ndarray, layer: int, window: int) -> None:
+        """``layer`` changed ``window`` intervals ago: its scores and its newer snapshots lose the counts up to then."""
+        history = self._history
+        base = history[-window][layer].copy()
+        scores[layer] = np.maximum(scores[layer] - base, 0.0)
+        for back in range(1, window + 1):
+            history[-back][layer] = np.maximum(history[-back][layer] - base, 0.0)
+        self._ages[layer] = window - 1  # the window's snapshots (the oldest now empty) stay comparable
+        self._window_shares[layer].clear()  # the plan changes: later intervals are compared with each other only
+        self.changes_detected += 1
+
     def _plan(self) -> None:
-        """Choose the resident set: best scores per byte within the cap; keep residents unless clearly beaten."""
+        """Choose the resident set: best rates per byte within the cap; keep residents unless clearly beaten."""
         self._planned = True
         self.replans += 1
-        if self._lists:
-            self.scores = np.array(self._score_rows, dtype=np.float64).reshape(self.valid.shape)
-            wanted = self._choose_from_lists()
-        else:
-            wanted = self._choose_from_arrays()
+        wanted = self._choose_from_lists() if self._lists else self._choose_from_arrays()
         self._adopt(wanted)
+
+    def _layer_masses(self) -> list[float]:
+        """Per layer, the sum of its scores (1.0 for none): a score over it is the expert's share of the layer's
+        selections, comparable across layers whose counts start at different times (after detected changes).
+        Summed exactly, so that the list-kept and array-kept scores divide by the same values; all 1.0 when every
+        layer's sum is the same (every layer counted the same selections: the usual case without detected changes)."""
+        masses = [math.fsum(row) for row in self.scores.tolist()]
+        if all(mass == masses[0] for mass in masses):  # no order to change (and none of a tie's rounding to risk)
+            return [1.0] * len(masses)
+        return [mass if mass > 0 else 1.0 for mass in masses]
 
     def _choose_from_arrays(self) -> list[set[int]]:
         """The new plan, per layer: every (layer, expert) ranked by score per byte (wanted ones times the swap margin,
         the hysteresis), in a stable order; taken in rank order while their sizes add up within the cap, those
         with a positive score."""
-        per_byte = np.where(self.valid, self.scores / self.expert_bytes[:, None], -np.inf)
+        masses = np.array(self._layer_masses())
+        per_byte = np.where(self.valid, self.scores / masses[:, None] / self.expert_bytes[:, None], -np.inf)
         ranked = np.where(self._wanted_mask, per_byte * self.config.swap_margin, per_byte)
         order = np.argsort(-ranked, axis=None, kind="stable")
         sizes = np.broadcast_to(self.expert_bytes[:, None], self.valid.shape).ravel()[order]
@@ -270,14 +380,16 @@ class ExpertPrefetcher:
         the same stable order (cells past a layer's experts rank last there and are never taken, so they are left
         out here), and the sizes added up in rank order as ``cumsum`` adds them."""
         margin = self.config.swap_margin
+        masses = self._layer_masses()
         cells: list[tuple[int, int]] = []  # (layer, expert) of each valid cell, by layer then expert
         ranked: list[float] = []
         for layer in range(len(self._score_rows)):
             scores = self._score_rows[layer]
             size = self._expert_bytes[layer]
+            mass = masses[layer]
             planned = self._wanted_sets[layer]
             for expert in range(self._widths[layer]):
-                per_byte = scores[expert] / size
+                per_byte = scores[expert] / mass / size
                 cells.append((layer, expert))
                 ranked.append(per_byte * margin if expert in planned else per_byte)
         keys = [-value for value in ranked]  # numpy sorts the negated values: -0.0 and 0.0 tie there as here
@@ -296,12 +408,16 @@ class ExpertPrefetcher:
     def _adopt(self, wanted: list[set[int]]) -> None:
         """Make ``wanted`` (per layer) the plan: residents it drops are evicted; the queued copies it still wants
         keep their order, then its other missing experts follow in layer order (decode needs layer 0 first)."""
-        resident_sets: list[set[int]] = []
-        for layer in range(len(wanted)):
-            resident = self.resident_sets[layer]
-            self.evictions += len((self._wanted_sets[layer] - wanted[layer]) & resident)
-            resident_sets.append(resident & wanted[layer])
-        self.resident_sets = resident_sets
+        if self.config.lazy_eviction:
+            self._keep_leftovers(wanted)
+            resident_sets = self.resident_sets
+        else:
+            resident_sets = []
+            for layer in range(len(wanted)):
+                resident = self.resident_sets[layer]
+                self.evictions += len(resident - wanted[layer])
+                resident_sets.append(resident & wanted[layer])
+            self.resident_sets = resident_sets
         sizes = self._expert_bytes
         self.held_bytes = sum([len(resident_sets[layer]) * sizes[layer] for layer in range(len(wanted))], 0.0)
         self._wanted_sets = wanted
@@ -317,6 +433,29 @@ class ExpertPrefetcher:
                 missing_bytes.append(self._expert_bytes[layer])
         self._queue = kept
         self.queued_bytes = sum(missing_bytes, queued_bytes)
+
+    def _keep_leftovers(self, wanted: list[set[int]]) -> None:
+        """Lazy eviction: the residents ``wanted`` drops stay, ranked most valuable first by score per byte at this
+        re-plan (ties: lower layer, then lower expert), for :meth:`_make_room` to evict from the end."""
+        scores, sizes = self.scores, self._expert_bytes
+        dropped = [
+            (-float(scores[layer, expert]) / sizes[layer], layer, expert)
+            for layer in range(len(wanted))
+            for expert in self.resident_sets[layer] - wanted[layer]
+        ]
+        dropped.sort()
+        self._leftovers = [(layer, expert) for _, layer, expert in dropped]
+
+    def _make_room(self, size: float) -> None:
+        """Evict leftovers, least valuable first, until ``size`` more bytes fit the cap (or none is left)."""
+        leftovers, cap = self._leftovers, self.config.residency_cap_bytes
+        while leftovers and self.held_bytes + size > cap:
+            layer, expert = leftovers.pop()
+            resident = self.resident_sets[layer]
+            if expert in resident and expert not in self._wanted_sets[layer]:
+                resident.discard(expert)
+                self.held_bytes -= self._expert_bytes[layer]
+                self.evictions += 1
 
     def stats(self) -> dict[str, float]:
         return self.stats_of(self.stats_values())
@@ -348,6 +487,18 @@ class ExpertPrefetcher:
             "prefetch_adopted_from_misses": adopted,
             "resident_experts": resident,
         }
+
+
+def share_drop_z(kept_before: float, total_before: float, kept_after: float, total_after: float) -> float:
+    """How far the share ``kept_after / total_after`` falls below ``kept_before / total_before``: the one-sided
+    two-proportion z statistic (0.0 when either total is 0 or the pooled share is 0 or 1)."""
+    if total_before <= 0 or total_after <= 0:
+        return 0.0
+    pooled = (kept_before + kept_after) / (total_before + total_after)
+    if not 0.0 < pooled < 1.0:
+        return 0.0
+    spread = math.sqrt(pooled * (1.0 - pooled) * (1.0 / total_before + 1.0 / total_after))
+    return (kept_before / total_before - kept_after / total_after) / spread
 
 
 def _layer_indices(layers: slice | Sequence[int] | np.ndarray, num_layers: int) -> Sequence[int]:

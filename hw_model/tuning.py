@@ -61,7 +61,9 @@ class SimulatorTuning:
     prefetch_interval_tokens: int = setting(
         32, "decode steps between the prefetcher's re-plans of the resident experts", metavar="N"
     )
-    prefetch_decay: float = setting(0.5, "decay (0-1) of the prefetcher's expert scores at each re-plan", metavar="F")
+    prefetch_decay: float = setting(
+        1.0, "decay (0-1) of the prefetcher's expert scores at each re-plan (1: plain counts)", metavar="F"
+    )
     dynamic_staging: int = setting(
         1,
         "1: the packer's on-demand copies may use all of the GPU pool the prefetcher's residents do not hold (the "
@@ -104,6 +106,18 @@ class SimulatorTuning:
         "1: ours splits one expert between the GPU and the NDP units after the packer (1/k or all but 1/k of its FFN "
         "columns on the GPU, k in 2..8, the expert and k that end the layer soonest, only when that is sooner); 0: "
         "whole experts only",
+    prefetch_change_z: float = setting(
+        3.0,
+        "the prefetcher's change detector: when the share of a layer's (or all layers' pooled) selections over its "
+        "last 1, 2, 4 or 8 re-plan intervals that the experts its earlier counts favoured take falls below their "
+        "earlier share by more than this many standard deviations (one-sided two-proportion test), the layer "
+        "forgets the earlier counts (0: off)",
+        metavar="Z",
+    )
+    prefetch_lazy_eviction: int = setting(
+        1,
+        "1: a resident expert the prefetcher's re-plan drops stays resident (and hits) until a planned copy needs its "
+        "bytes, the least valuable first; 0: it is evicted at the re-plan",
         metavar="0|1",
     )
 
@@ -126,9 +140,13 @@ class SimulatorTuning:
             "replan_on_residency",
             "replan_on_copies",
             "balance_split",
+            "prefetch_lazy_eviction",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in (0, 1):
                 raise SettingsError(f"{name} must be 0 or 1, got {value!r}", name)
         if _number("power_cap_w", self.power_cap_w) < 0:
             raise SettingsError(f"power_cap_w must be non-negative, got {self.power_cap_w!r}", "power_cap_w")
+        if _number("prefetch_change_z", self.prefetch_change_z) < 0:
+            problem = f"prefetch_change_z must be non-negative, got {self.prefetch_change_z!r}"
+            raise SettingsError(problem, "prefetch_change_z")

@@ -33,6 +33,8 @@ def _prefetcher(ctx: RunContext) -> ExpertPrefetcher:
         residency_cap_bytes=ctx.residency_cap_bytes,
         update_interval_tokens=ctx.tuning.prefetch_interval_tokens,
         decay=ctx.tuning.prefetch_decay,
+        change_z=ctx.tuning.prefetch_change_z,
+        lazy_eviction=bool(ctx.tuning.prefetch_lazy_eviction),
     )
     return ExpertPrefetcher(
         [layer.num_experts for layer in ctx.layers], [layer.expert.weight_bytes() for layer in ctx.layers], config
