@@ -477,14 +477,18 @@ const WidenFn kAvx512Widen[2][2] = {  // [kUint4][zero points that vary]
 // At most this many rows widen the codes in registers (Avx512Stream) rather than into a buffer once per call.
 constexpr int64_t kStreamRows = 2;
 
+// Panels one streaming call covers: four independent streams of codes keep enough memory requests in flight.
+constexpr int64_t kStreamPanels = 4;
+
 using StreamFn = void (*)(const quant::Product&, const quant::Panel*, float*);
 template <PanelFormat F, bool kZeros>
-constexpr std::array<StreamFn, 4> StreamKernels() {  // [rows - 1][panels - 1]
+constexpr std::array<StreamFn, 8> StreamKernels() {  // [rows - 1][panels - 1]
   using quant::Avx512Stream;
-  return {Avx512Stream<1, 1, F, kZeros>, Avx512Stream<1, 2, F, kZeros>, Avx512Stream<2, 1, F, kZeros>,
-          Avx512Stream<2, 2, F, kZeros>};
+  return {Avx512Stream<1, 1, F, kZeros>, Avx512Stream<1, 2, F, kZeros>, Avx512Stream<1, 3, F, kZeros>,
+          Avx512Stream<1, 4, F, kZeros>, Avx512Stream<2, 1, F, kZeros>, Avx512Stream<2, 2, F, kZeros>,
+          Avx512Stream<2, 3, F, kZeros>, Avx512Stream<2, 4, F, kZeros>};
 }
-const std::array<StreamFn, 4> kStream[2][2] = {  // [kUint4][zero points that vary]
+const std::array<StreamFn, 8> kStream[2][2] = {  // [kUint4][zero points that vary]
     {StreamKernels<PanelFormat::kUint8, false>(), StreamKernels<PanelFormat::kUint8, true>()},
     {StreamKernels<PanelFormat::kUint4, false>(), StreamKernels<PanelFormat::kUint4, true>()}};
 #endif
@@ -507,7 +511,8 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
   g.zu = zeros ? 0 : b.zeros(0)[0];
   for (int code = 0; code < 16; ++code) g.table[code] = static_cast<float>(code - g.zu);
   const int64_t n = b.cols();
-  if (t_sums.size() < static_cast<size_t>(2 * m * kPanelWidth)) t_sums.resize(static_cast<size_t>(2 * m * kPanelWidth));
+  const auto needed = static_cast<size_t>(std::max<int64_t>(m, 4 * 2) * kPanelWidth);  // a streaming call: 4 panels
+  if (t_sums.size() < needed) t_sums.resize(needed);
   float* sums = t_sums.data();
   auto store = [&](int64_t p, const float* panel_sums) {
     StoreSums(panel_sums, m, c + p * kPanelWidth, ldc, std::min(kPanelWidth, n - p * kPanelWidth), accumulate);
@@ -515,10 +520,11 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
 #ifdef NDP_X86
   if (isa == PanelIsa::kAvx512 && m <= kStreamRows) {
     const auto& kernels = kStream[u4][zeros];
-    for (int64_t p = first_panel; p < end_panel; p += 2) {
-      const int64_t count = std::min<int64_t>(2, end_panel - p);
-      const quant::Panel panels[2] = {PanelOf(b, p), count > 1 ? PanelOf(b, p + 1) : quant::Panel{}};
-      kernels[(m - 1) * 2 + (count - 1)](g, panels, sums);
+    for (int64_t p = first_panel; p < end_panel; p += kStreamPanels) {
+      const int64_t count = std::min<int64_t>(kStreamPanels, end_panel - p);
+      quant::Panel panels[kStreamPanels] = {};
+      for (int64_t q = 0; q < count; ++q) panels[q] = PanelOf(b, p + q);
+      kernels[(m - 1) * kStreamPanels + (count - 1)](g, panels, sums);
       for (int64_t q = 0; q < count; ++q) store(p + q, sums + q * m * kPanelWidth);
     }
     return;
