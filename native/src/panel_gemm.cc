@@ -541,6 +541,7 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
 #endif
   // whole quantization blocks per widened range, about kChunk rows (one block when blocks are longer)
   const int64_t chunk = std::max<int64_t>(1, kChunk / g.block) * g.block;
+  const int64_t tiles = (m + step - 1) / step;
   const auto widened_size = static_cast<size_t>(std::min(chunk, g.k) * kPanelWidth);
   if (t_widened.size() < widened_size) t_widened.resize(widened_size);
   for (int64_t p = first_panel; p < end_panel; ++p) {
@@ -549,9 +550,13 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
     for (int64_t start = 0; start < g.k; start += chunk) {
       const int64_t stop = std::min(g.k, start + chunk);
       widen(g, panel, start, stop, t_widened.data());
-      for (int64_t row = 0; row < m; row += step)
-        blocks[std::min(step, m - row) - 1](g, panel, a + row * lda, t_widened.data(), start, stop,
-                                            sums + row * kPanelWidth);
+      // blocks of rows as even as `step` allows (64 rows: 11 11 11 11 10 10, not 12 12 12 12 12 4): a short
+      // block reloads the widened panel for few products
+      for (int64_t tile = 0, row = 0; tile < tiles; ++tile) {
+        const int64_t rows = m / tiles + (tile < m % tiles ? 1 : 0);
+        blocks[rows - 1](g, panel, a + row * lda, t_widened.data(), start, stop, sums + row * kPanelWidth);
+        row += rows;
+      }
     }
     store(p, sums);
   }
