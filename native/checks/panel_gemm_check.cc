@@ -316,7 +316,7 @@ void CheckRowPacking(int bits, bool int8_rows, bool uniform_zero, int64_t k, int
 
 // Quantized products of codes packed as stored rows, with one zero point for every block (the 4-bit kernels' table
 // lookup) or varying ones: within tolerance of a double sum of the widened weights, and every row with the bits of
-// that row multiplied alone (1-2 rows stream the codes over up to four panels at a time, more rows multiply a
+// that row multiplied alone (1-4 rows stream the codes over up to four panels at a time, more rows multiply a
 // widened panel), whatever the kernel: AVX-512 and AVX2 give the same bits (`first`, filled by the first vector
 // kernel to run).
 void CheckQuantizedRows(ndp::PanelIsa isa, int bits, bool uniform_zero, int64_t m, int64_t k, int64_t n,
@@ -410,7 +410,7 @@ int main() {
     }
     for (int bits : {8, 4})
       for (bool uniform_zero : {true, false})
-        for (int64_t m : {1, 2, 3, 13})
+        for (int64_t m : {1, 2, 3, 4, 13})
           for (int64_t k : {34, 300})
             for (int64_t n : {2, 70, 130, 200})  // 1, 3, 5 and 7 panels: streams of 4 and the rest
               for (int64_t block : {16, 32, 300}) {

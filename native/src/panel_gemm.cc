@@ -475,20 +475,23 @@ const WidenFn kAvx512Widen[2][2] = {  // [kUint4][zero points that vary]
     {quant::Avx512Widen<PanelFormat::kUint4, false>, quant::Avx512Widen<PanelFormat::kUint4, true>}};
 
 // At most this many rows widen the codes in registers (Avx512Stream) rather than into a buffer once per call.
-constexpr int64_t kStreamRows = 2;
-
-// Panels one streaming call covers: four independent streams of codes keep enough memory requests in flight.
-constexpr int64_t kStreamPanels = 4;
+constexpr int64_t kStreamRows = 4;
+// Panels one streaming call covers, by rows: four independent streams of codes keep enough memory requests in
+// flight; more rows fill the registers with fewer.
+constexpr int64_t StreamPanels(int64_t rows) { return rows <= 2 ? 4 : rows == 3 ? 2 : 1; }
 
 using StreamFn = void (*)(const quant::Product&, const quant::Panel*, float*);
 template <PanelFormat F, bool kZeros>
-constexpr std::array<StreamFn, 8> StreamKernels() {  // [rows - 1][panels - 1]
+constexpr std::array<std::array<StreamFn, 4>, kStreamRows> StreamKernels() {  // [rows - 1][panels - 1]
   using quant::Avx512Stream;
-  return {Avx512Stream<1, 1, F, kZeros>, Avx512Stream<1, 2, F, kZeros>, Avx512Stream<1, 3, F, kZeros>,
-          Avx512Stream<1, 4, F, kZeros>, Avx512Stream<2, 1, F, kZeros>, Avx512Stream<2, 2, F, kZeros>,
-          Avx512Stream<2, 3, F, kZeros>, Avx512Stream<2, 4, F, kZeros>};
+  return {{{Avx512Stream<1, 1, F, kZeros>, Avx512Stream<1, 2, F, kZeros>, Avx512Stream<1, 3, F, kZeros>,
+            Avx512Stream<1, 4, F, kZeros>},
+           {Avx512Stream<2, 1, F, kZeros>, Avx512Stream<2, 2, F, kZeros>, Avx512Stream<2, 3, F, kZeros>,
+            Avx512Stream<2, 4, F, kZeros>},
+           {Avx512Stream<3, 1, F, kZeros>, Avx512Stream<3, 2, F, kZeros>, nullptr, nullptr},
+           {Avx512Stream<4, 1, F, kZeros>, nullptr, nullptr, nullptr}}};
 }
-const std::array<StreamFn, 8> kStream[2][2] = {  // [kUint4][zero points that vary]
+const std::array<std::array<StreamFn, 4>, kStreamRows> kStream[2][2] = {  // [kUint4][zero points that vary]
     {StreamKernels<PanelFormat::kUint8, false>(), StreamKernels<PanelFormat::kUint8, true>()},
     {StreamKernels<PanelFormat::kUint4, false>(), StreamKernels<PanelFormat::kUint4, true>()}};
 #endif
@@ -511,7 +514,7 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
   g.zu = zeros ? 0 : b.zeros(0)[0];
   for (int code = 0; code < 16; ++code) g.table[code] = static_cast<float>(code - g.zu);
   const int64_t n = b.cols();
-  const auto needed = static_cast<size_t>(std::max<int64_t>(m, 4 * 2) * kPanelWidth);  // a streaming call: 4 panels
+  const auto needed = static_cast<size_t>(std::max<int64_t>(m, 4 * 2) * kPanelWidth);  // streaming: 4 panels x 2 rows
   if (t_sums.size() < needed) t_sums.resize(needed);
   float* sums = t_sums.data();
   auto store = [&](int64_t p, const float* panel_sums) {
@@ -519,12 +522,13 @@ void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const P
   };
 #ifdef NDP_X86
   if (isa == PanelIsa::kAvx512 && m <= kStreamRows) {
-    const auto& kernels = kStream[u4][zeros];
-    for (int64_t p = first_panel; p < end_panel; p += kStreamPanels) {
-      const int64_t count = std::min<int64_t>(kStreamPanels, end_panel - p);
-      quant::Panel panels[kStreamPanels] = {};
+    const auto& kernels = kStream[u4][zeros][m - 1];
+    const int64_t width = StreamPanels(m);
+    for (int64_t p = first_panel; p < end_panel; p += width) {
+      const int64_t count = std::min<int64_t>(width, end_panel - p);
+      quant::Panel panels[4] = {};
       for (int64_t q = 0; q < count; ++q) panels[q] = PanelOf(b, p + q);
-      kernels[(m - 1) * kStreamPanels + (count - 1)](g, panels, sums);
+      kernels[count - 1](g, panels, sums);
       for (int64_t q = 0; q < count; ++q) store(p + q, sums + q * m * kPanelWidth);
     }
     return;

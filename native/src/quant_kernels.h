@@ -12,10 +12,11 @@
 // one per product), which also keeps the partial sums of a block small: the error against an exact sum is no
 // larger than that of widening every weight to float32 first.
 //
-// Two ways to run it: a streaming kernel (AVX-512, one or two rows) widens the codes in registers, two panels at a
-// time so that four independent sums hide the fused multiply-add latency, and prefetches the codes ahead (a decode
-// step reads every weight once, from memory); the other widens each k range of a panel once per call into a float
-// buffer that stays in L1 and multiplies every block of rows against it.
+// Two ways to run it: a streaming kernel (AVX-512, one to four rows) widens the codes in registers, up to four
+// panels at a time so that independent sums hide the fused multiply-add latency and several streams of codes are in
+// flight, and prefetches the codes ahead (a decode step reads every weight once, from memory); the other widens
+// each k range of a panel once per call into a float buffer that stays in L1 and multiplies every block of rows
+// against it.
 #pragma once
 
 #include <algorithm>
@@ -129,7 +130,7 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Zeros(const 
                   : _mm512_set1_epi32(g.zu);
 }
 
-// R rows (1 or 2) against P panels (1 or 2) over all K, codes widened in registers: sums[P][R][kPanelWidth] = the
+// R rows against P panels over all K, codes widened in registers: sums[P][R][kPanelWidth] = the
 // products.
 template <int R, int P, PanelFormat F, bool kZeros>
 __attribute__((target("avx512f"))) void Avx512Stream(const Product& g, const Panel* panels, float* sums) {
