@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -312,6 +314,60 @@ void CheckRowPacking(int bits, bool int8_rows, bool uniform_zero, int64_t k, int
     Fail(what + ": kept scales not copied (and their source dropped) once by the first product");
 }
 
+// Quantized products of codes packed as stored rows, with one zero point for every block (the 4-bit kernels' table
+// lookup) or varying ones: within tolerance of a double sum of the widened weights, and every row with the bits of
+// that row multiplied alone (1-4 rows stream the codes over up to four panels at a time, more rows multiply a
+// widened panel), whatever the kernel: AVX-512 and AVX2 give the same bits (`first`, filled by the first vector
+// kernel to run).
+void CheckQuantizedRows(ndp::PanelIsa isa, int bits, bool uniform_zero, int64_t m, int64_t k, int64_t n,
+                        int64_t block, Random& random, std::vector<float>* first) {
+  const int64_t row_bytes = (k * bits + 7) / 8, blocks = (k + block - 1) / block;
+  Random fixed;  // the same weights and rows for every kernel
+  fixed.state ^= static_cast<uint64_t>(bits * 1000003 + k * 101 + n * 7 + block + (uniform_zero ? 1 : 0));
+  std::vector<uint8_t> rows(static_cast<size_t>(n * row_bytes));
+  for (auto& byte : rows) byte = static_cast<uint8_t>(fixed.Next());
+  std::vector<float> scales(static_cast<size_t>(n * blocks));
+  for (auto& value : scales) value = 0.01f + 0.05f * std::fabs(fixed.Uniform());
+  std::vector<uint8_t> zeros(scales.size());
+  for (auto& value : zeros) value = static_cast<uint8_t>(uniform_zero ? 1 << (bits - 1) : fixed.Next() % (1u << bits));
+  auto code = [&](int64_t i, int64_t j) {
+    const uint8_t* row = rows.data() + j * row_bytes;
+    return bits == 8 ? row[i] : static_cast<uint8_t>((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 0x0F);
+  };
+  ndp::PackedMatrix w;
+  w.PackQuantizedRows(
+      bits, block, k, n, rows.data(), row_bytes, [&](int64_t b, int64_t j) { return scales[j * blocks + b]; },
+      [&](int64_t b, int64_t j) { return zeros[j * blocks + b]; }, false, uniform_zero);
+  std::vector<float> a(static_cast<size_t>(m * k)), c(static_cast<size_t>(m * n)), alone(static_cast<size_t>(n));
+  for (auto& value : a) value = fixed.Uniform();
+  ndp::PanelGemm(isa, m, a.data(), k, w, c.data(), n, false);
+  char what[160];
+  std::snprintf(what, sizeof what, "%s %d-bit%s m=%lld k=%lld n=%lld block=%lld", ndp::PanelIsaName(isa), bits,
+                uniform_zero ? " uniform zero" : "", static_cast<long long>(m), static_cast<long long>(k),
+                static_cast<long long>(n), static_cast<long long>(block));
+  for (int64_t r = 0; r < m; ++r) {
+    ndp::PanelGemm(isa, 1, a.data() + r * k, k, w, alone.data(), n, false);
+    if (isa != ndp::PanelIsa::kPortable && std::memcmp(alone.data(), c.data() + r * n, sizeof(float) * n) != 0)
+      return Fail(std::string(what) + ": a row alone gives other bits");
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double weight = (static_cast<int>(code(i, j)) - static_cast<int>(zeros[j * blocks + i / block])) *
+                              static_cast<double>(scales[j * blocks + i / block]);
+        sum += a[r * k + i] * weight;
+        magnitude += std::fabs(a[r * k + i] * weight);
+      }
+      if (!(std::fabs(c[r * n + j] - sum) <= 1e-5 * magnitude + 1e-30)) return Fail(std::string(what) + ": a sum");
+    }
+  }
+  if (isa == ndp::PanelIsa::kPortable) return;
+  if (first->empty()) {
+    *first = c;
+  } else if (*first != c) {
+    Fail(std::string(what) + ": other bits than the first vector kernel");
+  }
+}
+
 int main() {
   CheckConversions();
   Random packing;
@@ -329,6 +385,7 @@ int main() {
   Random random;
   std::string ran;
   int cases = 0;
+  std::map<std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t>, std::vector<float>> vector_bits;
   const Kind kinds[] = {Kind::kFloat32, Kind::kFloat16, Kind::kBFloat16, Kind::kUint8, Kind::kUint4};
   for (const char* name : {"avx512f", "avx2", "portable"}) {  // every kernel this CPU runs
     ndp::PanelIsa isa;
@@ -351,6 +408,16 @@ int main() {
       CheckProduct(isa, kind, 5, 64, 100, quantized ? 32 : 0, false, 1, 3, random);  // only panels 1 and 2
       ++cases;
     }
+    for (int bits : {8, 4})
+      for (bool uniform_zero : {true, false})
+        for (int64_t m : {1, 2, 3, 4, 13})
+          for (int64_t k : {34, 300})
+            for (int64_t n : {2, 70, 130, 200})  // 1, 3, 5 and 7 panels: streams of 4 and the rest
+              for (int64_t block : {16, 32, 300}) {
+                std::vector<float>& first = vector_bits[{bits, uniform_zero, m, k, n, block}];
+                CheckQuantizedRows(isa, bits, uniform_zero, m, k, n, block, random, &first);
+                ++cases;
+              }
     for (int bits : {8, 4}) {
       for (int64_t m : {1, 5, 7, 13}) {        // row blocks of 6, 4 and 1, and short last ones
         for (int64_t k : {32, 90, 352}) {       // whole blocks, a part block ending mid-quad

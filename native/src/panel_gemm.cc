@@ -1,6 +1,7 @@
 // Matrix products against column-panel packed weights (see panel_gemm.h).
 #include "panel_gemm.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -13,6 +14,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+
+#include "quant_kernels.h"  // after the pragmas: its AVX-512 kernels widen with the same intrinsics
 
 namespace ndp {
 
@@ -94,17 +97,13 @@ namespace {
 // L1 while every block of rows multiplies it.
 constexpr int64_t kChunk = 256;
 
-// One call of a block kernel: sums[R x kPanelWidth] (+)= a[R x (start..stop)] @ panel rows start..stop, k in order;
-// `resume` continues the sums of the previous k range (so cutting k into ranges does not change a rounding). A
-// quantized panel's rows start..stop lie in one quantization block, whose scales and zero points are given.
+// One call of a float block kernel: sums[R x kPanelWidth] (+)= a[R x (start..stop)] @ panel rows start..stop, k in
+// order; `resume` continues the sums of the previous k range (so cutting k into ranges does not change a rounding).
+// Quantized panels have kernels of their own (quant_kernels.h).
 struct BlockCall {
   const float* a;  // row 0 of the block of rows, column 0
   int64_t lda;
   const uint8_t* panel;
-  const float* scales;   // quantized formats: the kPanelWidth scales of the quantization block holding `start`
-  const uint8_t* zeros;  // quantized formats: its kPanelWidth zero points (the next blocks' follow, kPanelWidth on)
-  int64_t block;         // quantized formats: rows per quantization block; [start, stop) may span several blocks
-                         // only for a kernel with Kernels::spans_blocks
   int64_t start, stop;
   float* sums;
   bool resume;
@@ -119,17 +118,8 @@ inline float PortableValue(const BlockCall& c, int64_t i, int64_t j) {
     return reinterpret_cast<const float*>(c.panel)[i * kPanelWidth + j];
   } else if constexpr (F == PanelFormat::kFloat16) {
     return HalfToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
-  } else if constexpr (F == PanelFormat::kBFloat16) {
-    return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
   } else {
-    int code;
-    if constexpr (F == PanelFormat::kUint8) {
-      code = c.panel[i * kPanelWidth + j];
-    } else {
-      const uint8_t byte = c.panel[i * (kPanelWidth / 2) + j % 16];
-      code = j < 16 ? (byte & 0x0F) : (byte >> 4);
-    }
-    return static_cast<float>(code - c.zeros[j]) * c.scales[j];
+    return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(c.panel)[i * kPanelWidth + j]);
   }
 }
 
@@ -149,11 +139,10 @@ void PortableBlock(const BlockCall& c) {
 }
 
 #ifdef NDP_X86
-// Panel row i as two vectors of 16 columns. `scale`/`zero`: the row's quantization block (quantized formats).
+// Panel row i as two vectors of 16 columns.
 template <PanelFormat F>
-__attribute__((target("avx512f"), always_inline)) inline void Avx512Row(const uint8_t* panel, int64_t i,
-                                                                        const __m512* scale, const __m512i* zero,
-                                                                        __m512* b0, __m512* b1) {
+__attribute__((target("avx512f"), always_inline)) inline void Avx512Row(const uint8_t* panel, int64_t i, __m512* b0,
+                                                                        __m512* b1) {
   if constexpr (F == PanelFormat::kFloat32) {
     const float* row = reinterpret_cast<const float*>(panel) + i * kPanelWidth;
     *b0 = _mm512_load_ps(row);
@@ -162,24 +151,10 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Row(const ui
     const auto* row = reinterpret_cast<const __m256i*>(panel + i * kPanelWidth * 2);
     *b0 = _mm512_cvtph_ps(_mm256_loadu_si256(row));
     *b1 = _mm512_cvtph_ps(_mm256_loadu_si256(row + 1));
-  } else if constexpr (F == PanelFormat::kBFloat16) {
+  } else {
     const auto* row = reinterpret_cast<const __m256i*>(panel + i * kPanelWidth * 2);
     *b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(row)), 16));
     *b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(row + 1)), 16));
-  } else {
-    __m512i q0, q1;
-    if constexpr (F == PanelFormat::kUint8) {
-      const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth);
-      q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(row));
-      q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(row + 1));
-    } else {
-      const __m512i bytes =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + i * (kPanelWidth / 2))));
-      q0 = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-      q1 = _mm512_srli_epi32(bytes, 4);
-    }
-    *b0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q0, zero[0])), scale[0]);
-    *b1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q1, zero[1])), scale[1]);
   }
 }
 
@@ -191,34 +166,15 @@ __attribute__((target("avx512f"))) void Avx512Block(const BlockCall& c) {
     lo[r] = c.resume ? _mm512_load_ps(c.sums + r * kPanelWidth) : _mm512_setzero_ps();
     hi[r] = c.resume ? _mm512_load_ps(c.sums + r * kPanelWidth + 16) : _mm512_setzero_ps();
   }
-  __m512 scale[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  __m512i zero[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   const float* a = c.a;
-  // a quantized range runs block by block (each block's scales and zero points loaded once), in one call: a
-  // call per block of 32 rows would reload and store the sums every 32 rows
-  const int64_t first_block = Quantized(F) ? c.start / c.block : 0;
-  for (int64_t start = c.start; start < c.stop;) {
-    int64_t stop = c.stop;
-    if constexpr (Quantized(F)) {
-      const int64_t b = start / c.block;
-      stop = std::min(stop, (b + 1) * c.block);
-      const float* scales = c.scales + (b - first_block) * kPanelWidth;
-      const uint8_t* zeros = c.zeros + (b - first_block) * kPanelWidth;
-      scale[0] = _mm512_loadu_ps(scales);
-      scale[1] = _mm512_loadu_ps(scales + 16);
-      zero[0] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros)));
-      zero[1] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zeros + 16)));
+  for (int64_t i = c.start; i < c.stop; ++i) {
+    __m512 b0, b1;
+    Avx512Row<F>(c.panel, i, &b0, &b1);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * c.lda + i]);
+      lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+      hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
     }
-    for (int64_t i = start; i < stop; ++i) {
-      __m512 b0, b1;
-      Avx512Row<F>(c.panel, i, scale, zero, &b0, &b1);
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(a[r * c.lda + i]);
-        lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
-        hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
-      }
-    }
-    start = stop;
   }
   for (int r = 0; r < R; ++r) {
     _mm512_store_ps(c.sums + r * kPanelWidth, lo[r]);
@@ -229,68 +185,34 @@ __attribute__((target("avx512f"))) void Avx512Block(const BlockCall& c) {
 // Panel row i as four vectors of 8 columns.
 template <PanelFormat F>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void Avx2Row(const uint8_t* panel, int64_t i,
-                                                                             const __m256* scale,
-                                                                             const __m256i* zero, __m256* b) {
+                                                                             __m256* b) {
   if constexpr (F == PanelFormat::kFloat32) {
     const float* row = reinterpret_cast<const float*>(panel) + i * kPanelWidth;
     for (int v = 0; v < 4; ++v) b[v] = _mm256_load_ps(row + 8 * v);
   } else if constexpr (F == PanelFormat::kFloat16) {
     const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth * 2);
     for (int v = 0; v < 4; ++v) b[v] = _mm256_cvtph_ps(_mm_loadu_si128(row + v));
-  } else if constexpr (F == PanelFormat::kBFloat16) {
+  } else {
     const auto* row = reinterpret_cast<const __m128i*>(panel + i * kPanelWidth * 2);
     for (int v = 0; v < 4; ++v)
       b[v] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(row + v)), 16));
-  } else {
-    __m256i q[4];
-    if constexpr (F == PanelFormat::kUint8) {
-      const uint8_t* row = panel + i * kPanelWidth;
-      for (int v = 0; v < 4; ++v)
-        q[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * v)));
-    } else {  // bytes 0..7: columns 0..7 (low nibbles) and 16..23 (high); bytes 8..15: 8..15 and 24..31
-      const uint8_t* row = panel + i * (kPanelWidth / 2);
-      const __m256i mask = _mm256_set1_epi32(0x0F);
-      for (int half = 0; half < 2; ++half) {
-        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * half)));
-        q[half] = _mm256_and_si256(bytes, mask);
-        q[half + 2] = _mm256_srli_epi32(bytes, 4);
-      }
-    }
-    for (int v = 0; v < 4; ++v) b[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[v], zero[v])), scale[v]);
   }
 }
 
-// Three rows by four 8-float vectors: 12 accumulators (16 ymm registers; a quantized panel's block scales and zero
-// points are reloaded from L1 as the compiler needs).
+// Three rows by four 8-float vectors: 12 accumulators (16 ymm registers).
 template <int R, PanelFormat F>
 __attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v)
       acc[r][v] = c.resume ? _mm256_load_ps(c.sums + r * kPanelWidth + 8 * v) : _mm256_setzero_ps();
-  __m256 scale[4] = {};
-  __m256i zero[4] = {};
-  const int64_t first_block = Quantized(F) ? c.start / c.block : 0;  // block by block, as Avx512Block
-  for (int64_t start = c.start; start < c.stop;) {
-    int64_t stop = c.stop;
-    if constexpr (Quantized(F)) {
-      const int64_t blk = start / c.block;
-      stop = std::min(stop, (blk + 1) * c.block);
-      for (int v = 0; v < 4; ++v) {
-        scale[v] = _mm256_loadu_ps(c.scales + (blk - first_block) * kPanelWidth + 8 * v);
-        zero[v] = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.zeros + (blk - first_block) * kPanelWidth + 8 * v)));
-      }
-    }
-    for (int64_t i = start; i < stop; ++i) {
-      __m256 b[4];
-      Avx2Row<F>(c.panel, i, scale, zero, b);
-      __m256 x[R];
-      for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
-      for (int v = 0; v < 4; ++v)
-        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
-    }
-    start = stop;
+  for (int64_t i = c.start; i < c.stop; ++i) {
+    __m256 b[4];
+    Avx2Row<F>(c.panel, i, b);
+    __m256 x[R];
+    for (int r = 0; r < R; ++r) x[r] = _mm256_broadcast_ss(c.a + r * c.lda + i);
+    for (int v = 0; v < 4; ++v)
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(x[r], b[v], acc[r][v]);
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) _mm256_store_ps(c.sums + r * kPanelWidth + 8 * v, acc[r][v]);
@@ -299,13 +221,12 @@ __attribute__((target("avx2,fma,f16c"))) void Avx2Block(const BlockCall& c) {
 
 using BlockFn = void (*)(const BlockCall&);
 constexpr int kMaxBlockRows = 12;
-constexpr int kFormats = 5;
+constexpr int kFormats = 3;  // the float formats
 
 // A kernel family: the block for 1..max_rows rows (index rows - 1) of one panel format.
 struct Kernels {
   int max_rows;
   BlockFn blocks[kMaxBlockRows];
-  bool spans_blocks = false;  // a call may cover several quantization blocks (BlockCall::block)
 };
 
 template <PanelFormat F>
@@ -313,27 +234,23 @@ constexpr Kernels PortableKernels() {
   return {4, {PortableBlock<1, F>, PortableBlock<2, F>, PortableBlock<3, F>, PortableBlock<4, F>}};
 }
 const Kernels kPortable[kFormats] = {PortableKernels<PanelFormat::kFloat32>(), PortableKernels<PanelFormat::kFloat16>(),
-                                     PortableKernels<PanelFormat::kBFloat16>(), PortableKernels<PanelFormat::kUint8>(),
-                                     PortableKernels<PanelFormat::kUint4>()};
+                                     PortableKernels<PanelFormat::kBFloat16>()};
 #ifdef NDP_X86
 template <PanelFormat F>
 constexpr Kernels Avx512Kernels() {
   return {12,
           {Avx512Block<1, F>, Avx512Block<2, F>, Avx512Block<3, F>, Avx512Block<4, F>, Avx512Block<5, F>,
            Avx512Block<6, F>, Avx512Block<7, F>, Avx512Block<8, F>, Avx512Block<9, F>, Avx512Block<10, F>,
-           Avx512Block<11, F>, Avx512Block<12, F>},
-          true};
+           Avx512Block<11, F>, Avx512Block<12, F>}};
 }
 template <PanelFormat F>
 constexpr Kernels Avx2Kernels() {
-  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}, true};
+  return {3, {Avx2Block<1, F>, Avx2Block<2, F>, Avx2Block<3, F>}};
 }
 const Kernels kAvx512[kFormats] = {Avx512Kernels<PanelFormat::kFloat32>(), Avx512Kernels<PanelFormat::kFloat16>(),
-                                   Avx512Kernels<PanelFormat::kBFloat16>(), Avx512Kernels<PanelFormat::kUint8>(),
-                                   Avx512Kernels<PanelFormat::kUint4>()};
+                                   Avx512Kernels<PanelFormat::kBFloat16>()};
 const Kernels kAvx2[kFormats] = {Avx2Kernels<PanelFormat::kFloat32>(), Avx2Kernels<PanelFormat::kFloat16>(),
-                                 Avx2Kernels<PanelFormat::kBFloat16>(), Avx2Kernels<PanelFormat::kUint8>(),
-                                 Avx2Kernels<PanelFormat::kUint4>()};
+                                 Avx2Kernels<PanelFormat::kBFloat16>()};
 #endif
 
 const Kernels& KernelsFor(PanelIsa isa, PanelFormat format) {
@@ -527,6 +444,128 @@ void StoreSums(const float* sums, int64_t rows, float* c, int64_t ldc, int64_t c
   }
 }
 
+// The quantized kernels of one instruction set (quant_kernels.h): widening a k range of a panel into floats (per
+// code format: kUint8, kUint4), and the products of 1..max_rows rows against it.
+using WidenFn = void (*)(const quant::Product&, const quant::Panel&, int64_t, int64_t, float*);
+using WidenedFn = void (*)(const quant::Product&, const quant::Panel&, const float*, const float*, int64_t, int64_t,
+                           float*);
+struct QuantKernels {
+  WidenFn widen[2];
+  int max_rows;
+  WidenedFn blocks[kMaxBlockRows];
+};
+
+const QuantKernels kPortableQuant = {
+    {quant::PortableWiden<PanelFormat::kUint8>, quant::PortableWiden<PanelFormat::kUint4>},
+    4,
+    {quant::PortableWidenedBlocks<1>, quant::PortableWidenedBlocks<2>, quant::PortableWidenedBlocks<3>,
+     quant::PortableWidenedBlocks<4>}};
+#ifdef NDP_X86
+const QuantKernels kAvx2Quant = {
+    {quant::Avx2Widen<PanelFormat::kUint8>, quant::Avx2Widen<PanelFormat::kUint4>},
+    3,
+    {quant::Avx2WidenedBlocks<1>, quant::Avx2WidenedBlocks<2>, quant::Avx2WidenedBlocks<3>}};
+const WidenedFn kAvx512Widened[kMaxBlockRows] = {
+    quant::Avx512WidenedBlocks<1>,  quant::Avx512WidenedBlocks<2>,  quant::Avx512WidenedBlocks<3>,
+    quant::Avx512WidenedBlocks<4>,  quant::Avx512WidenedBlocks<5>,  quant::Avx512WidenedBlocks<6>,
+    quant::Avx512WidenedBlocks<7>,  quant::Avx512WidenedBlocks<8>,  quant::Avx512WidenedBlocks<9>,
+    quant::Avx512WidenedBlocks<10>, quant::Avx512WidenedBlocks<11>, quant::Avx512WidenedBlocks<12>};
+const WidenFn kAvx512Widen[2][2] = {  // [kUint4][zero points that vary]
+    {quant::Avx512Widen<PanelFormat::kUint8, false>, quant::Avx512Widen<PanelFormat::kUint8, true>},
+    {quant::Avx512Widen<PanelFormat::kUint4, false>, quant::Avx512Widen<PanelFormat::kUint4, true>}};
+
+// At most this many rows widen the codes in registers (Avx512Stream) rather than into a buffer once per call.
+constexpr int64_t kStreamRows = 4;
+// Panels one streaming call covers, by rows: four independent streams of codes keep enough memory requests in
+// flight; more rows fill the registers with fewer.
+constexpr int64_t StreamPanels(int64_t rows) { return rows <= 2 ? 4 : rows == 3 ? 2 : 1; }
+
+using StreamFn = void (*)(const quant::Product&, const quant::Panel*, float*);
+template <PanelFormat F, bool kZeros>
+constexpr std::array<std::array<StreamFn, 4>, kStreamRows> StreamKernels() {  // [rows - 1][panels - 1]
+  using quant::Avx512Stream;
+  return {{{Avx512Stream<1, 1, F, kZeros>, Avx512Stream<1, 2, F, kZeros>, Avx512Stream<1, 3, F, kZeros>,
+            Avx512Stream<1, 4, F, kZeros>},
+           {Avx512Stream<2, 1, F, kZeros>, Avx512Stream<2, 2, F, kZeros>, Avx512Stream<2, 3, F, kZeros>,
+            Avx512Stream<2, 4, F, kZeros>},
+           {Avx512Stream<3, 1, F, kZeros>, Avx512Stream<3, 2, F, kZeros>, nullptr, nullptr},
+           {Avx512Stream<4, 1, F, kZeros>, nullptr, nullptr, nullptr}}};
+}
+const std::array<std::array<StreamFn, 4>, kStreamRows> kStream[2][2] = {  // [kUint4][zero points that vary]
+    {StreamKernels<PanelFormat::kUint8, false>(), StreamKernels<PanelFormat::kUint8, true>()},
+    {StreamKernels<PanelFormat::kUint4, false>(), StreamKernels<PanelFormat::kUint4, true>()}};
+#endif
+
+thread_local AlignedFloats t_widened;  // a k range of one panel widened to float (quantized products)
+
+quant::Panel PanelOf(const PackedMatrix& b, int64_t p) {
+  return {b.panel(p), b.scales(p), b.uniform_zero() ? nullptr : b.zeros(p)};
+}
+
+// PanelGemm for kUint8 / kUint4 panels [first_panel, end_panel) (quant_kernels.h).
+void QuantizedGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c,
+                   int64_t ldc, bool accumulate, int64_t first_panel, int64_t end_panel) {
+  quant::Product g{};
+  g.a = a;
+  g.lda = lda;
+  g.k = b.rows();
+  g.block = b.block();
+  const bool zeros = !b.uniform_zero(), u4 = b.format() == PanelFormat::kUint4;
+  g.zu = zeros ? 0 : b.zeros(0)[0];
+  for (int code = 0; code < 16; ++code) g.table[code] = static_cast<float>(code - g.zu);
+  const int64_t n = b.cols();
+  const auto needed = static_cast<size_t>(std::max<int64_t>(m, 4 * 2) * kPanelWidth);  // streaming: 4 panels x 2 rows
+  if (t_sums.size() < needed) t_sums.resize(needed);
+  float* sums = t_sums.data();
+  auto store = [&](int64_t p, const float* panel_sums) {
+    StoreSums(panel_sums, m, c + p * kPanelWidth, ldc, std::min(kPanelWidth, n - p * kPanelWidth), accumulate);
+  };
+#ifdef NDP_X86
+  if (isa == PanelIsa::kAvx512 && m <= kStreamRows) {
+    const auto& kernels = kStream[u4][zeros][m - 1];
+    const int64_t width = StreamPanels(m);
+    for (int64_t p = first_panel; p < end_panel; p += width) {
+      const int64_t count = std::min<int64_t>(width, end_panel - p);
+      quant::Panel panels[4] = {};
+      for (int64_t q = 0; q < count; ++q) panels[q] = PanelOf(b, p + q);
+      kernels[count - 1](g, panels, sums);
+      for (int64_t q = 0; q < count; ++q) store(p + q, sums + q * m * kPanelWidth);
+    }
+    return;
+  }
+  const bool wide = isa == PanelIsa::kAvx512;
+  const QuantKernels& kernels = isa == PanelIsa::kAvx2 ? kAvx2Quant : kPortableQuant;
+  const WidenedFn* blocks = wide ? kAvx512Widened : kernels.blocks;
+  const int64_t step = wide ? kMaxBlockRows : kernels.max_rows;
+  const WidenFn widen = wide ? kAvx512Widen[u4][zeros] : kernels.widen[u4];
+#else
+  const WidenedFn* blocks = kPortableQuant.blocks;
+  const int64_t step = kPortableQuant.max_rows;
+  const WidenFn widen = kPortableQuant.widen[u4];
+#endif
+  // whole quantization blocks per widened range, about kChunk rows (one block when blocks are longer)
+  const int64_t chunk = std::max<int64_t>(1, kChunk / g.block) * g.block;
+  const int64_t tiles = (m + step - 1) / step;
+  const auto widened_size = static_cast<size_t>(std::min(chunk, g.k) * kPanelWidth);
+  if (t_widened.size() < widened_size) t_widened.resize(widened_size);
+  for (int64_t p = first_panel; p < end_panel; ++p) {
+    const quant::Panel panel = PanelOf(b, p);
+    std::fill(sums, sums + m * kPanelWidth, 0.0f);
+    for (int64_t start = 0; start < g.k; start += chunk) {
+      const int64_t stop = std::min(g.k, start + chunk);
+      widen(g, panel, start, stop, t_widened.data());
+      // blocks of rows as even as `step` allows (64 rows: 11 11 11 11 10 10, not 12 12 12 12 12 4): a short
+      // block reloads the widened panel for few products
+      for (int64_t tile = 0, row = 0; tile < tiles; ++tile) {
+        const int64_t rows = m / tiles + (tile < m % tiles ? 1 : 0);
+        blocks[rows - 1](g, panel, a + row * lda, t_widened.data(), start, stop, sums + row * kPanelWidth);
+        row += rows;
+      }
+    }
+    store(p, sums);
+  }
+}
+
 }  // namespace
 
 const char* PanelIsaName(PanelIsa isa) {
@@ -547,6 +586,11 @@ std::string ChoosePanelIsa(const char* requested, PanelIsa* out) {
 
 void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const PackedMatrix& b, float* c, int64_t ldc,
                bool accumulate, int64_t first_panel, int64_t end_panel) {
+  if (end_panel < 0 || end_panel > b.panel_count()) end_panel = b.panel_count();
+  if (Quantized(b.format())) {
+    QuantizedGemm(isa, m, a, lda, b, c, ldc, accumulate, first_panel, end_panel);
+    return;
+  }
   const Kernels& kernels = KernelsFor(isa, b.format());
   const int64_t k = b.rows(), n = b.cols(), step = kernels.max_rows;
   const size_t needed = static_cast<size_t>(((m + step - 1) / step) * step * kPanelWidth);
@@ -554,23 +598,15 @@ void PanelGemm(PanelIsa isa, int64_t m, const float* a, int64_t lda, const Packe
   float* sums = t_sums.data();
   BlockCall call{};
   call.lda = lda;
-  if (end_panel < 0 || end_panel > b.panel_count()) end_panel = b.panel_count();
   for (int64_t p = first_panel; p < end_panel; ++p) {
     const int64_t first = p * kPanelWidth, cols = std::min(kPanelWidth, n - first);
     call.panel = b.panel(p);
-    // k outermost within a panel: its slice stays in L1 while every block of rows multiplies it; a quantized
-    // slice also ends where a quantization block does
+    // k outermost within a panel: its slice stays in L1 while every block of rows multiplies it
     for (int64_t start = 0; start < k;) {
-      int64_t stop = std::min(k, start + kChunk);
-      if (b.block() && !kernels.spans_blocks) stop = std::min(stop, (start / b.block() + 1) * b.block());
-      call.block = b.block();
+      const int64_t stop = std::min(k, start + kChunk);
       call.start = start;
       call.stop = stop;
       call.resume = start > 0;
-      if (b.block()) {
-        call.scales = b.scales(p) + (start / b.block()) * kPanelWidth;
-        call.zeros = b.zeros(p) + (start / b.block()) * kPanelWidth;
-      }
       for (int64_t row = 0; row < m; row += step) {
         call.a = a + row * lda;
         call.sums = sums + row * kPanelWidth;

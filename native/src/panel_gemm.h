@@ -95,6 +95,7 @@ class PackedMatrix {
     if (lazy_) std::call_once(lazy_->once, [this] { CopyKeptScales(); });
     return scales_.data() + p * Blocks() * kPanelWidth;
   }
+  bool uniform_zero() const { return uniform_zero_; }  // one zero point for every block and column: zeros(p)[0]
   bool scales_pending() const { return lazy_ != nullptr && scales_.empty(); }  // kept, not copied yet
   const uint8_t* zeros(int64_t p) const { return zeros_.data() + (uniform_zero_ ? 0 : p * Blocks() * kPanelWidth); }
 

@@ -51,19 +51,22 @@ def reference_activation(name: str, h: np.ndarray, beta: float) -> np.ndarray:
 
 
 def quantize(w_out_in: np.ndarray, bits: int, block: int, rng, zero_points: bool):
-    """Block-quantize a [out, in] float64 matrix: packed uint8 q, scales [out, in/block], zero points, and the
-    float64 values those dequantize to."""
+    """Block-quantize a [out, in] float64 matrix: packed uint8 q, scales [out, ceil(in/block)], zero points, and the
+    float64 values those dequantize to (a last block cut short by ``in`` covers the inputs it has)."""
     out_dim, in_dim = w_out_in.shape
     qmax = (1 << bits) - 1
-    blocks = w_out_in.reshape(out_dim, in_dim // block, block)
+    padded_in = -(-in_dim // block) * block
+    padded = np.concatenate([w_out_in, np.zeros((out_dim, padded_in - in_dim))], axis=1)
+    blocks = padded.reshape(out_dim, padded_in // block, block)
     scale = np.abs(blocks).max(axis=-1) / (qmax // 2) + 1e-3
     zp = (
         rng.integers(qmax // 2 - 2, qmax // 2 + 3, scale.shape)
         if zero_points
         else np.full(scale.shape, 1 << (bits - 1))
     )
-    q = np.clip(np.rint(blocks / scale[..., None]) + zp[..., None], 0, qmax).astype(np.uint8).reshape(out_dim, in_dim)
-    dequant = ((q.reshape(blocks.shape).astype(np.float64) - zp[..., None]) * scale[..., None]).reshape(out_dim, in_dim)
+    q = np.clip(np.rint(blocks / scale[..., None]) + zp[..., None], 0, qmax).astype(np.uint8)
+    dequant = ((q.astype(np.float64) - zp[..., None]) * scale[..., None]).reshape(out_dim, padded_in)[:, :in_dim]
+    q = q.reshape(out_dim, padded_in)[:, :in_dim]
 
     def pack(values: np.ndarray) -> np.ndarray:
         if bits == 8:

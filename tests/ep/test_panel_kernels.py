@@ -186,3 +186,71 @@ def test_the_standalone_kernel_check_passes_with_every_kernel_this_cpu_runs(tmp_
     checked = subprocess.run([str(binary)], capture_output=True, text=True, check=False, timeout=120)
     assert checked.returncode == 0, checked.stdout[-3000:]
     assert checked.stdout.strip().endswith(": ok") and "portable" in checked.stdout
+
+
+# Block-quantized weights without zero points (one zero point for every block: the 4-bit table lookup) and with
+# them, in blocks of 48: hidden 304 ends in a 16-input partial block; 2 shards of FFN 192 (two blocks each). One and
+# two tokens route one or two rows to an expert (the streaming AVX-512 kernel), 64 tokens ~32 (the widened-panel
+# kernel, two 12-row blocks and a short one).
+QUANT_CASES = [(dtype, zero_points) for dtype in ("int4", "int8") for zero_points in (False, True)]
+QUANT_TOKENS = (1, 2, 64)
+
+
+@pytest.fixture(scope="module")
+def quantized_cases():
+    return {
+        (dtype, zero_points): build_sharded_case(
+            "silu_glu", weight_dtype=dtype, hidden=304, ffn=192, block=48, zero_points=zero_points, experts=4,
+            seed=11,
+        )
+        for dtype, zero_points in QUANT_CASES
+    }  # fmt: skip
+
+
+def _feeds(spec, tokens: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, spec.hidden)).astype(np.float32)
+    ids = np.stack([rng.choice(spec.num_experts, spec.top_k, replace=False) for _ in range(tokens)]).astype(np.int64)
+    return x, ids, rng.random((tokens, spec.top_k)).astype(np.float32)
+
+
+def _run_feeds(isa: str, model, feeds, monkeypatch) -> np.ndarray:
+    monkeypatch.setenv(ISA_ENV, isa)
+    monkeypatch.setenv(*QMOE_FLOAT)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    make = lambda: ort.InferenceSession(model.SerializeToString(), ndp_ep.session_options(options))  # noqa: E731
+    x, ids, w = feeds
+    return _skip_unless_supported(isa, make).run(None, {"x": x, "ids": ids, "w": w})[0]
+
+
+@pytest.mark.parametrize("tokens", QUANT_TOKENS)
+@pytest.mark.parametrize(("weight_dtype", "zero_points"), QUANT_CASES)
+@pytest.mark.parametrize("isa", ["avx512f", "avx2", "portable"])
+def test_quantized_products_match_the_float64_reference_with_a_partial_last_block(
+    isa, weight_dtype, zero_points, tokens, quantized_cases, monkeypatch, relative_error
+):
+    model, reference, spec = quantized_cases[weight_dtype, zero_points]
+    feeds = _feeds(spec, tokens)
+    out = _run_feeds(isa, model, feeds, monkeypatch)
+    x, ids, w = feeds
+    expected = reference_output(reference, spec, x.astype(np.float64), ids, w.astype(np.float64))
+    assert relative_error(out, expected) < FP32_RTOL
+
+
+@pytest.mark.parametrize(("weight_dtype", "zero_points"), QUANT_CASES)
+def test_quantized_products_give_the_same_bits_for_any_kernel_and_any_rows_per_expert(
+    weight_dtype, zero_points, quantized_cases, monkeypatch
+):
+    # every quantized kernel sums the same terms in the same order: a token computed alone (one row per expert,
+    # AVX-512's streaming kernel) gives the bits it gets among 64 (widened panels, 12-row blocks), and AVX2's
+    # kernels give AVX-512's
+    model, _, spec = quantized_cases[weight_dtype, zero_points]
+    x, ids, w = _feeds(spec, 64)
+    batch = {isa: _run_feeds(isa, model, (x, ids, w), monkeypatch) for isa in ("avx512f", "avx2")}
+    assert np.array_equal(batch["avx512f"], batch["avx2"])
+    for t in (0, 1, 63):
+        alone = _run_feeds("avx512f", model, (x[t : t + 1], ids[t : t + 1], w[t : t + 1]), monkeypatch)
+        assert np.array_equal(alone[0], batch["avx512f"][t])
+    pair = _run_feeds("avx512f", model, (x[2:4], ids[2:4], w[2:4]), monkeypatch)
+    assert np.array_equal(pair, batch["avx512f"][2:4])
