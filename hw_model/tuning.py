@@ -106,6 +106,8 @@ class SimulatorTuning:
         "1: ours splits one expert between the GPU and the NDP units after the packer (1/k or all but 1/k of its FFN "
         "columns on the GPU, k in 2..8, the expert and k that end the layer soonest, only when that is sooner); 0: "
         "whole experts only",
+        metavar="0|1",
+    )
     prefetch_change_z: float = setting(
         3.0,
         "the prefetcher's change detector: when the share of a layer's (or all layers' pooled) selections over its "
