@@ -570,6 +570,16 @@ class ExpertLRUCache:
             self._used_bytes = used
         self.hits += hits
 
+    def resize(self, capacity_bytes: float) -> None:
+        """Make the capacity ``capacity_bytes``, the least recently used going out while over it."""
+        self.capacity_bytes = capacity_bytes
+        used = self._used_bytes
+        while used > capacity_bytes and self._entries:
+            (layer, expert), freed = self._entries.popitem(last=False)
+            self._by_layer[layer].discard(expert)
+            used -= freed
+        self._used_bytes = used if self._entries else 0.0
+
     def experts_of(self, layer: int) -> set[int] | frozenset[int]:
         """The cached experts of ``layer`` (keys are ``(layer, expert)``)."""
         return self._by_layer.get(layer, _NO_EXPERTS)

@@ -14,7 +14,9 @@ from typing import Any
 from hw_model.errors import SettingsError
 from hw_model.units import finite_number
 
-DEFAULT_RESIDENCY_FRACTION = 0.75  # assumption: share of the GPU expert pool kept resident; the rest stages copies
+# share of the GPU expert pool kept resident: all of it (the simulator keeps one expert's room for staging, and
+# dynamic staging lets on-demand copies use what residents do not hold); docs/bench.md's budget sweep measures it
+DEFAULT_RESIDENCY_FRACTION = 1.0
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:

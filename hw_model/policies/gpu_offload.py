@@ -14,7 +14,8 @@ class GpuOffload(Policy):
     role = "baseline"
     description = (
         "every expert on the GPU; the same dataset-free prefetcher as ours keeps experts resident, misses are "
-        "copied on demand into an LRU staging area (plain DIMMs, no NDP compute)"
+        "copied on demand into an LRU staging area (plain DIMMs, no NDP compute) as large as the pool the residents "
+        "leave"
     )
     source = "expert-offloading systems (MoE-Infinity, ProMoE, HOBBIT); ../shared/reference/hardware.md"
     needs_ndp = False
@@ -32,5 +33,5 @@ class GpuOffload(Policy):
         on_the_gpu = [(e, e in prefetched or e in cached) for e in out.active]
         for (e, resident), tokens in zip(on_the_gpu, out.active_tokens, strict=True):
             out.to_gpu(e, tokens, resident)
-        _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
+        _keep_copies(ctx, state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
         out.finish()

@@ -71,7 +71,7 @@ class TensorParallelLoadBalanced(Policy):
         if on_the_gpu:
             if phase == "prefill" and state.prefetcher is not None and ctx.tuning.adopt_prefill_copies:
                 _adopt_prefill_copies(state.prefetcher, out, on_the_gpu)
-            _keep_copies(state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
+            _keep_copies(ctx, state, layer_index, on_the_gpu, ctx.expert_bytes[layer_index])
 
 
 def _adopt_prefill_copies(

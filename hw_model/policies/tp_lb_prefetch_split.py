@@ -32,7 +32,7 @@ class OursSplit(Ours):
         for e, tokens, res in zip(out.active, out.active_tokens, resident, strict=True):
             if e in on_gpu:
                 out.to_gpu(e, tokens, res)
-                _keep_copies(state, layer_index, [(e, res)], ctx.expert_bytes[layer_index])
+                _keep_copies(ctx, state, layer_index, [(e, res)], ctx.expert_bytes[layer_index])
             elif split is not None and e == out.active[split[0]]:
                 out.split(e, tokens, split[1])
             else:

@@ -45,7 +45,7 @@ class OursVariableDegree(Ours):
         for i, (e, tokens) in enumerate(zip(active, active_tokens, strict=True)):
             if on_gpu[i]:
                 out.to_gpu(e, tokens, res[i])
-                _keep_copies(state, layer_index, [(e, res[i])], ctx.expert_bytes[layer_index])
+                _keep_copies(ctx, state, layer_index, [(e, res[i])], ctx.expert_bytes[layer_index])
             elif whole[i]:
                 out.whole_on_units([e], [tokens])
             else:
