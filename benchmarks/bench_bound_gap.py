@@ -35,6 +35,16 @@ COUNT_FILE_MODELS = {"olmoe-1b-7b": "olmoe", "mixtral-8x7b": "mistral"}  # bench
 
 # the knobs as they were before issue 29's changes; each variant is one change from them, "now" the defaults
 BEFORE: dict[str, object] = {"dynamic_staging": 0, "adopt_prefill_copies": 0, "replan_on_residency": 0}
+# the knobs as the first round of issue 29 left them (the cold-start bound and the LRU staging in the pool the
+# residents leave are not knobs: they hold in every variant)
+ROUND2: dict[str, object] = {
+    "replan_on_copies": 0,
+    "balance_split": 0,
+    "prefetch_lazy_eviction": 0,
+    "prefetch_change_z": 0.0,
+    "prefetch_decay": 0.5,
+    "residency_fraction": 0.75,
+}
 VARIANTS: dict[str, dict[str, object]] = {
     "before": BEFORE,
     "dynamic-staging": {**BEFORE, "dynamic_staging": 1},
@@ -42,6 +52,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     "adopt-prefill-copies": {**BEFORE, "adopt_prefill_copies": 1},
     "eager-prefetch": {**BEFORE, "eager_prefetch": 1},
     "always-replan": {**BEFORE, "drift_threshold": 0.0},
+    # this round's changes (issue 29, second round), each one on its own from ``round2``, where all are off
+    "round2": ROUND2,
+    "+replan-on-copies": {**ROUND2, "replan_on_copies": 1},
+    "+balance-split": {**ROUND2, "balance_split": 1},
+    "+lazy-eviction": {**ROUND2, "prefetch_lazy_eviction": 1},
+    "+change-detector": {**ROUND2, "prefetch_change_z": 3.0, "prefetch_decay": 1.0},
+    "+residency=1.0": {**ROUND2, "residency_fraction": 1.0},
     "now": {},
     "now+residency=1.0": {"residency_fraction": 1.0},
     "now+eager-prefetch": {"eager_prefetch": 1},
