@@ -16,7 +16,7 @@ policies = ["monde", "tp+lb+prefetch"]
 prompt_tokens = 8
 generated_tokens = 4
 [hardware.gpu]
-memory_capacity_bytes = [8e9, 16e9]
+memory_capacity_bytes = [4e9, 16e9]
 """
 
 
@@ -97,7 +97,7 @@ def test_sweep_parquet_holds_the_same_table(tmp_path, capsys):
     assert main(["sweep", str(grid), "--out", str(tmp_path), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
     assert "8 points (0 failed, 0 whose experts do not fit" in text and "Pareto front of olmoe-1b-7b" in text
-    assert "  gpu.memory_capacity_bytes=8G: " in text and "  gpu.memory_capacity_bytes=16G: " in text
+    assert "  gpu.memory_capacity_bytes=4G: " in text and "  gpu.memory_capacity_bytes=16G: " in text
     table = pq.read_table(tmp_path / "sweep.parquet").to_pylist()
     assert table == json.loads((tmp_path / "sweep.json").read_text())
 
