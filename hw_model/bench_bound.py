@@ -227,7 +227,7 @@ def trace_bound(
     fill = None
     if cold_start:
         units = ctx.system.num_ndp_units
-        fill = PoolFill(prefill_s, ctx.costs.copy_bandwidth(units) if units else ctx.costs.copy_bandwidth(0))
+        fill = PoolFill(prefill_s, ctx.costs.copy_bandwidth(units))  # 0 units: PCIe alone
     causal_s = _decode_bound_s(memo, trace, layers, phases, pool, foresight=False, fill=fill)
     windows = []
     for start, stop in phases:
