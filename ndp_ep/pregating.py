@@ -21,16 +21,16 @@ sums every run's.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ndp_ep.pending import PendingRuns
+
 OUTPUT_PREFIX = "ndp_ep.pregating/"  # the cloned nodes' names and outputs
 MAX_CHAIN_NODES = 64  # a router is a handful of nodes; a longer chain is not one
-MAX_PENDING_RUNS = 4096  # runs counted whose report has not taken them (the oldest are dropped)
 # nodes between a TopK's indices and the op's ids input that keep every id's value and order
 _ID_PRESERVING = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 # ops a clone would not compute the same (random draws) or that read tensors outside their inputs (subgraphs)
@@ -140,9 +140,8 @@ class PreGating:
         self.outputs = [p.output for p in self.predictors if p.output]
         self._widths = [c.spec.num_experts for c in claimed]
         self._totals = {p.layer: [0, 0] for p in self.predictors if p.output}  # layer -> [hits, slots]
-        self._pending: OrderedDict[int, PreGatingRun] = OrderedDict()
-        self._lock = threading.Lock()
-        self.dropped = 0
+        self._pending = PendingRuns()  # per run tag: its PreGatingRun, until its report takes it
+        self._lock = threading.Lock()  # the totals
 
     def add_to(self, model) -> None:
         """Add the predictors' nodes and outputs to ``model`` (a copy ONNX Runtime gets)."""
@@ -171,16 +170,12 @@ class PreGating:
                 total = self._totals[layer.layer]
                 total[0] += layer.hits
                 total[1] += layer.slots
-            self._pending[tag] = run
-            while len(self._pending) > MAX_PENDING_RUNS:
-                self._pending.popitem(last=False)
-                self.dropped += 1
+        self._pending.put(tag, run)
         return run
 
     def take(self, tag: int) -> PreGatingRun | None:
         """The pre-gating of the run tagged ``tag`` (removed), or None."""
-        with self._lock:
-            return self._pending.pop(tag, None)
+        return self._pending.take(tag)
 
     @property
     def cumulative(self) -> PreGatingHits:

@@ -5,22 +5,20 @@ reports and a replay need. The ids and weights of every slot are the sharded ops
 ``capture_routing="slots"`` the session hands ONNX Runtime the model with those tensors added as graph outputs, asks
 for them in every ``run`` beside the caller's outputs, returns only the caller's, and keeps the rest per run tag
 until the run is reported, when the routing capture (:class:`hw_model.routing_capture.RoutingCapture`) takes them
-(:meth:`SlotCapture.take`). At most :data:`MAX_PENDING_RUNS` runs wait (the oldest are dropped, and the trace then
-has no slots, saying so); ``run_with_ort_values`` and io binding runs have none either. With
+(:meth:`SlotCapture.take`). At most :data:`ndp_ep.pending.MAX_PENDING_RUNS` runs wait (the oldest are dropped,
+and the trace then has no slots, saying so); ``run_with_ort_values`` and io binding runs have none either. With
 ``pre_gating=True`` the same copy also carries the pre-gating predictors' nodes and outputs
 (:mod:`ndp_ep.pregating`), whose ids each run scores against the ops' ids it fetched.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-MAX_PENDING_RUNS = 4096
+from ndp_ep.pending import PendingRuns
 
 
 class SlotCapture:
@@ -37,9 +35,7 @@ class SlotCapture:
         self.extra += predictor.outputs if self.names and predictor is not None else []
         self.slot_source = self.take if keep_slots else None  # what the routing capture takes every slot from
         self.outputs = [output.name for output in model.graph.output]
-        self._pending: OrderedDict[int, list[tuple[np.ndarray, np.ndarray]]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.dropped = 0
+        self._pending = PendingRuns()  # per run tag: each layer's (ids, weights)
 
     def model_with_outputs(self, model):
         """A copy of ``model`` whose graph also outputs every sharded op's expert ids and routing weights."""
@@ -70,17 +66,12 @@ class SlotCapture:
             self.predictor.count(tag, [ids for ids, _ in layers], values[2 * len(self.names) :])
         if self.slot_source is None:
             return results[:own]
-        with self._lock:
-            self._pending[tag] = [(ids, weights.astype(np.float32)) for ids, weights in layers]
-            while len(self._pending) > MAX_PENDING_RUNS:
-                self._pending.popitem(last=False)
-                self.dropped += 1
+        self._pending.put(tag, [(ids, weights.astype(np.float32)) for ids, weights in layers])
         return results[:own]
 
     def take(self, tag: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
         """The slots of the run tagged ``tag`` (removed), or None."""
-        with self._lock:
-            return self._pending.pop(tag, None)
+        return self._pending.take(tag)
 
 
 def slot_capture(
