@@ -10,6 +10,7 @@ import numpy as np
 
 from hw_model.layout import InvocationLayout
 from hw_model.policies.base import Policy, PolicyState
+from hw_model.policies.packing import staging_cap_bytes
 from hw_model.run_context import RunContext
 from hw_model.scheduler import best_prefix_lists
 
@@ -103,7 +104,8 @@ class _Balanced(Policy):
             result_s, result_pcie_s = out.result_s()
             # best_prefix of _placement_problem's problem, on the lists (same answer, no numpy per-call cost)
             base = [out.activation_s()] * units
-            staging = self._staging_cap_bytes(ctx, out.layer_index, len(first))
+            kept = len(first) * ctx.expert_bytes[out.layer_index] if self.keeps_residents else None  # its cache's
+            staging = staging_cap_bytes(ctx, state, kept)
             k = best_prefix_lists(items, order, base, staging, result_s, result_pcie_s, True, True)
             state.decision_times_s.append(time.perf_counter() - started)
             chosen = {ids[i] for i in order[:k]}
@@ -118,15 +120,6 @@ class _Balanced(Policy):
         for group, members in groups.items():
             chosen.update(members[: moved[group]])
         return chosen
-
-    def _staging_cap_bytes(self, ctx: RunContext, layer_index: int, resident_active: int) -> float:
-        """The bytes this invocation's moves may stage: the fixed staging share, or, for a policy keeping residents
-        (its cache) with ``dynamic_staging``, all of the pool but this invocation's resident experts (the cache's
-        other entries make room, least recently used first, as a cache would)."""
-        if not (self.keeps_residents and ctx.tuning.dynamic_staging):
-            return ctx.staging_cap_bytes
-        pool = ctx.residency_cap_bytes + ctx.staging_cap_bytes
-        return max(ctx.staging_cap_bytes, pool - resident_active * ctx.expert_bytes[layer_index])
 
     def _resident(self, state: PolicyState, layer_index: int, active: list[int]) -> list[bool]:
         """Per active expert, whether its weights are on the GPU already."""

@@ -65,14 +65,15 @@ def _scheduled_gpu_set(
     return on_gpu, planned
 
 
-def staging_cap_bytes(ctx: RunContext, state: PolicyState) -> float:
+def staging_cap_bytes(ctx: RunContext, state: PolicyState, kept_bytes: float | None = None) -> float:
     """The bytes one invocation's on-demand copies may take: the fixed staging share, or with ``dynamic_staging``
-    (policies with a prefetcher) all of the GPU pool its residents do not hold."""
-    prefetcher = state.prefetcher
-    if not ctx.tuning.dynamic_staging or prefetcher is None:
+    all of the GPU pool but what must stay: a prefetcher's residents, or (a cache without one) ``kept_bytes``, the
+    cached experts the invocation itself uses (the cache's others make room, least recently used first)."""
+    held = state.prefetcher.held_bytes if state.prefetcher is not None else kept_bytes
+    if not ctx.tuning.dynamic_staging or held is None:
         return ctx.staging_cap_bytes
     pool = ctx.residency_cap_bytes + ctx.staging_cap_bytes
-    return max(ctx.staging_cap_bytes, pool - prefetcher.held_bytes)
+    return max(ctx.staging_cap_bytes, pool - held)
 
 
 def _placement_problem(
